@@ -1,0 +1,202 @@
+//! Parallel hashing of byte ranges with a fixed buffer per worker.
+//!
+//! Work is a list of [`Job`]s, each one whole file or one shard of a file. Workers take jobs
+//! from a shared queue sorted largest first (longest-processing-time scheduling), so the last job
+//! to finish is a small one and no core idles while one big file finishes alone. Each worker owns
+//! one buffer for its lifetime: memory is `threads x BUFFER_SIZE` whatever the model's size.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+use sha2::Digest as _;
+
+use super::manifest::Sha256;
+use super::safe_open::{OpenFailure, OpenedFile, Root, Snapshot};
+
+/// Large enough that a read costs far less than hashing it; small enough to stay in L2 on
+/// most server cores. Measured in docs/performance.md.
+pub const BUFFER_SIZE: usize = 1 << 20;
+
+/// Shared between the hashing workers and whoever watches them: bytes done, for a progress bar or
+/// a metric, and a flag that stops all workers at their next buffer.
+#[derive(Debug, Default)]
+pub struct Control {
+    pub hashed_bytes: AtomicU64,
+    /// What the current run expects to hash, once it knows: the length of a progress bar.
+    pub planned_bytes: AtomicU64,
+    cancelled: AtomicBool,
+}
+
+impl Control {
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+}
+
+/// Hash `len` bytes of `path` from `start`; `len: None` means to the end of the file.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub path: String,
+    pub start: u64,
+    pub len: Option<u64>,
+    /// For ordering only: the bytes this job is expected to read.
+    pub weight: u64,
+    /// The file as first seen; a job that finds another file (or the same one changed) retries.
+    pub expected: Option<Snapshot>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobResult {
+    Hashed {
+        sha256: Sha256,
+        bytes: u64,
+        snapshot: Snapshot,
+    },
+    Open(OpenFailure),
+    /// The file changed under us on both attempts.
+    Changed(String),
+    Io(String),
+    Cancelled,
+}
+
+/// Runs every job on the current rayon pool and returns the results in the jobs' order.
+pub fn run(root: &Root, jobs: &[Job], control: &Control) -> Vec<JobResult> {
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].weight));
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<JobResult>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let planned: u64 = jobs.iter().map(|job| job.weight).sum();
+    control.planned_bytes.fetch_add(planned, Ordering::Relaxed);
+    let workers = rayon::current_num_threads().min(jobs.len()).max(1);
+    rayon::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|_| {
+                let mut buffer = vec![0u8; BUFFER_SIZE];
+                loop {
+                    let slot = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&index) = order.get(slot) else { break };
+                    let result = run_job(root, &jobs[index], &mut buffer, control);
+                    *results[index].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or(JobResult::Cancelled)
+        })
+        .collect()
+}
+
+fn run_job(root: &Root, job: &Job, buffer: &mut [u8], control: &Control) -> JobResult {
+    let mut last_change = String::new();
+    for _attempt in 0..2 {
+        if control.is_cancelled() {
+            return JobResult::Cancelled;
+        }
+        let OpenedFile {
+            file,
+            snapshot: before,
+        } = match root.open_file(&job.path) {
+            Ok(opened) => opened,
+            Err(failure) => return JobResult::Open(failure),
+        };
+        if let Some(expected) = &job.expected {
+            if expected != &before {
+                last_change = describe_change(expected, &before);
+                continue;
+            }
+        }
+        let (sha256, bytes) = match hash_range(&file, job.start, job.len, buffer, control) {
+            Ok(Some(done)) => done,
+            Ok(None) => return JobResult::Cancelled,
+            Err(e) => return JobResult::Io(e.to_string()),
+        };
+        let after = match nix::sys::stat::fstat(&file) {
+            Ok(stat) => Snapshot::of(&stat),
+            Err(e) => return JobResult::Io(e.desc().to_string()),
+        };
+        let short_read = job.len.is_some_and(|len| bytes != len);
+        if after != before || short_read {
+            last_change = if short_read {
+                format!(
+                    "read {bytes} bytes where {} were expected",
+                    job.len.unwrap_or(0)
+                )
+            } else {
+                describe_change(&before, &after)
+            };
+            continue;
+        }
+        return JobResult::Hashed {
+            sha256,
+            bytes,
+            snapshot: after,
+        };
+    }
+    JobResult::Changed(last_change)
+}
+
+fn describe_change(before: &Snapshot, after: &Snapshot) -> String {
+    if !before.same_file(after) {
+        "it was replaced by another file".into()
+    } else if before.size != after.size {
+        format!("its size went from {} to {} bytes", before.size, after.size)
+    } else {
+        "it was modified (mtime/ctime changed)".into()
+    }
+}
+
+/// Hashes a range with positional reads, so shards of one file can be read by several workers
+/// at once. Returns None when cancelled.
+fn hash_range(
+    file: &File,
+    start: u64,
+    len: Option<u64>,
+    buffer: &mut [u8],
+    control: &Control,
+) -> std::io::Result<Option<(Sha256, u64)>> {
+    // Advice only: a failure changes nothing but speed.
+    let advice_len = len.unwrap_or(0).try_into().unwrap_or(0);
+    let _ = posix_fadvise(
+        file,
+        start as libc::off_t,
+        advice_len,
+        PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL,
+    );
+    let mut hasher = sha2::Sha256::new();
+    let mut offset = start;
+    let end = len.map(|len| start + len);
+    loop {
+        if control.is_cancelled() {
+            return Ok(None);
+        }
+        let want = match end {
+            Some(end) => (end - offset).min(buffer.len() as u64) as usize,
+            None => buffer.len(),
+        };
+        if want == 0 {
+            break;
+        }
+        let n = match file.read_at(&mut buffer[..want], offset) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buffer[..n]);
+        offset += n as u64;
+        control.hashed_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    Ok(Some((Sha256(hasher.finalize().into()), offset - start)))
+}

@@ -1,0 +1,213 @@
+//! Where the manifest's files live under ROOT, and which revision is on disk.
+//!
+//! ROOT is either a plain model directory or a Hugging Face hub repo cache folder
+//! (`models--org--name`, recognised by its `snapshots/` and `refs/`). In the latter, the files of
+//! revision R are `snapshots/R/<path>`, each a regular file or a relative symlink into `blobs/`
+//! exactly as the hub writes it, and a branch name is resolved through `refs/<name>`.
+
+use std::path::Path;
+
+use super::safe_open::Root;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Plain,
+    /// A hub repo cache, with the commit of the snapshot that is verified.
+    HfRepo {
+        commit: String,
+    },
+}
+
+/// The revision could not be settled; a mismatch is a verification failure, not bad usage.
+#[derive(Debug, thiserror::Error)]
+pub enum RevisionError {
+    #[error("revision mismatch: {0}")]
+    Mismatch(String),
+    #[error("{0}")]
+    Unresolvable(String),
+}
+
+pub fn is_hf_repo(root: &Path) -> bool {
+    root.join("snapshots").is_dir() && root.join("refs").is_dir()
+}
+
+fn is_commit(text: &str) -> bool {
+    text.len() == 40
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+/// A ref name is used as a path under `refs/`, so it gets the same scrutiny as a manifest path.
+fn ref_is_safe(name: &str) -> bool {
+    crate::cache::verify::check_relative_path(name).is_ok()
+}
+
+/// Resolves a revision name (a commit or a ref such as `main` or `pr/1`) to a commit.
+fn resolve(root: &Root, name: &str) -> Result<String, RevisionError> {
+    if is_commit(name) {
+        return Ok(name.to_string());
+    }
+    if !ref_is_safe(name) {
+        return Err(RevisionError::Unresolvable(format!(
+            "{name:?} is neither a commit hash nor a usable ref name"
+        )));
+    }
+    let rel = format!("refs/{name}");
+    let opened = root.open_file(&rel).map_err(|e| {
+        RevisionError::Unresolvable(format!(
+            "revision {name:?} is not a commit hash and {}/{rel} cannot be read ({e:?})",
+            root.path().display()
+        ))
+    })?;
+    // A ref is one line; anything longer is not a ref, so read no more than a page of it.
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(&opened.file, 4096), &mut text)
+        .map_err(|e| {
+            RevisionError::Unresolvable(format!("{}/{rel}: {e}", root.path().display()))
+        })?;
+    let commit = text.trim();
+    if !is_commit(commit) {
+        return Err(RevisionError::Unresolvable(format!(
+            "{}/{rel} holds {commit:?}, not a 40-digit commit hash",
+            root.path().display()
+        )));
+    }
+    Ok(commit.to_string())
+}
+
+/// Decides the layout and settles the revision.
+///
+/// * `requested`: `--revision`, a commit or (for a hub cache) a ref name;
+/// * `manifest_revision`: the revision the trusted manifest was made for.
+///
+/// Returns the layout and the revision to report.
+pub fn settle_revision(
+    root: &Root,
+    requested: Option<&str>,
+    manifest_revision: Option<&str>,
+) -> Result<(Layout, Option<String>), RevisionError> {
+    if !is_hf_repo(root.path()) {
+        return match (requested, manifest_revision) {
+            (Some(requested), Some(manifest)) if requested != manifest => Err(RevisionError::Mismatch(format!(
+                "--revision is {requested:?} but the manifest is for {manifest:?}"
+            ))),
+            (Some(_), None) => Err(RevisionError::Unresolvable(
+                "--revision was given, but the manifest names no revision and ROOT is not a Hugging Face cache, so there is nothing to check it against".into(),
+            )),
+            _ => Ok((Layout::Plain, manifest_revision.or(requested).map(str::to_string))),
+        };
+    }
+
+    let wanted = requested.or(manifest_revision).unwrap_or("main");
+    let commit = resolve(root, wanted)?;
+    for (what, name) in [
+        ("--revision", requested),
+        ("the manifest's revision", manifest_revision),
+    ] {
+        let Some(name) = name else { continue };
+        let other = resolve(root, name)?;
+        if other != commit {
+            return Err(RevisionError::Mismatch(format!(
+                "{what} {name:?} is commit {other}, but the snapshot verified is {commit}"
+            )));
+        }
+    }
+    let snapshot = format!("snapshots/{commit}");
+    if !root.exists_nofollow(&snapshot) {
+        return Err(RevisionError::Unresolvable(format!(
+            "{} has no snapshot for revision {wanted:?} (commit {commit}): the model is not downloaded at that revision",
+            root.path().display()
+        )));
+    }
+    Ok((
+        Layout::HfRepo {
+            commit: commit.clone(),
+        },
+        Some(commit),
+    ))
+}
+
+impl Layout {
+    /// The path of a manifest file relative to ROOT.
+    pub fn locate(&self, rel: &str) -> String {
+        match self {
+            Layout::Plain => rel.to_string(),
+            Layout::HfRepo { commit } => format!("snapshots/{commit}/{rel}"),
+        }
+    }
+
+    /// The directory, relative to ROOT, whose files the manifest describes ("" for ROOT).
+    pub fn model_dir(&self) -> String {
+        match self {
+            Layout::Plain => String::new(),
+            Layout::HfRepo { commit } => format!("snapshots/{commit}"),
+        }
+    }
+
+    /// Checks the form of a hub snapshot entry: a regular file, or a symlink of exactly the form
+    /// the hub writes, `../../blobs/<40 or 64 hex>` with one more `../` per directory level.
+    /// Returns the blob name the entry points to, if it is a link.
+    pub fn check_snapshot_entry(&self, root: &Root, rel: &str) -> Result<Option<String>, String> {
+        let Layout::HfRepo { .. } = self else {
+            return Ok(None);
+        };
+        let target = match root.read_link(&self.locate(rel)) {
+            Ok(Some(target)) => target,
+            Ok(None) | Err(_) => return Ok(None),
+        };
+        let target = target.to_string_lossy();
+        let depth = rel.matches('/').count() + 2;
+        let prefix = format!("{}blobs/", "../".repeat(depth));
+        let blob = target.strip_prefix(prefix.as_str()).filter(|blob| {
+            (blob.len() == 40 || blob.len() == 64)
+                && blob
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        });
+        match blob {
+            Some(blob) => Ok(Some(blob.to_string())),
+            None => Err(format!(
+                "snapshot entry is a symlink to {target:?}, not {prefix}<40 or 64 hex digits> as the hub writes it"
+            )),
+        }
+    }
+
+    /// Whether a download of this file is under way, judged by the markers the Hugging Face
+    /// downloaders leave: `blobs/<hash>.incomplete` and `.locks/<repo>/<hash>.lock` for a hub cache,
+    /// `.cache/huggingface/download/<path>.{incomplete,lock}` for `--local-dir` downloads, and a
+    /// plain `<path>.incomplete`. Only asked about files that failed, so that a lock file left
+    /// behind by a finished download never hides a good file and never excuses a corrupt one
+    /// that has no download under way.
+    pub fn download_in_progress(&self, root: &Root, rel: &str, blob: Option<&str>) -> bool {
+        match self {
+            Layout::Plain => {
+                let local_dir = format!(".cache/huggingface/download/{rel}");
+                [
+                    format!("{rel}.incomplete"),
+                    format!("{local_dir}.incomplete"),
+                    format!("{local_dir}.lock"),
+                ]
+                .iter()
+                .any(|marker| root.exists_nofollow(marker))
+            }
+            Layout::HfRepo { .. } => {
+                let Some(blob) = blob else { return false };
+                if root.exists_nofollow(&format!("blobs/{blob}.incomplete")) {
+                    return true;
+                }
+                // The hub keeps its locks beside the repo folders: <hub>/.locks/<repo folder>/.
+                let root_path = root.path();
+                match (root_path.parent(), root_path.file_name()) {
+                    (Some(hub), Some(repo)) => hub
+                        .join(".locks")
+                        .join(repo)
+                        .join(format!("{blob}.lock"))
+                        .symlink_metadata()
+                        .is_ok(),
+                    _ => false,
+                }
+            }
+        }
+    }
+}

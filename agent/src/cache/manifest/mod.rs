@@ -1,0 +1,270 @@
+//! Trusted manifests: what the files under ROOT must contain.
+//!
+//! Two formats are read, detected by their top-level keys: the native JSON manifest
+//! ([`native`], `{"revision", "files"}`) and an OpenSSF model_signing sigstore bundle
+//! ([`model_signing`], `{"mediaType", "dsseEnvelope"}`). Both become one [`Manifest`], so the
+//! verifier never knows which it was given.
+
+pub mod model_signing;
+pub mod native;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+/// A SHA-256 digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sha256(pub [u8; 32]);
+
+impl Sha256 {
+    /// Parses the only spelling manifests may use: 64 lower-case hex digits. Upper case is refused
+    /// rather than folded because a manifest tool that writes it is not the one we were told about.
+    pub fn parse_hex(text: &str) -> Result<Sha256, String> {
+        if text.len() != 64 {
+            return Err(format!(
+                "a SHA-256 digest is 64 lower-case hex digits, found {} characters ({text:?})",
+                text.chars().count()
+            ));
+        }
+        if let Some(bad) = text.chars().find(|c| !matches!(c, '0'..='9' | 'a'..='f')) {
+            return Err(format!(
+                "a SHA-256 digest is 64 lower-case hex digits, found {bad:?} in {text:?}"
+            ));
+        }
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes).map_err(|e| e.to_string())?;
+        Ok(Sha256(bytes))
+    }
+
+    pub fn to_hex(self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for Sha256 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256 {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Sha256::parse_hex(&text).map_err(de::Error::custom)
+    }
+}
+
+/// One byte range of a file and the digest of exactly those bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub start: u64,
+    pub end: u64,
+    pub sha256: Sha256,
+}
+
+/// How a file's content is pinned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Digest {
+    Whole(Sha256),
+    /// Contiguous ranges from offset 0 to the file's size, in order. Each is hashed on its own, so
+    /// one large file can keep every core busy.
+    Shards(Vec<Shard>),
+}
+
+/// One file the manifest requires.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpectedFile {
+    /// The path as the manifest spells it, relative to the model directory. It is not trusted yet:
+    /// [`crate::cache::verify`] checks it before touching the file system.
+    pub path: String,
+    /// Known for sharded entries and native entries that give it: lets a truncated file be
+    /// reported without reading it.
+    pub size: Option<u64>,
+    pub digest: Digest,
+}
+
+/// Which format the manifest came in; reported so an operator can tell what was trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManifestFormat {
+    Native,
+    ModelSigningFiles,
+    ModelSigningShards,
+}
+
+/// The trusted description of a model release.
+#[derive(Clone, Debug)]
+pub struct Manifest {
+    pub format: ManifestFormat,
+    /// The release revision (a commit hash or tag). model_signing bundles carry none.
+    pub revision: Option<String>,
+    pub files: Vec<ExpectedFile>,
+}
+
+/// What it takes for a model_signing bundle's digests to be trusted.
+#[derive(Clone, Debug, Default)]
+pub enum TrustPolicy {
+    /// The DSSE signature must verify with this PEM public key (ECDSA P-256).
+    PublicKey(PathBuf),
+    /// Trust the digests without checking who signed them (`--allow-unsigned`).
+    AllowUnsigned,
+    /// No key and no permission: a bundle is refused. Native manifests are trusted as given,
+    /// because their trust comes from where the operator keeps them.
+    #[default]
+    RequireKey,
+}
+
+/// A manifest that cannot be used. Each variant names the file and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("cannot read manifest {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("manifest {path} is empty")]
+    Empty { path: PathBuf },
+    #[error("manifest {path}: at {at}: {reason}")]
+    Invalid {
+        path: PathBuf,
+        at: String,
+        reason: String,
+    },
+    #[error("manifest {path} is not a native manifest (keys \"revision\", \"files\") nor a model_signing bundle (keys \"mediaType\", \"dsseEnvelope\")")]
+    UnknownFormat { path: PathBuf },
+    #[error("manifest {path} is a model_signing bundle, and its digests are only trusted once its signature is checked: pass the signer's key with --public-key PEM (or --allow-unsigned to trust it unchecked)")]
+    Unsigned { path: PathBuf },
+    #[error("manifest {path}: the signature does not verify with public key {key}: {reason}")]
+    BadSignature {
+        path: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("public key {path}: {reason}")]
+    BadKey { path: PathBuf, reason: String },
+}
+
+impl ManifestError {
+    fn invalid(path: &Path, at: impl Into<String>, reason: impl Into<String>) -> Self {
+        ManifestError::Invalid {
+            path: path.to_path_buf(),
+            at: at.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Just enough of the top level to tell the formats apart before a strict parse.
+#[derive(Deserialize)]
+struct FormatProbe {
+    #[serde(rename = "mediaType")]
+    media_type: Option<de::IgnoredAny>,
+    #[serde(rename = "dsseEnvelope")]
+    dsse_envelope: Option<de::IgnoredAny>,
+    files: Option<de::IgnoredAny>,
+}
+
+/// Reads and checks a manifest file. A bundle's signature is checked here, before any of its
+/// digests leave this function.
+pub fn load(path: &Path, trust: &TrustPolicy) -> Result<Manifest, ManifestError> {
+    let bytes = std::fs::read(path).map_err(|source| ManifestError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &bytes, trust)
+}
+
+/// [`load`] on bytes already read; `path` only names the manifest in errors.
+pub fn parse(path: &Path, bytes: &[u8], trust: &TrustPolicy) -> Result<Manifest, ManifestError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ManifestError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(ManifestError::invalid(
+            path,
+            "$",
+            "a manifest is a JSON object ({...}), this is not one",
+        ));
+    }
+    let probe: FormatProbe = parse_json(path, bytes)?;
+    if probe.media_type.is_some() || probe.dsse_envelope.is_some() {
+        model_signing::parse(path, bytes, trust)
+    } else if probe.files.is_some() {
+        native::parse(path, bytes)
+    } else {
+        Err(ManifestError::UnknownFormat {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// Strict JSON parsing whose errors carry the JSON path of the offending value.
+pub(crate) fn parse_json<'a, T: Deserialize<'a>>(
+    path: &Path,
+    bytes: &'a [u8],
+) -> Result<T, ManifestError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = json_path(e.path());
+        let inner = e.into_inner();
+        ManifestError::invalid(path, at, describe_json_error(&inner))
+    })?;
+    de.end()
+        .map_err(|e| ManifestError::invalid(path, "$", describe_json_error(&e)))?;
+    Ok(value)
+}
+
+fn json_path(path: &serde_path_to_error::Path) -> String {
+    let mut out = String::from("$");
+    for segment in path.iter() {
+        match segment {
+            serde_path_to_error::Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            serde_path_to_error::Segment::Map { key } => out.push_str(&format!("[{key:?}]")),
+            serde_path_to_error::Segment::Enum { variant } => out.push_str(&format!(".{variant}")),
+            serde_path_to_error::Segment::Unknown => out.push_str(".?"),
+        }
+    }
+    out
+}
+
+fn describe_json_error(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Eof => format!("the JSON ends too early, truncated? ({e})"),
+        Category::Syntax => format!("not valid JSON: {e}"),
+        _ => e.to_string(),
+    }
+}
+
+/// A JSON object whose keys must be unique. serde_json keeps the last of two equal keys without a
+/// word; in a manifest that would let a second entry silently replace the digest of the first.
+pub(crate) struct UniqueMap<V>(pub Vec<(String, V)>);
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> de::Visitor<'de> for Visitor<V> {
+            type Value = UniqueMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut entries = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if !seen.insert(key.clone()) {
+                        return Err(de::Error::custom(format!("duplicate key {key:?}")));
+                    }
+                    let value = map.next_value()?;
+                    entries.push((key, value));
+                }
+                Ok(UniqueMap(entries))
+            }
+        }
+        deserializer.deserialize_map(Visitor(std::marker::PhantomData))
+    }
+}

@@ -1,0 +1,415 @@
+//! OpenSSF model_signing bundles (`model_signing sign ...`, PyPI `model-signing` 1.x).
+//!
+//! A sigstore bundle holds a DSSE envelope whose payload is an in-toto statement; the statement's
+//! predicate lists every file (`files` serialization) or every byte range of every file (`shards`
+//! serialization, resource names `path:start:end`) with its SHA-256. We check, in this order:
+//! the DSSE signature over the envelope's pre-authentication encoding with the operator's key
+//! (ECDSA P-256, as `model_signing sign key` makes), then that the statement's subject digest is
+//! the SHA-256 of the resource digests in order (as model_signing's own verifier does), and only
+//! then hand the digests to the verifier.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use base64::Engine;
+use p256::ecdsa::signature::Verifier;
+use p256::pkcs8::{DecodePublicKey, EncodePublicKey, LineEnding};
+use serde::Deserialize;
+use sha2::Digest as _;
+
+use super::{
+    parse_json, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256, Shard,
+    TrustPolicy,
+};
+
+const IN_TOTO_PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
+const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
+const PREDICATE_TYPE: &str = "https://model_signing/signature/v1.0";
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Bundle {
+    media_type: String,
+    #[serde(default)]
+    verification_material: Option<VerificationMaterial>,
+    dsse_envelope: Envelope,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct VerificationMaterial {
+    #[serde(default)]
+    public_key: Option<PublicKeyIdentifier>,
+}
+
+#[derive(Deserialize)]
+struct PublicKeyIdentifier {
+    #[serde(default)]
+    hint: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Envelope {
+    payload: String,
+    payload_type: String,
+    signatures: Vec<EnvelopeSignature>,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeSignature {
+    sig: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Statement {
+    #[serde(rename = "_type")]
+    statement_type: String,
+    subject: Vec<Subject>,
+    predicate_type: String,
+    predicate: Predicate,
+}
+
+#[derive(Deserialize)]
+struct Subject {
+    digest: SubjectDigest,
+}
+
+#[derive(Deserialize)]
+struct SubjectDigest {
+    sha256: Sha256,
+}
+
+#[derive(Deserialize)]
+struct Predicate {
+    serialization: Serialization,
+    resources: Vec<Resource>,
+}
+
+#[derive(Deserialize)]
+struct Serialization {
+    method: String,
+}
+
+#[derive(Deserialize)]
+struct Resource {
+    name: String,
+    algorithm: String,
+    digest: Sha256,
+}
+
+pub(super) fn parse(
+    path: &Path,
+    bytes: &[u8],
+    trust: &TrustPolicy,
+) -> Result<Manifest, ManifestError> {
+    let bundle: Bundle = parse_json(path, bytes)?;
+    if !bundle
+        .media_type
+        .starts_with("application/vnd.dev.sigstore.bundle")
+    {
+        return Err(ManifestError::invalid(
+            path,
+            "$[\"mediaType\"]",
+            format!(
+                "{:?} is not a sigstore bundle media type",
+                bundle.media_type
+            ),
+        ));
+    }
+    let envelope = &bundle.dsse_envelope;
+    if envelope.payload_type != IN_TOTO_PAYLOAD_TYPE {
+        return Err(ManifestError::invalid(
+            path,
+            "$[\"dsseEnvelope\"][\"payloadType\"]",
+            format!(
+                "expected {IN_TOTO_PAYLOAD_TYPE:?}, found {:?}",
+                envelope.payload_type
+            ),
+        ));
+    }
+    let payload = base64_decode(&envelope.payload)
+        .map_err(|e| ManifestError::invalid(path, "$[\"dsseEnvelope\"][\"payload\"]", e))?;
+
+    match trust {
+        TrustPolicy::PublicKey(key_path) => check_signature(path, key_path, &bundle, &payload)?,
+        TrustPolicy::AllowUnsigned => {}
+        TrustPolicy::RequireKey => {
+            return Err(ManifestError::Unsigned {
+                path: path.to_path_buf(),
+            })
+        }
+    }
+
+    let statement: Statement = parse_json(path, &payload).map_err(|e| match e {
+        ManifestError::Invalid { path, at, reason } => ManifestError::Invalid {
+            path,
+            at: format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) {at}"),
+            reason,
+        },
+        other => other,
+    })?;
+    statement_to_manifest(path, statement)
+}
+
+fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("not valid base64: {e}"))
+}
+
+/// DSSE v1 pre-authentication encoding: what the signer actually signed.
+fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "DSSEv1 {} {} {} ",
+        payload_type.len(),
+        payload_type,
+        payload.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(payload);
+    out
+}
+
+fn check_signature(
+    path: &Path,
+    key_path: &Path,
+    bundle: &Bundle,
+    payload: &[u8],
+) -> Result<(), ManifestError> {
+    let bad_key = |reason: String| ManifestError::BadKey {
+        path: key_path.to_path_buf(),
+        reason,
+    };
+    let bad_signature = |reason: String| ManifestError::BadSignature {
+        path: path.to_path_buf(),
+        key: key_path.to_path_buf(),
+        reason,
+    };
+    let pem =
+        std::fs::read_to_string(key_path).map_err(|e| bad_key(format!("cannot read: {e}")))?;
+    let key = p256::PublicKey::from_public_key_pem(&pem).map_err(|e| {
+        bad_key(format!(
+            "not a PEM ECDSA P-256 public key (\"-----BEGIN PUBLIC KEY-----\"): {e}"
+        ))
+    })?;
+
+    // model_signing records sha256(PEM of the key) as a hint; a mismatch means the bundle was made
+    // with another key, which is a clearer message than "signature invalid".
+    let hint = bundle
+        .verification_material
+        .as_ref()
+        .and_then(|m| m.public_key.as_ref())
+        .and_then(|k| k.hint.as_deref());
+    if let Some(hint) = hint {
+        let canonical = key
+            .to_public_key_pem(LineEnding::LF)
+            .map_err(|e| bad_key(e.to_string()))?;
+        let ours = hex::encode(sha2::Sha256::digest(canonical.as_bytes()));
+        if ours != hint {
+            return Err(bad_signature(format!(
+                "the bundle was signed with another key (its key hint is {hint}, this key's is {ours})"
+            )));
+        }
+    }
+
+    let verifying_key = p256::ecdsa::VerifyingKey::from(&key);
+    let message = pae(IN_TOTO_PAYLOAD_TYPE, payload);
+    let signatures = &bundle.dsse_envelope.signatures;
+    if signatures.is_empty() {
+        return Err(bad_signature("the envelope carries no signature".into()));
+    }
+    let mut last_error = String::new();
+    for signature in signatures {
+        let der = match base64_decode(&signature.sig) {
+            Ok(der) => der,
+            Err(e) => {
+                last_error = e;
+                continue;
+            }
+        };
+        match p256::ecdsa::DerSignature::try_from(der.as_slice()) {
+            Ok(sig) => match verifying_key.verify(&message, &sig) {
+                Ok(()) => return Ok(()),
+                Err(_) => last_error = "ECDSA verification failed".into(),
+            },
+            Err(e) => last_error = format!("not a DER ECDSA signature: {e}"),
+        }
+    }
+    Err(bad_signature(last_error))
+}
+
+fn statement_to_manifest(path: &Path, statement: Statement) -> Result<Manifest, ManifestError> {
+    let at_payload = |field: &str| format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.{field}");
+    if statement.statement_type != STATEMENT_TYPE {
+        return Err(ManifestError::invalid(
+            path,
+            at_payload("_type"),
+            format!(
+                "expected {STATEMENT_TYPE:?}, found {:?}",
+                statement.statement_type
+            ),
+        ));
+    }
+    if statement.predicate_type != PREDICATE_TYPE {
+        return Err(ManifestError::invalid(
+            path,
+            at_payload("predicateType"),
+            format!(
+                "expected {PREDICATE_TYPE:?} (model_signing 1.x), found {:?}",
+                statement.predicate_type
+            ),
+        ));
+    }
+    let [subject] = statement.subject.as_slice() else {
+        return Err(ManifestError::invalid(
+            path,
+            at_payload("subject"),
+            format!(
+                "expected exactly one subject, found {}",
+                statement.subject.len()
+            ),
+        ));
+    };
+    let resources = &statement.predicate.resources;
+    let mut root = sha2::Sha256::new();
+    for resource in resources {
+        root.update(resource.digest.0);
+    }
+    let computed = Sha256(root.finalize().into());
+    if computed != subject.digest.sha256 {
+        return Err(ManifestError::invalid(
+            path,
+            at_payload("subject[0].digest.sha256"),
+            format!(
+                "the statement is inconsistent: its subject digest is {:?} but its resources hash to {:?}",
+                subject.digest.sha256, computed
+            ),
+        ));
+    }
+    if resources.is_empty() {
+        return Err(ManifestError::invalid(
+            path,
+            at_payload("predicate.resources"),
+            "lists no files; an empty manifest would verify anything",
+        ));
+    }
+
+    match statement.predicate.serialization.method.as_str() {
+        "files" => files_manifest(path, resources),
+        "shards" => shards_manifest(path, resources),
+        other => Err(ManifestError::invalid(
+            path,
+            at_payload("predicate.serialization.method"),
+            format!("unknown serialization {other:?}; expected \"files\" or \"shards\""),
+        )),
+    }
+}
+
+fn files_manifest(path: &Path, resources: &[Resource]) -> Result<Manifest, ManifestError> {
+    let mut seen = HashMap::new();
+    let mut files = Vec::with_capacity(resources.len());
+    for (index, resource) in resources.iter().enumerate() {
+        if resource.algorithm != "sha256" {
+            return Err(unsupported_algorithm(path, index, &resource.algorithm));
+        }
+        if seen.insert(resource.name.as_str(), index).is_some() {
+            return Err(ManifestError::invalid(
+                path,
+                format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.predicate.resources[{index}].name"),
+                format!("{:?} is listed twice", resource.name),
+            ));
+        }
+        files.push(ExpectedFile {
+            path: resource.name.clone(),
+            size: None,
+            digest: Digest::Whole(resource.digest),
+        });
+    }
+    Ok(Manifest {
+        format: ManifestFormat::ModelSigningFiles,
+        revision: None,
+        files,
+    })
+}
+
+fn shards_manifest(path: &Path, resources: &[Resource]) -> Result<Manifest, ManifestError> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut by_file: HashMap<&str, Vec<Shard>> = HashMap::new();
+    for (index, resource) in resources.iter().enumerate() {
+        let at =
+            format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.predicate.resources[{index}]");
+        if !resource.algorithm.starts_with("sha256-sharded-") {
+            return Err(unsupported_algorithm(path, index, &resource.algorithm));
+        }
+        // The file name itself may hold ':', so the range is taken from the right.
+        let mut parts = resource.name.rsplitn(3, ':');
+        let (end, start, file) = (parts.next(), parts.next(), parts.next());
+        let range = match (
+            file,
+            start.map(str::parse::<u64>),
+            end.map(str::parse::<u64>),
+        ) {
+            (Some(file), Some(Ok(start)), Some(Ok(end))) if start < end => Some((file, start, end)),
+            _ => None,
+        };
+        let Some((file, start, end)) = range else {
+            return Err(ManifestError::invalid(
+                path,
+                format!("{at}.name"),
+                format!(
+                    "{:?} is not \"<path>:<start>:<end>\" with start < end",
+                    resource.name
+                ),
+            ));
+        };
+        let shards = by_file.entry(file).or_insert_with(|| {
+            order.push(file);
+            Vec::new()
+        });
+        shards.push(Shard {
+            start,
+            end,
+            sha256: resource.digest,
+        });
+    }
+
+    let mut files = Vec::with_capacity(order.len());
+    for file in order {
+        let mut shards = by_file.remove(file).unwrap_or_default();
+        shards.sort_by_key(|s| s.start);
+        let mut covered = 0;
+        for shard in &shards {
+            if shard.start != covered {
+                return Err(ManifestError::invalid(
+                    path,
+                    "$[\"dsseEnvelope\"][\"payload\"] (decoded) $.predicate.resources",
+                    format!(
+                        "the shards of {file:?} do not cover it contiguously: expected one starting at byte {covered}, found {}:{}",
+                        shard.start, shard.end
+                    ),
+                ));
+            }
+            covered = shard.end;
+        }
+        files.push(ExpectedFile {
+            path: file.to_string(),
+            size: Some(covered),
+            digest: Digest::Shards(shards),
+        });
+    }
+    Ok(Manifest {
+        format: ManifestFormat::ModelSigningShards,
+        revision: None,
+        files,
+    })
+}
+
+fn unsupported_algorithm(path: &Path, index: usize, algorithm: &str) -> ManifestError {
+    ManifestError::invalid(
+        path,
+        format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.predicate.resources[{index}].algorithm"),
+        format!("unsupported hash algorithm {algorithm:?}; only sha256 bundles are verified (sign with hash_type sha256)"),
+    )
+}

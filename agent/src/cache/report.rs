@@ -1,0 +1,144 @@
+//! The result of one verification: a status word per file, and the verdict.
+
+use serde::Serialize;
+
+/// What was found for one file. The words are part of the interface: they appear in `--json`
+/// output, in the `status` label of `mlnode_model_cache_files`, and in alert rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileStatus {
+    /// Present, a regular file, and its content has the manifest's digest.
+    Ok,
+    /// Not there (or a dangling symlink) and no download of it is under way.
+    Missing,
+    /// Its size differs from the manifest's: truncated, partially written, or grown.
+    SizeMismatch,
+    /// Its content does not have the manifest's digest.
+    DigestMismatch,
+    /// The manifest's path is absolute, has `..`, `.` or empty components, or a NUL byte; or a Hugging
+    /// Face snapshot entry is neither a regular file nor a `../../blobs/<hash>` link.
+    UnsafePath,
+    /// Opening it would leave ROOT: a symlink on the way points outside, or the path crosses a
+    /// mount point.
+    EscapesRoot,
+    /// A directory, FIFO, socket or device where a file should be.
+    NotRegularFile,
+    /// Its size, mtime, ctime or inode changed while it was hashed, twice in a row.
+    ChangedDuringRead,
+    /// Not (yet) right, but a download of it is under way: an `.incomplete` file or a lock file.
+    InProgress,
+    /// The operating system refused to read it; the error says why.
+    IoError,
+    /// Present under ROOT but not in the manifest.
+    Extra,
+}
+
+impl FileStatus {
+    pub const ALL: [FileStatus; 11] = [
+        FileStatus::Ok,
+        FileStatus::Missing,
+        FileStatus::SizeMismatch,
+        FileStatus::DigestMismatch,
+        FileStatus::UnsafePath,
+        FileStatus::EscapesRoot,
+        FileStatus::NotRegularFile,
+        FileStatus::ChangedDuringRead,
+        FileStatus::InProgress,
+        FileStatus::IoError,
+        FileStatus::Extra,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileStatus::Ok => "ok",
+            FileStatus::Missing => "missing",
+            FileStatus::SizeMismatch => "size_mismatch",
+            FileStatus::DigestMismatch => "digest_mismatch",
+            FileStatus::UnsafePath => "unsafe_path",
+            FileStatus::EscapesRoot => "escapes_root",
+            FileStatus::NotRegularFile => "not_regular_file",
+            FileStatus::ChangedDuringRead => "changed_during_read",
+            FileStatus::InProgress => "in_progress",
+            FileStatus::IoError => "io_error",
+            FileStatus::Extra => "extra",
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FileReport {
+    pub path: String,
+    pub status: FileStatus,
+    /// The size on disk, where the file could be looked at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// The manifest's size, where it gives one and it differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_size: Option<u64>,
+    /// The digest computed from the file's content (whole files only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl FileReport {
+    pub fn new(path: impl Into<String>, status: FileStatus) -> Self {
+        FileReport {
+            path: path.into(),
+            status,
+            size: None,
+            expected_size: None,
+            sha256: None,
+            error: None,
+        }
+    }
+
+    pub fn with_error(mut self, error: impl Into<String>) -> Self {
+        self.error = Some(error.into());
+        self
+    }
+
+    pub fn with_size(mut self, size: u64) -> Self {
+        self.size = Some(size);
+        self
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Verified,
+    Failed,
+}
+
+/// The whole result, also the `--json` document.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub status: Verdict,
+    pub revision: Option<String>,
+    /// A failure that concerns the whole cache rather than one file (a wrong revision).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub files: Vec<FileReport>,
+    pub bytes_hashed: u64,
+    pub seconds: f64,
+}
+
+impl Report {
+    /// Files per status word, every word present (zero included) so callers can export all of them.
+    pub fn counts(&self) -> Vec<(FileStatus, usize)> {
+        FileStatus::ALL
+            .iter()
+            .map(|&status| {
+                let n = self.files.iter().filter(|f| f.status == status).count();
+                (status, n)
+            })
+            .collect()
+    }
+
+    pub fn is_verified(&self) -> bool {
+        self.status == Verdict::Verified
+    }
+}

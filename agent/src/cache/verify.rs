@@ -1,0 +1,387 @@
+//! Verification of one model cache against its manifest.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::hasher::{self, Control, Job, JobResult};
+use super::layout::{self, Layout};
+use super::manifest::{Digest, ExpectedFile, Manifest};
+use super::report::{FileReport, FileStatus, Report, Verdict};
+use super::safe_open::{OpenFailure, Root, Snapshot, Strategy};
+use super::walk;
+
+#[derive(Clone, Debug)]
+pub struct VerifyOptions {
+    /// `--revision`: a commit, or a ref name for a hub cache.
+    pub revision: Option<String>,
+    /// Files under ROOT that the manifest does not list fail the run.
+    pub fail_on_extra: bool,
+    pub strategy: Strategy,
+    /// The manifest file itself, left out of the `extra` list when it lives inside ROOT.
+    pub manifest_path: Option<PathBuf>,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            revision: None,
+            fail_on_extra: false,
+            strategy: Strategy::Auto,
+            manifest_path: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("cannot open model cache {path}: {source}")]
+    Root {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("verification of {0} was cancelled")]
+    Cancelled(PathBuf),
+}
+
+/// Checks that a manifest path is relative and normalised: no leading `/`, no empty, `.` or `..`
+/// components, no NUL. Anything else could name a file outside the model, or a different file
+/// than the one the manifest's author meant.
+pub fn check_relative_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("the path is empty".into());
+    }
+    if path.contains('\0') {
+        return Err("the path contains a NUL byte".into());
+    }
+    if path.starts_with('/') {
+        return Err("the path is absolute".into());
+    }
+    for component in path.split('/') {
+        match component {
+            "" => return Err("the path has an empty component (`//` or a trailing `/`)".into()),
+            "." => {
+                return Err("the path has a `.` component; manifests use normalised paths".into())
+            }
+            ".." => return Err("the path has a `..` component".into()),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// What the first look at a file decided: a final status, or the jobs to hash it.
+enum Plan {
+    Done(FileReport),
+    Hash {
+        first_job: usize,
+        jobs: usize,
+        blob: Option<String>,
+        snapshot: Snapshot,
+    },
+}
+
+/// Verifies the model at `root_path` against `manifest`, hashing on the current rayon pool.
+pub fn verify(
+    root_path: &Path,
+    manifest: &Manifest,
+    options: &VerifyOptions,
+    control: &Control,
+) -> Result<Report, VerifyError> {
+    let started = Instant::now();
+    let hashed_before = control.hashed_bytes.load(Ordering::Relaxed);
+    let root_error = |source| VerifyError::Root {
+        path: root_path.to_path_buf(),
+        source,
+    };
+    let canonical = std::fs::canonicalize(root_path).map_err(root_error)?;
+    let root = Root::with_strategy(&canonical, options.strategy).map_err(root_error)?;
+
+    let (layout, revision) = match layout::settle_revision(
+        &root,
+        options.revision.as_deref(),
+        manifest.revision.as_deref(),
+    ) {
+        Ok(settled) => settled,
+        Err(e) => {
+            return Ok(Report {
+                status: Verdict::Failed,
+                revision: options
+                    .revision
+                    .clone()
+                    .or_else(|| manifest.revision.clone()),
+                error: Some(e.to_string()),
+                files: Vec::new(),
+                bytes_hashed: 0,
+                seconds: started.elapsed().as_secs_f64(),
+            })
+        }
+    };
+
+    let firsts: Vec<Result<(Snapshot, Option<String>), FileReport>> = manifest
+        .files
+        .par_iter()
+        .map(|expected| first_look(&root, &layout, expected))
+        .collect();
+
+    let mut jobs = Vec::new();
+    let mut plans = Vec::with_capacity(manifest.files.len());
+    for (expected, first) in manifest.files.iter().zip(firsts) {
+        let (snapshot, blob) = match first {
+            Ok(found) => found,
+            Err(report) => {
+                plans.push(Plan::Done(report));
+                continue;
+            }
+        };
+        let first_job = jobs.len();
+        let located = layout.locate(&expected.path);
+        match &expected.digest {
+            Digest::Whole(_) => jobs.push(Job {
+                path: located,
+                start: 0,
+                len: None,
+                weight: snapshot.size,
+                expected: Some(snapshot),
+            }),
+            Digest::Shards(shards) => jobs.extend(shards.iter().map(|shard| Job {
+                path: located.clone(),
+                start: shard.start,
+                len: Some(shard.end - shard.start),
+                weight: shard.end - shard.start,
+                expected: Some(snapshot),
+            })),
+        }
+        plans.push(Plan::Hash {
+            first_job,
+            jobs: jobs.len() - first_job,
+            blob,
+            snapshot,
+        });
+    }
+
+    let results = hasher::run(&root, &jobs, control);
+    if control.is_cancelled() {
+        return Err(VerifyError::Cancelled(root_path.to_path_buf()));
+    }
+
+    let mut files = Vec::with_capacity(plans.len());
+    for (expected, plan) in manifest.files.iter().zip(plans) {
+        let report = match plan {
+            Plan::Done(report) => report,
+            Plan::Hash {
+                first_job,
+                jobs,
+                blob,
+                snapshot,
+            } => {
+                let report = judge(expected, &results[first_job..first_job + jobs], snapshot);
+                if download_explains(&report)
+                    && layout.download_in_progress(&root, &expected.path, blob.as_deref())
+                {
+                    FileReport {
+                        status: FileStatus::InProgress,
+                        ..report
+                    }
+                } else {
+                    report
+                }
+            }
+        };
+        files.push(report);
+    }
+
+    let model_dir = canonical.join(layout.model_dir());
+    let listed: HashSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+    let manifest_path = options
+        .manifest_path
+        .as_ref()
+        .and_then(|p| std::fs::canonicalize(p).ok());
+    let mut extra_error = None;
+    match walk::list_files(&model_dir) {
+        Ok(present) => files.extend(
+            present
+                .into_iter()
+                .filter(|path| !listed.contains(path.as_str()))
+                .filter(|path| manifest_path.as_deref() != Some(model_dir.join(path).as_path()))
+                .map(|path| FileReport::new(path, FileStatus::Extra)),
+        ),
+        Err(e) => {
+            extra_error = Some(format!(
+                "cannot list the files of {}: {e}",
+                model_dir.display()
+            ))
+        }
+    }
+
+    let failed = files.iter().any(|f| match f.status {
+        FileStatus::Ok => false,
+        FileStatus::Extra => options.fail_on_extra,
+        _ => true,
+    });
+    let status = if failed || (extra_error.is_some() && options.fail_on_extra) {
+        Verdict::Failed
+    } else {
+        Verdict::Verified
+    };
+    Ok(Report {
+        status,
+        revision,
+        error: extra_error,
+        files,
+        bytes_hashed: control.hashed_bytes.load(Ordering::Relaxed) - hashed_before,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn status_of(failure: OpenFailure) -> (FileStatus, String) {
+    match failure {
+        OpenFailure::Missing(reason) => (FileStatus::Missing, reason),
+        OpenFailure::EscapesRoot(reason) => (FileStatus::EscapesRoot, reason),
+        OpenFailure::NotRegular(reason) => (FileStatus::NotRegularFile, reason),
+        OpenFailure::Io(reason) => (FileStatus::IoError, reason),
+    }
+}
+
+/// Statuses that a download under way would explain.
+fn download_explains(report: &FileReport) -> bool {
+    matches!(
+        report.status,
+        FileStatus::Missing | FileStatus::SizeMismatch | FileStatus::DigestMismatch
+    )
+}
+
+/// Everything that can be decided without reading the file: its path, where it leads, what it
+/// is, and its size. Returns the file's snapshot and, for a hub snapshot link, its blob name.
+fn first_look(
+    root: &Root,
+    layout: &Layout,
+    expected: &ExpectedFile,
+) -> Result<(Snapshot, Option<String>), FileReport> {
+    let path = expected.path.as_str();
+    if let Err(reason) = check_relative_path(path) {
+        return Err(FileReport::new(path, FileStatus::UnsafePath).with_error(reason));
+    }
+    let link = layout.check_snapshot_entry(root, path);
+    let blob = match (&link, &expected.digest) {
+        (Ok(Some(blob)), _) => Some(blob.clone()),
+        // A missing LFS file would be stored under its SHA-256: that names its download marker.
+        (_, Digest::Whole(sha256)) => Some(sha256.to_hex()),
+        _ => None,
+    };
+    let opened = match root.open_file(&layout.locate(path)) {
+        Ok(opened) => opened,
+        Err(failure) => {
+            let (status, reason) = status_of(failure);
+            let mut report = FileReport::new(path, status).with_error(reason);
+            report.expected_size = expected.size;
+            if download_explains(&report)
+                && layout.download_in_progress(root, path, blob.as_deref())
+            {
+                report.status = FileStatus::InProgress;
+            }
+            return Err(report);
+        }
+    };
+    let snapshot = opened.snapshot;
+    if let Err(reason) = link {
+        return Err(FileReport::new(path, FileStatus::UnsafePath)
+            .with_size(snapshot.size)
+            .with_error(reason));
+    }
+    if let Some(size) = expected.size.filter(|&size| size != snapshot.size) {
+        let mut report = FileReport::new(path, FileStatus::SizeMismatch)
+            .with_size(snapshot.size)
+            .with_error(format!(
+                "{} bytes on disk, the manifest says {size}",
+                snapshot.size
+            ));
+        report.expected_size = Some(size);
+        if layout.download_in_progress(root, path, blob.as_deref()) {
+            report.status = FileStatus::InProgress;
+        }
+        return Err(report);
+    }
+    Ok((snapshot, blob))
+}
+
+/// Turns the results of a file's jobs into its report line.
+fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> FileReport {
+    let path = expected.path.as_str();
+    let base = FileReport::new(path, FileStatus::Ok).with_size(snapshot.size);
+    let mut digests = Vec::with_capacity(results.len());
+    for result in results {
+        match result {
+            JobResult::Hashed { sha256, .. } => digests.push(*sha256),
+            JobResult::Open(failure) => {
+                let (status, reason) = status_of(failure.clone());
+                return FileReport { status, ..base }
+                    .with_error(format!("{reason} (while hashing)"));
+            }
+            JobResult::Changed(reason) => {
+                return FileReport {
+                    status: FileStatus::ChangedDuringRead,
+                    ..base
+                }
+                .with_error(reason.clone())
+            }
+            JobResult::Io(reason) => {
+                return FileReport {
+                    status: FileStatus::IoError,
+                    ..base
+                }
+                .with_error(reason.clone())
+            }
+            JobResult::Cancelled => {
+                return FileReport {
+                    status: FileStatus::IoError,
+                    ..base
+                }
+                .with_error("cancelled")
+            }
+        }
+    }
+    match &expected.digest {
+        Digest::Whole(want) => {
+            let got = digests[0];
+            let report = FileReport {
+                sha256: Some(got.to_hex()),
+                ..base
+            };
+            if got == *want {
+                report
+            } else {
+                FileReport {
+                    status: FileStatus::DigestMismatch,
+                    ..report
+                }
+                .with_error(format!("expected sha256 {}", want.to_hex()))
+            }
+        }
+        Digest::Shards(shards) => {
+            let bad: Vec<String> = shards
+                .iter()
+                .zip(&digests)
+                .filter(|(shard, got)| shard.sha256 != **got)
+                .map(|(shard, _)| format!("{}..{}", shard.start, shard.end))
+                .collect();
+            if bad.is_empty() {
+                base
+            } else {
+                FileReport {
+                    status: FileStatus::DigestMismatch,
+                    ..base
+                }
+                .with_error(format!(
+                    "{} of {} shards differ, bytes {}",
+                    bad.len(),
+                    shards.len(),
+                    bad.join(", ")
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The command line: `verify` and `manifest`. Each command turns its arguments into the library's
+//! plain types, runs it, and prints; nothing here decides what is verified.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::cache::hasher::Control;
+use crate::cache::report::{FileStatus, Report};
+use crate::cache::{self, manifest, TrustPolicy, VerifyOptions};
+
+/// Exit codes: 0 verified, 1 verification failed, 2 bad usage or a bad manifest.
+pub const EXIT_FAILED: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mlnode-agent",
+    version,
+    about = "Node agent for GPU and AWS Neuron inference nodes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Verify a model cache (plain directory or Hugging Face repo cache) against a trusted manifest.
+    Verify(VerifyArgs),
+    /// Write the native manifest of a model directory to standard output.
+    Manifest(ManifestArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct HashingArgs {
+    /// Hashing threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// The model directory, or a Hugging Face repo cache folder (models--org--name).
+    pub root: PathBuf,
+    /// Native JSON manifest or OpenSSF model_signing bundle.
+    #[arg(long)]
+    pub manifest: PathBuf,
+    /// Expected revision: a commit, or a ref name such as `main` in a Hugging Face cache.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// PEM public key (ECDSA P-256) that must have signed a model_signing bundle.
+    #[arg(long)]
+    pub public_key: Option<PathBuf>,
+    /// Trust a model_signing bundle's digests without checking its signature.
+    #[arg(long, conflicts_with = "public_key")]
+    pub allow_unsigned: bool,
+    /// Fail when ROOT holds files the manifest does not list.
+    #[arg(long)]
+    pub fail_on_extra: bool,
+    /// Print one JSON document instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub hashing: HashingArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ManifestArgs {
+    /// The model directory, or a Hugging Face repo cache folder.
+    pub root: PathBuf,
+    /// The revision to record (plain directory), or the snapshot to describe (Hugging Face cache).
+    #[arg(long)]
+    pub revision: Option<String>,
+    #[command(flatten)]
+    pub hashing: HashingArgs,
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Verify(args) => verify(args),
+        Command::Manifest(args) => write_manifest(args),
+    }
+}
+
+fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("mlnode-agent: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Runs `work` on a pool of `threads` hashing threads, with a progress bar on a terminal.
+fn with_pool<T: Send>(
+    threads: usize,
+    work: impl FnOnce(&Control) -> T + Send,
+) -> Result<T, String> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("hash-{i}"))
+        .build()
+        .map_err(|e| format!("cannot start {threads} hashing threads: {e}"))?;
+    let control = Arc::new(Control::default());
+    let progress = std::io::stderr()
+        .is_terminal()
+        .then(|| spawn_progress(control.clone()));
+    let result = pool.install(|| work(&control));
+    if let Some((done, bar)) = progress {
+        done.store(true, Ordering::Relaxed);
+        let _ = bar.join();
+    }
+    Ok(result)
+}
+
+fn spawn_progress(
+    control: Arc<Control>,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = done.clone();
+    let handle = std::thread::spawn(move || {
+        let bar = indicatif::ProgressBar::new(0).with_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        while !finished.load(Ordering::Relaxed) {
+            bar.set_length(control.planned_bytes.load(Ordering::Relaxed));
+            bar.set_position(control.hashed_bytes.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bar.finish_and_clear();
+    });
+    (done, handle)
+}
+
+fn verify(args: VerifyArgs) -> ExitCode {
+    let trust = match (&args.public_key, args.allow_unsigned) {
+        (Some(key), _) => TrustPolicy::PublicKey(key.clone()),
+        (None, true) => TrustPolicy::AllowUnsigned,
+        (None, false) => TrustPolicy::RequireKey,
+    };
+    let manifest = match manifest::load(&args.manifest, &trust) {
+        Ok(manifest) => manifest,
+        Err(e) => return usage_error(e),
+    };
+    let options = VerifyOptions {
+        revision: args.revision.clone(),
+        fail_on_extra: args.fail_on_extra,
+        manifest_path: Some(args.manifest.clone()),
+        ..VerifyOptions::default()
+    };
+    let outcome = with_pool(args.hashing.threads, |control| {
+        cache::verify(&args.root, &manifest, &options, control)
+    });
+    let report = match outcome {
+        Ok(Ok(report)) => report,
+        Ok(Err(e)) => return usage_error(e),
+        Err(e) => return usage_error(e),
+    };
+    let printed = if args.json {
+        serde_json::to_string_pretty(&report)
+            .map_err(std::io::Error::other)
+            .and_then(|json| writeln!(std::io::stdout(), "{json}"))
+    } else {
+        print_summary(&args.root, &report)
+    };
+    if let Err(e) = printed {
+        return usage_error(format!("cannot write the report: {e}"));
+    }
+    if report.is_verified() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FAILED)
+    }
+}
+
+fn print_summary(root: &std::path::Path, report: &Report) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for file in report.files.iter().filter(|f| f.status != FileStatus::Ok) {
+        let detail = file.error.as_deref().unwrap_or("");
+        writeln!(
+            out,
+            "{:<20} {}  {}",
+            file.status.as_str(),
+            file.path,
+            detail
+        )?;
+    }
+    if let Some(error) = &report.error {
+        writeln!(out, "error: {error}")?;
+    }
+    let counts: Vec<String> = report
+        .counts()
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(status, n)| format!("{n} {}", status.as_str()))
+        .collect();
+    let rate = report.bytes_hashed as f64 / report.seconds.max(1e-9) / 1e9;
+    writeln!(
+        out,
+        "{}: {} {} (revision {}): {}; {:.2} GB hashed in {:.2} s ({rate:.2} GB/s)",
+        if report.is_verified() {
+            "VERIFIED"
+        } else {
+            "FAILED"
+        },
+        root.display(),
+        if report.is_verified() {
+            "matches its manifest"
+        } else {
+            "does not match its manifest"
+        },
+        report.revision.as_deref().unwrap_or("not given"),
+        if counts.is_empty() {
+            "no files".to_string()
+        } else {
+            counts.join(", ")
+        },
+        report.bytes_hashed as f64 / 1e9,
+        report.seconds,
+    )
+}
+
+fn write_manifest(args: ManifestArgs) -> ExitCode {
+    let outcome = with_pool(args.hashing.threads, |control| {
+        cache::generate::generate(&args.root, args.revision.as_deref(), control)
+    });
+    let manifest = match outcome {
+        Ok(Ok(manifest)) => manifest,
+        Ok(Err(e @ cache::generate::GenerateError::Files(_))) => {
+            eprintln!("mlnode-agent: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+        Ok(Err(e)) => return usage_error(e),
+        Err(e) => return usage_error(e),
+    };
+    let json = match serde_json::to_string_pretty(&manifest) {
+        Ok(json) => json,
+        Err(e) => return usage_error(e),
+    };
+    match writeln!(std::io::stdout(), "{json}") {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => usage_error(format!("cannot write the manifest: {e}")),
+    }
+}

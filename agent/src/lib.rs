@@ -1,0 +1,7 @@
+//! mlnode-agent: a node agent for GPU and AWS Neuron inference nodes.
+//!
+//! The library holds everything the binary does, so that tests and benchmarks drive the same code
+//! paths as `mlnode-agent` itself. `main.rs` only parses the command line.
+
+pub mod cache;
+pub mod cli;

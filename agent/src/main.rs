@@ -1,0 +1,5 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    mlnode_agent::cli::run(mlnode_agent::cli::Cli::parse())
+}

@@ -1,0 +1,372 @@
+//! The `mlnode-agent` binary: exit codes, error messages, `--json`, `manifest`, and bundles made by
+//! the real OpenSSF model_signing tool.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use assert_cmd::cargo::CommandCargoExt;
+use common::{write_temp, PlainModel};
+
+fn agent() -> Command {
+    Command::cargo_bin("mlnode-agent").unwrap()
+}
+
+struct Outcome {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn verify(root: &Path, manifest: &Path, extra: &[&str]) -> Outcome {
+    let output = agent()
+        .arg("verify")
+        .arg("--manifest")
+        .arg(manifest)
+        .args(extra)
+        .arg(root)
+        .output()
+        .unwrap();
+    Outcome {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn json_report_has_the_documented_shape() {
+    let model = PlainModel::new();
+    let (_guard, manifest) = write_temp(&model.manifest_json("v1", true));
+    let out = verify(model.root(), &manifest, &["--json", "--threads", "2"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["status"], "verified");
+    assert_eq!(report["revision"], "v1");
+    assert_eq!(report["files"].as_array().unwrap().len(), model.files.len());
+    for file in report["files"].as_array().unwrap() {
+        assert_eq!(file["status"], "ok");
+        assert_eq!(file["sha256"].as_str().unwrap().len(), 64);
+        assert!(file["size"].is_u64());
+    }
+    let total: u64 = model.files.values().map(|b| b.len() as u64).sum();
+    assert_eq!(report["bytes_hashed"], total);
+    assert!(report["seconds"].is_f64());
+}
+
+#[test]
+fn failed_verification_exits_1_and_names_the_file() {
+    let model = PlainModel::new();
+    let (_guard, manifest) = write_temp(&model.manifest_json("v1", true));
+    std::fs::write(model.path("config.json"), b"{}").unwrap();
+    let out = verify(model.root(), &manifest, &[]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stdout.contains("size_mismatch") && out.stdout.contains("config.json"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("FAILED"));
+}
+
+#[test]
+fn bad_manifests_exit_2_with_the_file_the_place_and_the_reason() {
+    let model = PlainModel::new();
+    let digest = "a".repeat(64);
+    let cases: Vec<(String, &str, &str)> = vec![
+        (String::new(), "", "is empty"),
+        (
+            "{\"revision\": \"v1\", \"files\": {\"a\": \"".to_string() + &digest,
+            "$",
+            "ends too early",
+        ),
+        ("[1, 2, 3]".to_string(), "$", "JSON object"),
+        ("\"just a string\"".to_string(), "$", "JSON object"),
+        (
+            format!(r#"{{"files": {{"a": "{digest}", "a": "{digest}"}}}}"#),
+            "files",
+            "duplicate key \"a\"",
+        ),
+        (
+            format!(r#"{{"files": {{"a": "{}"}}}}"#, "a".repeat(63)),
+            "$[\"files\"][\"a\"]",
+            "63 characters",
+        ),
+        (
+            format!(r#"{{"files": {{"a": "{}"}}}}"#, "A".repeat(64)),
+            "$[\"files\"][\"a\"]",
+            "lower-case",
+        ),
+        (
+            format!(r#"{{"files": {{"a": {{"sha256": "{digest}", "size": -1}}}}}}"#),
+            "$[\"files\"][\"a\"]",
+            "size",
+        ),
+        (
+            r#"{"files": {}}"#.to_string(),
+            "$[\"files\"]",
+            "lists no files",
+        ),
+        (
+            r#"{"revision": "v1"}"#.to_string(),
+            "",
+            "not a native manifest",
+        ),
+    ];
+    for (text, place, reason) in cases {
+        let (_guard, manifest) = write_temp(&text);
+        let out = verify(model.root(), &manifest, &[]);
+        assert_eq!(out.code, 2, "{text:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(&manifest.display().to_string()),
+            "{text:?}: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains(place),
+            "{text:?} should name {place}: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains(reason),
+            "{text:?} should say {reason}: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("panicked"));
+    }
+}
+
+#[test]
+fn unreadable_manifest_and_missing_root_exit_2() {
+    let model = PlainModel::new();
+    let out = verify(model.root(), Path::new("/nonexistent/manifest.json"), &[]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("/nonexistent/manifest.json"));
+    let (_guard, manifest) = write_temp(&model.manifest_json("v1", true));
+    let out = verify(Path::new("/nonexistent/model"), &manifest, &[]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("/nonexistent/model"), "{}", out.stderr);
+}
+
+#[test]
+fn manifest_command_output_verifies_the_same_tree() {
+    let model = PlainModel::new();
+    let output = agent()
+        .args(["manifest", "--revision", "r7"])
+        .arg(model.root())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let written: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_str(&model.manifest_json("r7", true)).unwrap();
+    assert_eq!(written, expected);
+    let (_guard, manifest) = write_temp(&String::from_utf8(output.stdout).unwrap());
+    assert_eq!(verify(model.root(), &manifest, &[]).code, 0);
+}
+
+#[test]
+fn manifest_command_refuses_an_escaping_symlink() {
+    let model = PlainModel::new();
+    std::os::unix::fs::symlink("/etc/passwd", model.path("passwd")).unwrap();
+    let output = agent().arg("manifest").arg(model.root()).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("passwd"));
+    assert!(output.stdout.is_empty(), "no partial manifest is written");
+}
+
+/// A model signed by the real model_signing tool (installed by the test command).
+struct Signed {
+    model: PlainModel,
+    keys: tempfile::TempDir,
+    bundle: PathBuf,
+}
+
+fn sign(method: &str, shard_size: usize) -> Signed {
+    let model = PlainModel::new();
+    let keys = tempfile::tempdir().unwrap();
+    let bundle = keys.path().join(format!("{method}.sig"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/model_signing/sign.py");
+    let status = Command::new("python3")
+        .arg(script)
+        .arg(model.root())
+        .arg(&bundle)
+        .arg(keys.path())
+        .arg(method)
+        .arg(shard_size.to_string())
+        .status()
+        .expect("python3 runs");
+    assert!(
+        status.success(),
+        "signing with model_signing failed; the test command installs it (`pip install model-signing pyopenssl`)"
+    );
+    Signed {
+        model,
+        keys,
+        bundle,
+    }
+}
+
+impl Signed {
+    fn public_key(&self) -> PathBuf {
+        self.keys.path().join("public.pem")
+    }
+
+    fn verify(&self, extra: &[&str]) -> Outcome {
+        let key = self.public_key();
+        let mut args = vec!["--public-key", key.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        verify(self.model.root(), &self.bundle, &args)
+    }
+}
+
+fn json(out: &Outcome) -> serde_json::Value {
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {} {}", out.stdout, out.stderr))
+}
+
+fn file_status(report: &serde_json::Value, path: &str) -> String {
+    report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == path)
+        .map(|f| f["status"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn model_signing_files_bundle_verifies_and_catches_a_changed_byte() {
+    let signed = sign("files", 0);
+    let out = signed.verify(&["--json"]);
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    assert_eq!(json(&out)["status"], "verified");
+
+    let shard = "model-00001-of-00002.safetensors";
+    let mut bytes = signed.model.files[shard].clone();
+    bytes[100] ^= 0x80;
+    std::fs::write(signed.model.path(shard), &bytes).unwrap();
+    let out = signed.verify(&["--json"]);
+    assert_eq!(out.code, 1);
+    assert_eq!(file_status(&json(&out), shard), "digest_mismatch");
+}
+
+#[test]
+fn model_signing_shards_bundle_verifies_each_shard() {
+    // 64 KiB shards: the 300 000-byte file has five, hashed in parallel.
+    let signed = sign("shards", 65536);
+    let out = signed.verify(&["--json"]);
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+
+    let shard = "model-00001-of-00002.safetensors";
+    let mut bytes = signed.model.files[shard].clone();
+    bytes[3 * 65536 + 7] ^= 1; // one byte of the fourth shard
+    std::fs::write(signed.model.path(shard), &bytes).unwrap();
+    let out = signed.verify(&["--json"]);
+    assert_eq!(out.code, 1);
+    let report = json(&out);
+    assert_eq!(file_status(&report, shard), "digest_mismatch");
+    let error = report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == shard)
+        .unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        error.contains("1 of 5 shards") && error.contains("196608..262144"),
+        "{error}"
+    );
+}
+
+#[test]
+fn model_signing_bundle_with_altered_signature_is_refused() {
+    let signed = sign("files", 0);
+    let mut bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&signed.bundle).unwrap()).unwrap();
+    let sig = bundle["dsseEnvelope"]["signatures"][0]["sig"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Flip one bit of the DER signature's last byte (inside s).
+    use base64::Engine;
+    let mut der = base64::engine::general_purpose::STANDARD
+        .decode(sig)
+        .unwrap();
+    *der.last_mut().unwrap() ^= 1;
+    bundle["dsseEnvelope"]["signatures"][0]["sig"] =
+        base64::engine::general_purpose::STANDARD.encode(der).into();
+    std::fs::write(&signed.bundle, bundle.to_string()).unwrap();
+    let out = signed.verify(&[]);
+    assert_eq!(out.code, 2);
+    assert!(
+        out.stderr.contains("signature does not verify"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn model_signing_bundle_with_altered_payload_is_refused() {
+    let signed = sign("files", 0);
+    let mut bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&signed.bundle).unwrap()).unwrap();
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let payload = engine
+        .decode(bundle["dsseEnvelope"]["payload"].as_str().unwrap())
+        .unwrap();
+    let mut statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    // Point a digest at other content: exactly what an attacker who cannot sign would try.
+    statement["predicate"]["resources"][0]["digest"] = "0".repeat(64).into();
+    bundle["dsseEnvelope"]["payload"] = engine.encode(statement.to_string()).into();
+    std::fs::write(&signed.bundle, bundle.to_string()).unwrap();
+    let out = signed.verify(&[]);
+    assert_eq!(out.code, 2);
+    assert!(
+        out.stderr.contains("signature does not verify"),
+        "{}",
+        out.stderr
+    );
+    // Without the signature check, the statement's own subject digest still gives it away.
+    let out = verify(signed.model.root(), &signed.bundle, &["--allow-unsigned"]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("inconsistent"), "{}", out.stderr);
+}
+
+#[test]
+fn model_signing_bundle_needs_a_key_or_explicit_permission() {
+    let signed = sign("files", 0);
+    let out = verify(signed.model.root(), &signed.bundle, &[]);
+    assert_eq!(out.code, 2);
+    assert!(
+        out.stderr.contains("--public-key") && out.stderr.contains("--allow-unsigned"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        verify(signed.model.root(), &signed.bundle, &["--allow-unsigned"]).code,
+        0
+    );
+}
+
+#[test]
+fn model_signing_bundle_checked_with_another_key_is_refused() {
+    let signed = sign("files", 0);
+    let other = sign("files", 0);
+    let key = other.public_key();
+    let out = verify(
+        signed.model.root(),
+        &signed.bundle,
+        &["--public-key", key.to_str().unwrap()],
+    );
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("another key"), "{}", out.stderr);
+}

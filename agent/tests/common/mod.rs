@@ -1,0 +1,154 @@
+//! Builders for model caches on disk, shared by the integration tests.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use sha2::Digest;
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Deterministic, incompressible-looking content of `len` bytes.
+pub fn content(seed: u8, len: usize) -> Vec<u8> {
+    let mut state = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// A plain model directory and the native manifest that describes it.
+pub struct PlainModel {
+    pub dir: tempfile::TempDir,
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+impl PlainModel {
+    /// config.json, tokenizer.json and two weight shards in a subdirectory-free layout, plus one
+    /// nested file.
+    pub fn new() -> PlainModel {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = BTreeMap::new();
+        files.insert(
+            "config.json".to_string(),
+            br#"{"model_type": "llama"}"#.to_vec(),
+        );
+        files.insert("tokenizer/tokenizer.json".to_string(), content(1, 5000));
+        files.insert(
+            "model-00001-of-00002.safetensors".to_string(),
+            content(2, 300_000),
+        );
+        files.insert(
+            "model-00002-of-00002.safetensors".to_string(),
+            content(3, 200_000),
+        );
+        for (path, bytes) in &files {
+            let full = dir.path().join(path);
+            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+            std::fs::write(full, bytes).unwrap();
+        }
+        PlainModel { dir, files }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// The native manifest JSON for the files, with or without sizes.
+    pub fn manifest_json(&self, revision: &str, with_sizes: bool) -> String {
+        let entries: BTreeMap<&str, serde_json::Value> = self
+            .files
+            .iter()
+            .map(|(path, bytes)| {
+                let value = if with_sizes {
+                    serde_json::json!({"sha256": sha256_hex(bytes), "size": bytes.len()})
+                } else {
+                    serde_json::json!(sha256_hex(bytes))
+                };
+                (path.as_str(), value)
+            })
+            .collect();
+        serde_json::json!({"revision": revision, "files": entries}).to_string()
+    }
+}
+
+pub const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+pub const OTHER_COMMIT: &str = "fedcba9876543210fedcba9876543210fedcba98";
+
+/// A Hugging Face hub cache: `<hub>/models--org--tiny/{blobs,refs,snapshots}`, laid out as
+/// huggingface_hub writes it (LFS files stored under their SHA-256, snapshot entries relative
+/// symlinks into blobs/).
+pub struct HfCache {
+    pub hub: tempfile::TempDir,
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+impl HfCache {
+    pub fn new() -> HfCache {
+        let hub = tempfile::tempdir().unwrap();
+        let mut files = BTreeMap::new();
+        files.insert(
+            "config.json".to_string(),
+            br#"{"architectures": ["LlamaForCausalLM"]}"#.to_vec(),
+        );
+        files.insert("model.safetensors".to_string(), content(7, 400_000));
+        files.insert(
+            "sub/extra.json".to_string(),
+            br#"{"nested": true}"#.to_vec(),
+        );
+        let cache = HfCache { hub, files };
+        std::fs::create_dir_all(cache.root().join("blobs")).unwrap();
+        std::fs::create_dir_all(cache.root().join("refs")).unwrap();
+        std::fs::write(cache.root().join("refs/main"), COMMIT).unwrap();
+        for (path, bytes) in cache.files.clone() {
+            cache.add_entry(COMMIT, &path, &bytes);
+        }
+        cache
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.hub.path().join("models--org--tiny")
+    }
+
+    pub fn snapshot(&self, commit: &str) -> PathBuf {
+        self.root().join("snapshots").join(commit)
+    }
+
+    /// Writes the blob and the snapshot symlink the way the hub does.
+    pub fn add_entry(&self, commit: &str, path: &str, bytes: &[u8]) {
+        let blob = sha256_hex(bytes);
+        std::fs::write(self.root().join("blobs").join(&blob), bytes).unwrap();
+        let entry = self.snapshot(commit).join(path);
+        std::fs::create_dir_all(entry.parent().unwrap()).unwrap();
+        let depth = path.matches('/').count() + 2;
+        symlink(format!("{}blobs/{blob}", "../".repeat(depth)), entry).unwrap();
+    }
+
+    pub fn manifest_json(&self, revision: &str) -> String {
+        let entries: BTreeMap<&str, String> = self
+            .files
+            .iter()
+            .map(|(p, b)| (p.as_str(), sha256_hex(b)))
+            .collect();
+        serde_json::json!({"revision": revision, "files": entries}).to_string()
+    }
+}
+
+/// Writes `text` to a fresh file and returns its path (the directory lives as long as the guard).
+pub fn write_temp(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifest.json");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}

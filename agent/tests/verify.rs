@@ -1,0 +1,540 @@
+//! The verifier on real files in temporary directories: every status word, both ways of opening
+//! files (openat2 and the O_NOFOLLOW walk), plain directories and Hugging Face caches.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{content, sha256_hex, HfCache, PlainModel, COMMIT, OTHER_COMMIT};
+use mlnode_agent::cache::hasher::Control;
+use mlnode_agent::cache::manifest::{self, TrustPolicy};
+use mlnode_agent::cache::report::{FileStatus, Report, Verdict};
+use mlnode_agent::cache::safe_open::Strategy;
+use mlnode_agent::cache::{verify, VerifyOptions};
+
+const STRATEGIES: [Strategy; 2] = [Strategy::Auto, Strategy::Walk];
+
+fn run_with(root: &Path, manifest_json: &str, options: VerifyOptions) -> Report {
+    let manifest = manifest::parse(
+        Path::new("test-manifest.json"),
+        manifest_json.as_bytes(),
+        &TrustPolicy::RequireKey,
+    )
+    .expect("test manifest parses");
+    verify(root, &manifest, &options, &Control::default()).expect("verification runs")
+}
+
+fn run(root: &Path, manifest_json: &str, strategy: Strategy) -> Report {
+    run_with(
+        root,
+        manifest_json,
+        VerifyOptions {
+            strategy,
+            ..VerifyOptions::default()
+        },
+    )
+}
+
+fn status(report: &Report, path: &str) -> FileStatus {
+    report
+        .files
+        .iter()
+        .find(|f| f.path == path)
+        .unwrap_or_else(|| panic!("{path} not in report: {:#?}", report.files))
+        .status
+}
+
+fn error(report: &Report, path: &str) -> String {
+    report
+        .files
+        .iter()
+        .find(|f| f.path == path)
+        .and_then(|f| f.error.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn complete_plain_cache_verifies_and_hashes_every_byte() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert_eq!(report.status, Verdict::Verified, "{report:#?}");
+        assert!(report.files.iter().all(|f| f.status == FileStatus::Ok));
+        let total: u64 = model.files.values().map(|b| b.len() as u64).sum();
+        assert_eq!(report.bytes_hashed, total);
+        assert_eq!(report.revision.as_deref(), Some("v1"));
+        let config = report
+            .files
+            .iter()
+            .find(|f| f.path == "config.json")
+            .unwrap();
+        assert_eq!(
+            config.sha256.as_deref(),
+            Some(sha256_hex(&model.files["config.json"]).as_str())
+        );
+    }
+}
+
+#[test]
+fn wrong_revision_fails_without_hashing() {
+    let model = PlainModel::new();
+    let options = VerifyOptions {
+        revision: Some("v2".into()),
+        ..VerifyOptions::default()
+    };
+    let report = run_with(model.root(), &model.manifest_json("v1", true), options);
+    assert_eq!(report.status, Verdict::Failed);
+    assert!(
+        report
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("revision mismatch"),
+        "{report:?}"
+    );
+    assert_eq!(report.bytes_hashed, 0);
+}
+
+#[test]
+fn truncated_file_is_a_size_mismatch_found_without_reading() {
+    let model = PlainModel::new();
+    let shard = "model-00001-of-00002.safetensors";
+    let original = &model.files[shard];
+    std::fs::write(model.path(shard), &original[..original.len() / 2]).unwrap();
+    let report = run(
+        model.root(),
+        &model.manifest_json("v1", true),
+        Strategy::Auto,
+    );
+    assert_eq!(status(&report, shard), FileStatus::SizeMismatch);
+    assert_eq!(report.status, Verdict::Failed);
+    // The other files were hashed, the truncated one was not read at all.
+    let others: u64 = model
+        .files
+        .iter()
+        .filter(|(p, _)| *p != shard)
+        .map(|(_, b)| b.len() as u64)
+        .sum();
+    assert_eq!(report.bytes_hashed, others);
+}
+
+#[test]
+fn truncated_file_without_size_in_manifest_is_a_digest_mismatch() {
+    let model = PlainModel::new();
+    let shard = "model-00002-of-00002.safetensors";
+    std::fs::write(model.path(shard), b"short").unwrap();
+    let report = run(
+        model.root(),
+        &model.manifest_json("v1", false),
+        Strategy::Auto,
+    );
+    assert_eq!(status(&report, shard), FileStatus::DigestMismatch);
+}
+
+#[test]
+fn one_flipped_byte_is_a_digest_mismatch() {
+    let model = PlainModel::new();
+    let shard = "model-00001-of-00002.safetensors";
+    let mut bytes = model.files[shard].clone();
+    bytes[12345] ^= 1;
+    std::fs::write(model.path(shard), &bytes).unwrap();
+    let report = run(
+        model.root(),
+        &model.manifest_json("v1", true),
+        Strategy::Auto,
+    );
+    assert_eq!(status(&report, shard), FileStatus::DigestMismatch);
+    assert!(error(&report, shard).contains(&sha256_hex(&model.files[shard])));
+}
+
+#[test]
+fn missing_file_is_missing() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        std::fs::remove_file(model.path("tokenizer/tokenizer.json")).unwrap();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert_eq!(
+            status(&report, "tokenizer/tokenizer.json"),
+            FileStatus::Missing
+        );
+        assert_eq!(report.status, Verdict::Failed);
+    }
+}
+
+#[test]
+fn unsafe_manifest_paths_are_refused_before_any_open() {
+    let model = PlainModel::new();
+    let digest = sha256_hex(b"x");
+    for path in [
+        "../outside.json",
+        "/etc/passwd",
+        "a/../config.json",
+        "./config.json",
+        "a//b",
+        "dir/",
+        "",
+    ] {
+        let manifest = serde_json::json!({"revision": "v1", "files": {path: digest}}).to_string();
+        let report = run(model.root(), &manifest, Strategy::Auto);
+        assert_eq!(
+            status(&report, path),
+            FileStatus::UnsafePath,
+            "path {path:?}"
+        );
+        assert_eq!(report.status, Verdict::Failed);
+    }
+}
+
+#[test]
+fn symlink_to_etc_passwd_escapes_root() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        std::fs::remove_file(model.path("config.json")).unwrap();
+        symlink("/etc/passwd", model.path("config.json")).unwrap();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert_eq!(
+            status(&report, "config.json"),
+            FileStatus::EscapesRoot,
+            "{strategy:?}"
+        );
+
+        // The same file reached by climbing out with `..` is caught too.
+        std::fs::remove_file(model.path("config.json")).unwrap();
+        symlink(
+            "../../../../../../../../etc/passwd",
+            model.path("config.json"),
+        )
+        .unwrap();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert_eq!(
+            status(&report, "config.json"),
+            FileStatus::EscapesRoot,
+            "{strategy:?}"
+        );
+    }
+}
+
+#[test]
+fn directory_symlink_that_escapes_is_caught_on_the_way() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(
+            outside.path().join("tokenizer.json"),
+            &model.files["tokenizer/tokenizer.json"],
+        )
+        .unwrap();
+        std::fs::remove_dir_all(model.path("tokenizer")).unwrap();
+        symlink(outside.path(), model.path("tokenizer")).unwrap();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        // Same content, but outside ROOT: not acceptable.
+        assert_eq!(
+            status(&report, "tokenizer/tokenizer.json"),
+            FileStatus::EscapesRoot,
+            "{strategy:?}"
+        );
+    }
+}
+
+#[test]
+fn symlink_chain_inside_root_is_fine() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        let shard = "model-00002-of-00002.safetensors";
+        std::fs::create_dir_all(model.path("store/deep")).unwrap();
+        std::fs::rename(model.path(shard), model.path("store/deep/real.bin")).unwrap();
+        symlink("deep/real.bin", model.path("store/hop")).unwrap();
+        symlink("store/hop", model.path(shard)).unwrap();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert_eq!(
+            status(&report, shard),
+            FileStatus::Ok,
+            "{strategy:?}: {report:#?}"
+        );
+        assert_eq!(report.status, Verdict::Verified);
+        assert_eq!(status(&report, "store/deep/real.bin"), FileStatus::Extra);
+    }
+}
+
+#[test]
+fn symlink_loop_is_an_io_error_not_a_hang() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        std::fs::remove_file(model.path("config.json")).unwrap();
+        symlink("loop-b", model.path("config.json")).unwrap();
+        symlink("config.json", model.path("loop-b")).unwrap();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert_eq!(
+            status(&report, "config.json"),
+            FileStatus::IoError,
+            "{strategy:?}"
+        );
+        assert!(
+            error(&report, "config.json").contains("symbolic links"),
+            "{report:#?}"
+        );
+    }
+}
+
+#[test]
+fn fifo_in_place_of_a_weight_file_does_not_block() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        let shard = "model-00001-of-00002.safetensors";
+        std::fs::remove_file(model.path(shard)).unwrap();
+        nix::unistd::mkfifo(&model.path(shard), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let started = Instant::now();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(status(&report, shard), FileStatus::NotRegularFile);
+        assert!(error(&report, shard).contains("FIFO"));
+    }
+}
+
+#[test]
+fn directory_in_place_of_a_file_is_not_a_regular_file() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        std::fs::remove_file(model.path("config.json")).unwrap();
+        std::fs::create_dir(model.path("config.json")).unwrap();
+        let report = run(model.root(), &model.manifest_json("v1", true), strategy);
+        assert_eq!(status(&report, "config.json"), FileStatus::NotRegularFile);
+    }
+}
+
+#[test]
+fn extra_files_are_listed_and_fail_only_when_asked() {
+    let model = PlainModel::new();
+    std::fs::write(model.path("stray.bin"), b"not in the manifest").unwrap();
+    std::fs::create_dir_all(model.path(".git")).unwrap();
+    std::fs::write(model.path(".git/HEAD"), b"ref: refs/heads/main").unwrap();
+    let json = model.manifest_json("v1", true);
+    let report = run(model.root(), &json, Strategy::Auto);
+    assert_eq!(report.status, Verdict::Verified);
+    assert_eq!(status(&report, "stray.bin"), FileStatus::Extra);
+    assert!(
+        report.files.iter().all(|f| !f.path.starts_with(".git")),
+        "git metadata is not model content"
+    );
+    let strict = VerifyOptions {
+        fail_on_extra: true,
+        ..VerifyOptions::default()
+    };
+    assert_eq!(
+        run_with(model.root(), &json, strict).status,
+        Verdict::Failed
+    );
+}
+
+#[test]
+fn partial_download_in_a_local_dir_is_in_progress() {
+    let model = PlainModel::new();
+    let shard = "model-00002-of-00002.safetensors";
+    std::fs::write(model.path(shard), b"first bytes").unwrap();
+    let json = model.manifest_json("v1", true);
+    assert_eq!(
+        status(&run(model.root(), &json, Strategy::Auto), shard),
+        FileStatus::SizeMismatch
+    );
+    // `hf download --local-dir` keeps its partial file and lock here.
+    let marker_dir = model.path(".cache/huggingface/download");
+    std::fs::create_dir_all(&marker_dir).unwrap();
+    std::fs::write(
+        marker_dir.join(format!("{shard}.incomplete")),
+        b"first bytes",
+    )
+    .unwrap();
+    let report = run(model.root(), &json, Strategy::Auto);
+    assert_eq!(status(&report, shard), FileStatus::InProgress);
+    assert_eq!(
+        report.status,
+        Verdict::Failed,
+        "a cache still downloading is not verified"
+    );
+    // The metadata folder is not model content.
+    assert!(report.files.iter().all(|f| !f.path.starts_with(".cache")));
+}
+
+#[test]
+fn lingering_lock_file_does_not_excuse_a_corrupt_file() {
+    let model = PlainModel::new();
+    let marker_dir = model.path(".cache/huggingface/download");
+    std::fs::create_dir_all(&marker_dir).unwrap();
+    std::fs::write(marker_dir.join("config.json.lock"), b"").unwrap();
+    let json = model.manifest_json("v1", true);
+    // A good file stays ok whatever markers lie around.
+    assert_eq!(
+        status(&run(model.root(), &json, Strategy::Auto), "config.json"),
+        FileStatus::Ok
+    );
+}
+
+#[test]
+fn hf_cache_resolves_refs_and_verifies_the_snapshot() {
+    for strategy in STRATEGIES {
+        let cache = HfCache::new();
+        let json = cache.manifest_json(COMMIT);
+        let report = run(&cache.root(), &json, strategy);
+        assert_eq!(report.status, Verdict::Verified, "{report:#?}");
+        assert_eq!(report.revision.as_deref(), Some(COMMIT));
+        // `--revision main` names the same commit through refs/main.
+        let options = VerifyOptions {
+            revision: Some("main".into()),
+            strategy,
+            ..VerifyOptions::default()
+        };
+        assert_eq!(
+            run_with(&cache.root(), &json, options).status,
+            Verdict::Verified
+        );
+    }
+}
+
+#[test]
+fn hf_cache_at_another_revision_fails() {
+    let cache = HfCache::new();
+    // The manifest is for OTHER_COMMIT, the cache's main is COMMIT.
+    std::fs::create_dir_all(cache.snapshot(OTHER_COMMIT)).unwrap();
+    let options = VerifyOptions {
+        revision: Some("main".into()),
+        ..VerifyOptions::default()
+    };
+    let report = run_with(&cache.root(), &cache.manifest_json(OTHER_COMMIT), options);
+    assert_eq!(report.status, Verdict::Failed);
+    let message = report.error.unwrap();
+    assert!(
+        message.contains("revision mismatch") && message.contains(COMMIT),
+        "{message}"
+    );
+}
+
+#[test]
+fn hf_cache_dangling_symlink_is_missing_and_incomplete_blob_is_in_progress() {
+    let cache = HfCache::new();
+    let blob = sha256_hex(&cache.files["model.safetensors"]);
+    std::fs::remove_file(cache.root().join("blobs").join(&blob)).unwrap();
+    let json = cache.manifest_json(COMMIT);
+    let report = run(&cache.root(), &json, Strategy::Auto);
+    assert_eq!(status(&report, "model.safetensors"), FileStatus::Missing);
+
+    std::fs::write(
+        cache
+            .root()
+            .join("blobs")
+            .join(format!("{blob}.incomplete")),
+        b"partial",
+    )
+    .unwrap();
+    let report = run(&cache.root(), &json, Strategy::Auto);
+    assert_eq!(status(&report, "model.safetensors"), FileStatus::InProgress);
+    assert_eq!(report.status, Verdict::Failed);
+}
+
+#[test]
+fn hf_cache_lock_held_for_a_missing_blob_is_in_progress() {
+    let cache = HfCache::new();
+    let blob = sha256_hex(&cache.files["config.json"]);
+    std::fs::remove_file(cache.snapshot(COMMIT).join("config.json")).unwrap();
+    let locks = cache.hub.path().join(".locks/models--org--tiny");
+    std::fs::create_dir_all(&locks).unwrap();
+    std::fs::write(locks.join(format!("{blob}.lock")), b"").unwrap();
+    let report = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Auto);
+    assert_eq!(status(&report, "config.json"), FileStatus::InProgress);
+}
+
+#[test]
+fn hf_snapshot_entry_of_the_wrong_form_is_unsafe() {
+    let cache = HfCache::new();
+    let entry = cache.snapshot(COMMIT).join("sub/extra.json");
+    let blob = sha256_hex(&cache.files["sub/extra.json"]);
+    std::fs::remove_file(&entry).unwrap();
+    // Stays inside ROOT but is not how the hub links: one `../` too few for a nested entry.
+    symlink(format!("../../blobs/{blob}"), &entry).unwrap();
+    // ...which from snapshots/<commit>/sub/ lands in snapshots/blobs/.
+    std::fs::create_dir_all(cache.root().join("snapshots/blobs")).unwrap();
+    std::fs::copy(
+        cache.root().join("blobs").join(&blob),
+        cache.root().join("snapshots/blobs").join(&blob),
+    )
+    .unwrap();
+    let report = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Auto);
+    assert_eq!(
+        status(&report, "sub/extra.json"),
+        FileStatus::UnsafePath,
+        "{report:#?}"
+    );
+}
+
+#[test]
+fn hf_snapshot_symlink_to_etc_passwd_escapes_root() {
+    let cache = HfCache::new();
+    let entry = cache.snapshot(COMMIT).join("config.json");
+    std::fs::remove_file(&entry).unwrap();
+    symlink("/etc/passwd", &entry).unwrap();
+    let report = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Walk);
+    assert_eq!(status(&report, "config.json"), FileStatus::EscapesRoot);
+}
+
+#[test]
+fn hf_snapshot_regular_file_is_accepted() {
+    let cache = HfCache::new();
+    let entry = cache.snapshot(COMMIT).join("config.json");
+    std::fs::remove_file(&entry).unwrap();
+    std::fs::write(&entry, &cache.files["config.json"]).unwrap();
+    let report = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Auto);
+    assert_eq!(report.status, Verdict::Verified, "{report:#?}");
+}
+
+#[test]
+fn file_changed_while_hashing_is_retried_then_reported() {
+    use mlnode_agent::cache::hasher::{self, Job, JobResult};
+    use mlnode_agent::cache::safe_open::Root;
+    let model = PlainModel::new();
+    let root = Root::open(model.root()).unwrap();
+    let shard = "model-00001-of-00002.safetensors";
+    let first = root.open_file(shard).unwrap().snapshot;
+    // Rewritten after the first look: both attempts see a file other than the one planned.
+    std::fs::write(model.path(shard), content(9, 1000)).unwrap();
+    let job = Job {
+        path: shard.into(),
+        start: 0,
+        len: None,
+        weight: first.size,
+        expected: Some(first),
+    };
+    let results = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+        .install(|| hasher::run(&root, &[job], &Control::default()));
+    match &results[0] {
+        JobResult::Changed(reason) => assert!(
+            reason.contains("size") || reason.contains("replaced"),
+            "{reason}"
+        ),
+        other => panic!("expected Changed, got {other:?}"),
+    }
+}
+
+#[test]
+fn cancelled_control_stops_hashing() {
+    let model = PlainModel::new();
+    let manifest = manifest::parse(
+        Path::new("m.json"),
+        model.manifest_json("v1", true).as_bytes(),
+        &TrustPolicy::RequireKey,
+    )
+    .unwrap();
+    let control = Control::default();
+    control.cancel();
+    let result = verify(model.root(), &manifest, &VerifyOptions::default(), &control);
+    assert!(result.is_err(), "a cancelled run must not produce a report");
+    assert_eq!(
+        control
+            .hashed_bytes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Every test of the project, on a fresh machine: installs what the tests need, then checks
+# formatting and lints, then runs the test suite. `.ci/run` calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The bundle tests sign models with the real OpenSSF model_signing tool.
+if ! python3 -c 'import model_signing' >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check 'model-signing>=1.1,<2' pyopenssl
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
