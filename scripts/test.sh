@@ -9,6 +9,13 @@ if ! python3 -c 'import model_signing' >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check 'model-signing>=1.1,<2' pyopenssl
 fi
 
+# The end-to-end tests start a real Prometheus on loopback to scrape the agent.
+if ! command -v prometheus >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

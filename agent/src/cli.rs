@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::cache::hasher::Control;
 use crate::cache::report::{FileStatus, Report};
 use crate::cache::{self, manifest, TrustPolicy, VerifyOptions};
+use crate::config::{self, LogFormat, Override};
 
 /// Exit codes: 0 verified, 1 verification failed, 2 bad usage or a bad manifest.
 pub const EXIT_FAILED: u8 = 1;
@@ -35,6 +36,22 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Write the native manifest of a model directory to standard output.
     Manifest(ManifestArgs),
+    /// Run the agent: keep the configured model caches verified and serve /metrics, /healthz, /readyz.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// YAML config file. Without one, an embedded default verifies the example model in this
+    /// repository and listens on 127.0.0.1:9400.
+    #[arg(long, env = "MLNODE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to serve on (the `listen` key).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Set any config key, such as `--set verify.threads=4` (repeatable; after MLNODE_* variables).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -85,6 +102,7 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Verify(args) => verify(args),
         Command::Manifest(args) => write_manifest(args),
+        Command::Serve(args) => serve(args),
     }
 }
 
@@ -248,5 +266,62 @@ fn write_manifest(args: ManifestArgs) -> ExitCode {
     match writeln!(std::io::stdout(), "{json}") {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => usage_error(format!("cannot write the manifest: {e}")),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let mut overrides = Override::from_env();
+    for text in &args.set {
+        match Override::from_flag(text) {
+            Ok(o) => overrides.push(o),
+            Err(e) => return usage_error(e),
+        }
+    }
+    if let Some(listen) = &args.listen {
+        overrides.push(Override {
+            origin: "flag --listen".into(),
+            key: "listen".into(),
+            value: listen.clone(),
+        });
+    }
+    let config = match config::load(args.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => return usage_error(e),
+    };
+    init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("mlnode-agent")
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return usage_error(format!("cannot start the async runtime: {e}")),
+    };
+    match runtime.block_on(crate::daemon::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "mlnode-agent stopped");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// Text on a terminal, JSON in a container's log; `RUST_LOG` filters (default `info`).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = match format {
+        LogFormat::Json => true,
+        LogFormat::Text => false,
+        LogFormat::Auto => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
     }
 }

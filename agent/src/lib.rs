@@ -5,3 +5,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod metrics;
+pub mod server;

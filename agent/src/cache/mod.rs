@@ -9,10 +9,13 @@
 //! 3. [`verify`] opens every file through [`safe_open`] (never leaving ROOT), hashes them in
 //!    parallel with [`hasher`], and produces a [`report::Report`].
 
+pub mod events;
 pub mod generate;
 pub mod hasher;
 pub mod layout;
 pub mod manifest;
+pub mod metrics;
+pub mod monitor;
 pub mod report;
 pub mod safe_open;
 pub mod verify;

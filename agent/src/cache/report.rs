@@ -141,4 +141,36 @@ impl Report {
     pub fn is_verified(&self) -> bool {
         self.status == Verdict::Verified
     }
+
+    /// Verified only when every manifest file is `ok`, nothing failed as a whole, and (if asked)
+    /// no file is extra.
+    pub fn verdict_of(files: &[FileReport], error: Option<&str>, fail_on_extra: bool) -> Verdict {
+        let failed = error.is_some()
+            || files.iter().any(|f| match f.status {
+                FileStatus::Ok => false,
+                FileStatus::Extra => fail_on_extra,
+                _ => true,
+            });
+        if failed {
+            Verdict::Failed
+        } else {
+            Verdict::Verified
+        }
+    }
+
+    /// Folds in an incremental run, which looked again at some manifest files and re-listed the
+    /// extras: its lines replace theirs, the rest is kept.
+    pub fn merge(&mut self, partial: Report, fail_on_extra: bool) {
+        let seen: std::collections::HashSet<&str> =
+            partial.files.iter().map(|f| f.path.as_str()).collect();
+        self.files
+            .retain(|f| f.status != FileStatus::Extra && !seen.contains(f.path.as_str()));
+        self.files.extend(partial.files);
+        self.files.sort_by(|a, b| a.path.cmp(&b.path));
+        self.revision = partial.revision.or(self.revision.take());
+        self.error = partial.error;
+        self.bytes_hashed = partial.bytes_hashed;
+        self.seconds = partial.seconds;
+        self.status = Report::verdict_of(&self.files, self.error.as_deref(), fail_on_extra);
+    }
 }

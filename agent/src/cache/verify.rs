@@ -23,6 +23,9 @@ pub struct VerifyOptions {
     pub strategy: Strategy,
     /// The manifest file itself, left out of the `extra` list when it lives inside ROOT.
     pub manifest_path: Option<PathBuf>,
+    /// Look only at these manifest paths (an incremental run after file events); extras are
+    /// always listed afresh. None: every file.
+    pub only: Option<HashSet<String>>,
 }
 
 impl Default for VerifyOptions {
@@ -32,6 +35,7 @@ impl Default for VerifyOptions {
             fail_on_extra: false,
             strategy: Strategy::Auto,
             manifest_path: None,
+            only: None,
         }
     }
 }
@@ -121,15 +125,24 @@ pub fn verify(
         }
     };
 
-    let firsts: Vec<Result<(Snapshot, Option<String>), FileReport>> = manifest
+    let selected: Vec<&ExpectedFile> = manifest
         .files
+        .iter()
+        .filter(|f| {
+            options
+                .only
+                .as_ref()
+                .is_none_or(|only| only.contains(&f.path))
+        })
+        .collect();
+    let firsts: Vec<Result<(Snapshot, Option<String>), FileReport>> = selected
         .par_iter()
         .map(|expected| first_look(&root, &layout, expected))
         .collect();
 
     let mut jobs = Vec::new();
-    let mut plans = Vec::with_capacity(manifest.files.len());
-    for (expected, first) in manifest.files.iter().zip(firsts) {
+    let mut plans = Vec::with_capacity(selected.len());
+    for (expected, first) in selected.iter().zip(firsts) {
         let (snapshot, blob) = match first {
             Ok(found) => found,
             Err(report) => {
@@ -169,7 +182,7 @@ pub fn verify(
     }
 
     let mut files = Vec::with_capacity(plans.len());
-    for (expected, plan) in manifest.files.iter().zip(plans) {
+    for (expected, plan) in selected.iter().zip(plans) {
         let report = match plan {
             Plan::Done(report) => report,
             Plan::Hash {
@@ -217,16 +230,7 @@ pub fn verify(
         }
     }
 
-    let failed = files.iter().any(|f| match f.status {
-        FileStatus::Ok => false,
-        FileStatus::Extra => options.fail_on_extra,
-        _ => true,
-    });
-    let status = if failed || (extra_error.is_some() && options.fail_on_extra) {
-        Verdict::Failed
-    } else {
-        Verdict::Verified
-    };
+    let status = Report::verdict_of(&files, extra_error.as_deref(), options.fail_on_extra);
     Ok(Report {
         status,
         revision,

@@ -1,6 +1,8 @@
 //! Builders for model caches on disk, shared by the integration tests.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod agent;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,181 @@
+//! The model-cache series: `mlnode_model_cache_*`. Updated by [`super::monitor`] after each
+//! verification; documented in docs/metrics.md.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use super::report::{FileStatus, Report};
+
+/// Verification takes from milliseconds (a config file) to an hour (a cold 400 GB cache).
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyKind {
+    Full,
+    Incremental,
+}
+
+impl VerifyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerifyKind::Full => "full",
+            VerifyKind::Incremental => "incremental",
+        }
+    }
+}
+
+pub struct CacheMetrics {
+    verified: IntGaugeVec,
+    files: IntGaugeVec,
+    bytes: IntGaugeVec,
+    hashed_bytes: IntCounterVec,
+    duration: HistogramVec,
+    last_verified: GaugeVec,
+    watch_overflows: IntCounterVec,
+    /// The revision label each model's `verified` series carries now, to drop it when it changes.
+    revisions: Mutex<HashMap<String, String>>,
+}
+
+impl CacheMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<CacheMetrics> {
+        let metrics = CacheMetrics {
+            verified: IntGaugeVec::new(
+                Opts::new("mlnode_model_cache_verified", "1 when every file of the model's manifest is ok, else 0."),
+                &["model_name", "revision"],
+            )?,
+            files: IntGaugeVec::new(
+                Opts::new("mlnode_model_cache_files", "Files of the model cache per verification status."),
+                &["model_name", "status"],
+            )?,
+            bytes: IntGaugeVec::new(
+                Opts::new("mlnode_model_cache_bytes", "Expected size of the model's files, in bytes."),
+                &["model_name"],
+            )?,
+            hashed_bytes: IntCounterVec::new(
+                Opts::new("mlnode_model_cache_hashed_bytes_total", "Bytes read and hashed while verifying the model."),
+                &["model_name"],
+            )?,
+            duration: HistogramVec::new(
+                HistogramOpts::new("mlnode_model_cache_verify_duration_seconds", "Time one verification of the model took.")
+                    .buckets(DURATION_BUCKETS.to_vec()),
+                &["model_name", "kind"],
+            )?,
+            last_verified: GaugeVec::new(
+                Opts::new(
+                    "mlnode_model_cache_last_verified_timestamp_seconds",
+                    "Unix time at which a verification last found the model cache verified.",
+                ),
+                &["model_name"],
+            )?,
+            watch_overflows: IntCounterVec::new(
+                Opts::new(
+                    "mlnode_model_cache_watch_overflows_total",
+                    "File-watch queue overflows and watch-limit errors, each forcing a full rescan.",
+                ),
+                &["model_name"],
+            )?,
+            revisions: Mutex::new(HashMap::new()),
+        };
+        registry.register(Box::new(metrics.verified.clone()))?;
+        registry.register(Box::new(metrics.files.clone()))?;
+        registry.register(Box::new(metrics.bytes.clone()))?;
+        registry.register(Box::new(metrics.hashed_bytes.clone()))?;
+        registry.register(Box::new(metrics.duration.clone()))?;
+        registry.register(Box::new(metrics.last_verified.clone()))?;
+        registry.register(Box::new(metrics.watch_overflows.clone()))?;
+        Ok(metrics)
+    }
+
+    fn set_verified(&self, model: &str, revision: &str, verified: bool) {
+        let mut revisions = self.revisions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = revisions.insert(model.to_string(), revision.to_string()) {
+            if old != revision {
+                let _ = self.verified.remove_label_values(&[model, &old]);
+            }
+        }
+        self.verified
+            .with_label_values(&[model, revision])
+            .set(i64::from(verified));
+    }
+
+    fn set_counts(&self, model: &str, counts: impl Fn(FileStatus) -> usize) {
+        for status in FileStatus::ALL {
+            self.files
+                .with_label_values(&[model, status.as_str()])
+                .set(counts(status) as i64);
+        }
+    }
+
+    /// Before the first verification finishes: not verified, every file `in_progress`.
+    pub fn starting(&self, model: &str, revision: Option<&str>, manifest_files: usize) {
+        self.set_verified(model, revision.unwrap_or(""), false);
+        self.set_counts(model, |status| {
+            if status == FileStatus::InProgress {
+                manifest_files
+            } else {
+                0
+            }
+        });
+        self.hashed_bytes.with_label_values(&[model]).inc_by(0);
+        self.watch_overflows.with_label_values(&[model]).inc_by(0);
+    }
+
+    /// The model cannot be verified at all (its manifest is unreadable, say).
+    pub fn unverifiable(&self, model: &str) {
+        let revision = self
+            .revisions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(model)
+            .cloned();
+        self.set_verified(model, revision.as_deref().unwrap_or(""), false);
+    }
+
+    /// After a verification: `report` is the model's whole current state, `hashed` what this
+    /// run read.
+    pub fn observe(
+        &self,
+        model: &str,
+        report: &Report,
+        kind: VerifyKind,
+        hashed: u64,
+        seconds: f64,
+        expected_bytes: u64,
+    ) {
+        self.set_verified(
+            model,
+            report.revision.as_deref().unwrap_or(""),
+            report.is_verified(),
+        );
+        let counts = report.counts();
+        self.set_counts(model, |status| {
+            counts
+                .iter()
+                .find(|(s, _)| *s == status)
+                .map_or(0, |(_, n)| *n)
+        });
+        self.bytes
+            .with_label_values(&[model])
+            .set(expected_bytes as i64);
+        self.hashed_bytes.with_label_values(&[model]).inc_by(hashed);
+        self.duration
+            .with_label_values(&[model, kind.as_str()])
+            .observe(seconds);
+        if report.is_verified() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.last_verified.with_label_values(&[model]).set(now);
+        }
+    }
+
+    pub fn watch_overflow(&self, model: &str) {
+        self.watch_overflows.with_label_values(&[model]).inc();
+    }
+}

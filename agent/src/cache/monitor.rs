@@ -1,0 +1,603 @@
+//! Continuous verification of one model cache: a full verification at start, incremental
+//! re-verification of the files that file events name, a full rescan on a schedule (bit rot leaves
+//! no event) and whenever events were lost. One tokio task per model, so one unreadable cache never
+//! holds up another; hashing runs on the shared rayon pool, off the async runtime.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::events::{changes_content, Router, Work};
+use super::hasher::Control;
+use super::layout;
+use super::manifest::{self, Manifest, TrustPolicy};
+use super::metrics::{CacheMetrics, VerifyKind};
+use super::report::{FileStatus, Report};
+use super::verify::{verify, VerifyOptions};
+use crate::config::{ModelConfig, VerifySettings};
+
+/// How often the monitor wakes when nothing happens: its heartbeat, stall check and watch retry.
+const TICK: Duration = Duration::from_secs(5);
+/// A monitor whose heartbeat is older than this is wedged.
+const HEARTBEAT_LIMIT: Duration = Duration::from_secs(30);
+/// Watch set-up that failed (the root does not exist yet, the watch limit) is retried this often.
+const WATCH_RETRY: Duration = Duration::from_secs(30);
+/// At shutdown, how long to wait for hashing to notice it was cancelled.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
+
+/// Whether a model's cache may be served from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// The first verification has not finished.
+    Starting,
+    Verified {
+        revision: Option<String>,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+/// What the HTTP server reads about a model: readiness for /readyz, liveness for /healthz.
+pub struct ModelState {
+    pub name: String,
+    readiness: Mutex<Readiness>,
+    heartbeat: Mutex<Instant>,
+    stalled: AtomicBool,
+}
+
+impl ModelState {
+    pub fn new(name: &str) -> ModelState {
+        ModelState {
+            name: name.to_string(),
+            readiness: Mutex::new(Readiness::Starting),
+            heartbeat: Mutex::new(Instant::now()),
+            stalled: AtomicBool::new(false),
+        }
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        self.readiness
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_readiness(&self, readiness: Readiness) {
+        *self.readiness.lock().unwrap_or_else(|p| p.into_inner()) = readiness;
+    }
+
+    fn beat(&self) {
+        *self.heartbeat.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Err says why the monitor is wedged.
+    pub fn liveness(&self) -> Result<(), String> {
+        let age = self
+            .heartbeat
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
+        if age > HEARTBEAT_LIMIT {
+            return Err(format!("its monitor has not run for {}s", age.as_secs()));
+        }
+        if self.stalled.load(Ordering::Relaxed) {
+            return Err(
+                "its verification has hashed nothing for longer than verify.stall_timeout".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A verification under way.
+struct Running {
+    handle: tokio::task::JoinHandle<Result<Report, String>>,
+    control: Arc<Control>,
+    kind: VerifyKind,
+    last_bytes: u64,
+    last_progress: Instant,
+}
+
+/// Work collected from events, done once they have been quiet for `debounce`.
+#[derive(Default)]
+struct Pending {
+    full: bool,
+    reload: bool,
+    listing: bool,
+    files: HashSet<String>,
+    last_event: Option<Instant>,
+}
+
+impl Pending {
+    fn add(&mut self, work: Work) {
+        match work {
+            Work::Full => self.full = true,
+            Work::ReloadManifest => self.reload = true,
+            Work::Listing => self.listing = true,
+            Work::Files(files) => self.files.extend(files),
+        }
+        self.last_event = Some(Instant::now());
+    }
+
+    fn is_empty(&self) -> bool {
+        !self.full && !self.reload && !self.listing && self.files.is_empty()
+    }
+
+    /// When the work may start: immediately for scheduled work, after `debounce` for events.
+    fn due(&self, debounce: Duration) -> Option<Instant> {
+        if self.is_empty() {
+            return None;
+        }
+        Some(self.last_event.map_or_else(Instant::now, |t| t + debounce))
+    }
+}
+
+pub struct Monitor {
+    model: ModelConfig,
+    settings: VerifySettings,
+    pool: Arc<rayon::ThreadPool>,
+    metrics: Arc<CacheMetrics>,
+    state: Arc<ModelState>,
+}
+
+/// The model's manifest as last loaded, and how its files map to events.
+struct Loaded {
+    manifest: Arc<Manifest>,
+    bytes: Vec<u8>,
+}
+
+impl Monitor {
+    pub fn new(
+        model: ModelConfig,
+        settings: VerifySettings,
+        pool: Arc<rayon::ThreadPool>,
+        metrics: Arc<CacheMetrics>,
+        state: Arc<ModelState>,
+    ) -> Monitor {
+        Monitor {
+            model,
+            settings,
+            pool,
+            metrics,
+            state,
+        }
+    }
+
+    fn trust(&self) -> TrustPolicy {
+        match (&self.model.public_key, self.model.allow_unsigned) {
+            (Some(key), _) => TrustPolicy::PublicKey(key.clone()),
+            (None, true) => TrustPolicy::AllowUnsigned,
+            (None, false) => TrustPolicy::RequireKey,
+        }
+    }
+
+    /// Runs until `shutdown`; a verification under way is then cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let name = self.model.name.clone();
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let mut watch: Option<(notify::RecommendedWatcher, RootIdentity)> = None;
+        let mut last_watch_attempt: Option<Instant> = None;
+        let mut loaded: Option<Loaded> = None;
+        let mut router: Option<Router> = None;
+        let mut report: Option<Report> = None;
+        let mut running: Option<Running> = None;
+        let mut last_error = String::new();
+        let mut pending = Pending {
+            reload: true,
+            full: true,
+            ..Pending::default()
+        };
+        let mut tick = tokio::time::interval(TICK);
+        let rescan_every = self.settings.full_rescan_interval;
+        let mut rescan =
+            tokio::time::interval_at(tokio::time::Instant::now() + rescan_every, rescan_every);
+
+        loop {
+            self.state.beat();
+
+            // (Re)establish the watch: at start, when set-up failed, and when ROOT was replaced.
+            let root_moved = watch
+                .as_ref()
+                .is_some_and(|(_, id)| !id.still_matches(&self.model.root));
+            let retry_due = last_watch_attempt.is_none_or(|t| t.elapsed() >= WATCH_RETRY);
+            if (watch.is_none() && retry_due) || root_moved {
+                last_watch_attempt = Some(Instant::now());
+                watch = match self.watch(tx.clone()) {
+                    Ok(w) => {
+                        if root_moved || report.is_some() {
+                            pending.full = true;
+                        }
+                        Some(w)
+                    }
+                    Err(WatchError { reason, limit }) => {
+                        if limit {
+                            self.metrics.watch_overflow(&name);
+                        }
+                        tracing::warn!(model_name = %name, error = %reason, "cannot watch the model cache; relying on periodic rescans until it can");
+                        None
+                    }
+                };
+            }
+
+            if running.is_none() {
+                if let Some(due) = pending.due(self.settings.debounce) {
+                    if due <= Instant::now() {
+                        running = self
+                            .start(
+                                &mut pending,
+                                &mut loaded,
+                                &mut router,
+                                &report,
+                                &mut last_error,
+                            )
+                            .await;
+                    }
+                }
+            }
+
+            let due = if running.is_none() {
+                pending.due(self.settings.debounce)
+            } else {
+                None
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    if let Some(job) = running.take() {
+                        job.control.cancel();
+                        let _ = tokio::time::timeout(CANCEL_GRACE, job.handle).await;
+                    }
+                    return;
+                }
+                Some(event) = events.recv() => {
+                    match event {
+                        Ok(event) => {
+                            if event.need_rescan() {
+                                self.metrics.watch_overflow(&name);
+                                tracing::warn!(model_name = %name, "file-watch queue overflowed; verifying everything");
+                            }
+                            match &router {
+                                Some(router) => router.route(&event).into_iter().for_each(|w| pending.add(w)),
+                                // Before the first verification maps files to events, any change
+                                // means the next verification must look at everything.
+                                None if event.need_rescan() || changes_content(&event.kind) => pending.add(Work::Full),
+                                None => {}
+                            }
+                        }
+                        Err(e) => {
+                            if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
+                                self.metrics.watch_overflow(&name);
+                            }
+                            tracing::warn!(model_name = %name, error = %e, "file watch error; verifying everything");
+                            pending.add(Work::Full);
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Some(job) = running.as_mut() {
+                        self.check_progress(job);
+                    }
+                    if loaded.is_none() {
+                        pending.reload = true;
+                    }
+                }
+                _ = rescan.tick() => pending.full = true,
+                result = async { (&mut running.as_mut().expect("guarded by if").handle).await }, if running.is_some() => {
+                    let job = running.take().expect("guarded by if");
+                    self.state.stalled.store(false, Ordering::Relaxed);
+                    let outcome = result.unwrap_or_else(|e| Err(format!("verification task failed: {e}")));
+                    self.finish(job.kind, outcome, &mut report, loaded.as_ref(), &mut router);
+                }
+                _ = sleep_until(due), if due.is_some() => {}
+            }
+        }
+    }
+
+    fn check_progress(&self, job: &mut Running) {
+        let bytes = job.control.hashed_bytes.load(Ordering::Relaxed);
+        if bytes != job.last_bytes {
+            job.last_bytes = bytes;
+            job.last_progress = Instant::now();
+        }
+        let stalled = job.last_progress.elapsed() > self.settings.stall_timeout;
+        if stalled && !self.state.stalled.swap(true, Ordering::Relaxed) {
+            tracing::error!(model_name = %self.model.name, "verification made no progress for {:?}; is the storage hung?", self.settings.stall_timeout);
+        }
+    }
+
+    /// Takes the pending work and starts the verification it calls for.
+    async fn start(
+        &self,
+        pending: &mut Pending,
+        loaded: &mut Option<Loaded>,
+        router: &mut Option<Router>,
+        report: &Option<Report>,
+        last_error: &mut String,
+    ) -> Option<Running> {
+        let work = std::mem::take(pending);
+        let mut full = work.full || report.is_none();
+        if work.reload || loaded.is_none() {
+            match self.load_manifest().await {
+                Ok((manifest, bytes)) => {
+                    let changed = loaded.as_ref().is_none_or(|l| l.bytes != bytes);
+                    if changed {
+                        if loaded.is_some() {
+                            tracing::info!(model_name = %self.model.name, manifest = %self.model.manifest.display(), "manifest changed; verifying everything");
+                        }
+                        self.metrics.starting(
+                            &self.model.name,
+                            manifest.revision.as_deref(),
+                            manifest.files.len(),
+                        );
+                        *loaded = Some(Loaded {
+                            manifest: Arc::new(manifest),
+                            bytes,
+                        });
+                        full = true;
+                    }
+                    last_error.clear();
+                }
+                Err(reason) => {
+                    if *last_error != reason {
+                        tracing::error!(model_name = %self.model.name, error = %reason, "cannot use the manifest");
+                        *last_error = reason.clone();
+                    }
+                    *loaded = None;
+                    *router = None;
+                    self.state.set_readiness(Readiness::Failed { reason });
+                    self.metrics.unverifiable(&self.model.name);
+                    return None;
+                }
+            }
+        }
+        let manifest = loaded.as_ref()?.manifest.clone();
+        let only = (!full).then(|| work.files.clone());
+        if !full && work.files.is_empty() && !work.listing {
+            return None;
+        }
+        let kind = if full {
+            VerifyKind::Full
+        } else {
+            VerifyKind::Incremental
+        };
+        let options = VerifyOptions {
+            revision: self.model.revision.clone(),
+            fail_on_extra: self.model.fail_on_extra,
+            manifest_path: Some(self.model.manifest.clone()),
+            only,
+            ..VerifyOptions::default()
+        };
+        let control = Arc::new(Control::default());
+        let (pool, root, job_control) =
+            (self.pool.clone(), self.model.root.clone(), control.clone());
+        let handle = tokio::task::spawn_blocking(move || {
+            pool.install(|| verify(&root, &manifest, &options, &job_control))
+                .map_err(|e| e.to_string())
+        });
+        Some(Running {
+            handle,
+            control,
+            kind,
+            last_bytes: 0,
+            last_progress: Instant::now(),
+        })
+    }
+
+    async fn load_manifest(&self) -> Result<(Manifest, Vec<u8>), String> {
+        let path = self.model.manifest.clone();
+        let trust = self.trust();
+        tokio::task::spawn_blocking(move || {
+            let bytes = std::fs::read(&path)
+                .map_err(|e| format!("cannot read manifest {}: {e}", path.display()))?;
+            let manifest = manifest::parse(&path, &bytes, &trust).map_err(|e| e.to_string())?;
+            Ok((manifest, bytes))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("manifest task failed: {e}")))
+    }
+
+    fn finish(
+        &self,
+        kind: VerifyKind,
+        outcome: Result<Report, String>,
+        report: &mut Option<Report>,
+        loaded: Option<&Loaded>,
+        router: &mut Option<Router>,
+    ) {
+        let name = &self.model.name;
+        let partial = match outcome {
+            Ok(partial) => partial,
+            Err(reason) => {
+                tracing::error!(model_name = %name, error = %reason, "cannot verify the model cache");
+                self.state.set_readiness(Readiness::Failed { reason });
+                self.metrics.unverifiable(name);
+                *report = None;
+                return;
+            }
+        };
+        let (hashed, seconds) = (partial.bytes_hashed, partial.seconds);
+        let current = match (kind, report.take()) {
+            (VerifyKind::Incremental, Some(mut previous)) => {
+                previous.merge(partial, self.model.fail_on_extra);
+                previous
+            }
+            _ => partial,
+        };
+        let Some(loaded) = loaded else { return };
+        if kind == VerifyKind::Full {
+            *router = Some(self.router(&loaded.manifest, &current));
+        }
+        self.metrics.observe(
+            name,
+            &current,
+            kind,
+            hashed,
+            seconds,
+            expected_bytes(&loaded.manifest, &current),
+        );
+        log_result(name, &current, kind, hashed, seconds);
+        self.state.set_readiness(if current.is_verified() {
+            Readiness::Verified {
+                revision: current.revision.clone(),
+            }
+        } else {
+            Readiness::Failed {
+                reason: failure_summary(&current),
+            }
+        });
+        *report = Some(current);
+    }
+
+    fn router(&self, manifest: &Manifest, report: &Report) -> Router {
+        let root =
+            std::fs::canonicalize(&self.model.root).unwrap_or_else(|_| self.model.root.clone());
+        let hf_commit = layout::is_hf_repo(&root)
+            .then(|| report.revision.clone())
+            .flatten();
+        Router::new(
+            &root,
+            &manifest_dir(&self.model.manifest),
+            hf_commit,
+            manifest,
+        )
+    }
+
+    fn watch(
+        &self,
+        tx: mpsc::UnboundedSender<notify::Result<notify::Event>>,
+    ) -> Result<(notify::RecommendedWatcher, RootIdentity), WatchError> {
+        let fail = |e: notify::Error| WatchError {
+            limit: matches!(e.kind, notify::ErrorKind::MaxFilesWatch),
+            reason: e.to_string(),
+        };
+        let root = std::fs::canonicalize(&self.model.root).map_err(|e| WatchError {
+            reason: format!("{}: {e}", self.model.root.display()),
+            limit: false,
+        })?;
+        let identity = RootIdentity::of(&root).ok_or_else(|| WatchError {
+            reason: format!("{} cannot be examined", root.display()),
+            limit: false,
+        })?;
+        let mut watcher = notify::recommended_watcher(move |event| {
+            let _ = tx.send(event);
+        })
+        .map_err(fail)?;
+        watcher
+            .watch(&root, RecursiveMode::Recursive)
+            .map_err(fail)?;
+        watcher
+            .watch(
+                &manifest_dir(&self.model.manifest),
+                RecursiveMode::NonRecursive,
+            )
+            .map_err(fail)?;
+        Ok((watcher, identity))
+    }
+}
+
+struct WatchError {
+    reason: String,
+    /// The kernel's watch limit (fs.inotify.max_user_watches) was reached.
+    limit: bool,
+}
+
+/// ROOT's device and inode when the watch was set: if ROOT is replaced, the watch is on the old one.
+struct RootIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl RootIdentity {
+    fn of(path: &Path) -> Option<RootIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(RootIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    fn still_matches(&self, path: &Path) -> bool {
+        RootIdentity::of(path).is_some_and(|now| now.dev == self.dev && now.ino == self.ino)
+    }
+}
+
+/// The directory that holds the manifest, canonical (where a ConfigMap's `..data` swap happens).
+fn manifest_dir(manifest: &Path) -> PathBuf {
+    let parent = manifest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf())
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    if let Some(due) = due {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+    }
+}
+
+/// The manifest's sizes, or the sizes seen on disk where the manifest gives none.
+fn expected_bytes(manifest: &Manifest, report: &Report) -> u64 {
+    let seen: std::collections::HashMap<&str, u64> = report
+        .files
+        .iter()
+        .filter_map(|f| Some((f.path.as_str(), f.size?)))
+        .collect();
+    manifest
+        .files
+        .iter()
+        .map(|f| {
+            f.size
+                .or_else(|| seen.get(f.path.as_str()).copied())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+fn failing(report: &Report) -> impl Iterator<Item = &super::report::FileReport> {
+    report
+        .files
+        .iter()
+        .filter(|f| f.status != FileStatus::Ok && f.status != FileStatus::Extra)
+}
+
+/// A short reason for /readyz: the failing files, or the cache-wide error.
+fn failure_summary(report: &Report) -> String {
+    if let Some(error) = &report.error {
+        return error.clone();
+    }
+    let failing: Vec<String> = failing(report)
+        .map(|f| format!("{} {}", f.path, f.status.as_str()))
+        .collect();
+    match failing.len() {
+        0 => "files not in the manifest are present (fail_on_extra)".into(),
+        n if n <= 5 => failing.join(", "),
+        n => format!("{} and {} more", failing[..5].join(", "), n - 5),
+    }
+}
+
+/// One line per verification: the audit trail an SRE greps.
+fn log_result(name: &str, report: &Report, kind: VerifyKind, hashed: u64, seconds: f64) {
+    let failing: Vec<String> = failing(report)
+        .map(|f| format!("{}={}", f.path, f.status.as_str()))
+        .collect();
+    let revision = report.revision.as_deref().unwrap_or("");
+    let outcome = if report.is_verified() {
+        "verified"
+    } else {
+        "failed"
+    };
+    if report.is_verified() {
+        tracing::info!(model_name = %name, revision, outcome, kind = kind.as_str(), duration_seconds = seconds, bytes_hashed = hashed, "model cache verified");
+    } else {
+        tracing::warn!(model_name = %name, revision, outcome, kind = kind.as_str(), duration_seconds = seconds, bytes_hashed = hashed,
+            failing_files = %failing.join(" "), error = report.error.as_deref().unwrap_or(""), "model cache failed verification");
+    }
+}

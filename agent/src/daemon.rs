@@ -1,0 +1,104 @@
+//! `mlnode-agent serve`: wires the configured collectors, the monitors and the HTTP server
+//! together, and takes them down again on SIGTERM or SIGINT.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::metrics::CacheMetrics;
+use crate::cache::monitor::{ModelState, Monitor};
+use crate::config::Config;
+use crate::metrics::AgentMetrics;
+use crate::server::{self, AppState};
+
+/// How long the monitors get to stop after the signal: in-flight hashing is cancelled, not awaited.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot listen on {addr}: {source} (set `listen`, --listen or MLNODE_LISTEN to a free address)")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start {threads} hashing threads: {reason}")]
+    Pool { threads: usize, reason: String },
+    #[error("cannot register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("cannot install a signal handler: {0}")]
+    Signal(std::io::Error),
+    #[error("HTTP server failed: {0}")]
+    Server(std::io::Error),
+}
+
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let registry = crate::metrics::registry(&config.node_name);
+    let agent_metrics = AgentMetrics::register(&registry)?;
+    let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
+
+    let threads = config.verify.threads;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("hash-{i}"))
+        .build()
+        .map_err(|e| DaemonError::Pool {
+            threads,
+            reason: e.to_string(),
+        })?;
+    let pool = Arc::new(pool);
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| DaemonError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(DaemonError::Server)?;
+
+    let shutdown = CancellationToken::new();
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(DaemonError::Signal)?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(DaemonError::Signal)?;
+
+    let mut models = Vec::new();
+    let mut monitors = tokio::task::JoinSet::new();
+    for model in &config.models {
+        let state = Arc::new(ModelState::new(&model.name));
+        models.push(state.clone());
+        let monitor = Monitor::new(
+            model.clone(),
+            config.verify.clone(),
+            pool.clone(),
+            cache_metrics.clone(),
+            state,
+        );
+        monitors.spawn(monitor.run(shutdown.child_token()));
+    }
+    agent_metrics.set_up("model_cache", true);
+
+    tracing::info!(listen = %local, node_name = %config.node_name, models = config.models.len(), version = env!("CARGO_PKG_VERSION"), "mlnode-agent serving");
+    let server = tokio::spawn(server::serve(
+        listener,
+        AppState { registry, models },
+        shutdown.clone(),
+    ));
+
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while monitors.join_next().await.is_some() {}
+    })
+    .await;
+    if stopped.is_err() {
+        tracing::warn!("a monitor did not stop in time; exiting anyway");
+    }
+    match tokio::time::timeout(Duration::from_millis(200), server).await {
+        Ok(Ok(Err(e))) => Err(DaemonError::Server(e)),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,149 @@
+//! The agent binary as a child process, and a small client for its HTTP endpoints.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use assert_cmd::cargo::CommandCargoExt;
+
+pub struct Agent {
+    child: Child,
+    pub port: u16,
+    _log_dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Agent {
+    pub fn start(config_yaml: &str) -> Agent {
+        let log_dir = tempfile::tempdir().unwrap();
+        let config = log_dir.path().join("config.yaml");
+        let port = free_port();
+        std::fs::write(
+            &config,
+            format!("listen: 127.0.0.1:{port}\nnode_name: test-node\n{config_yaml}"),
+        )
+        .unwrap();
+        let log = log_dir.path().join("agent.log");
+        let child = Command::cargo_bin("mlnode-agent")
+            .unwrap()
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Agent {
+            child,
+            port,
+            _log_dir: log_dir,
+            log,
+        }
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.port, path)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\nagent log:\n{}", self.log()))
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").1
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls /metrics until `check` holds; panics with the last scrape after `limit`.
+    pub fn wait_for(&self, what: &str, limit: Duration, check: impl Fn(&str) -> bool) -> Duration {
+        let started = Instant::now();
+        loop {
+            if let Ok((200, body)) = http_get(self.port, "/metrics") {
+                if check(&body) {
+                    return started.elapsed();
+                }
+                if started.elapsed() > limit {
+                    panic!(
+                        "{what}: not within {limit:?}\n{body}\nagent log:\n{}",
+                        self.log()
+                    );
+                }
+            } else if started.elapsed() > limit {
+                panic!(
+                    "{what}: agent not answering within {limit:?}\nagent log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn terminate(mut self) -> (Option<i32>, Duration) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status.code(), started.elapsed());
+            }
+            if started.elapsed() > Duration::from_secs(5) {
+                let _ = self.child.kill();
+                return (None, started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .new_agent();
+    let mut response = agent
+        .get(&format!("http://127.0.0.1:{port}{path}"))
+        .call()
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    Ok((status, body))
+}
+
+/// The value of the series whose line starts with `name{` and holds every `label="value"` given.
+pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (label_text, value) = rest.rsplit_once("} ")?;
+        labels
+            .iter()
+            .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")))
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+pub fn model_config(name: &str, root: &Path, manifest: &Path) -> String {
+    format!("models:\n  - name: {name}\n    root: {root:?}\n    manifest: {manifest:?}\n")
+}

@@ -1,0 +1,273 @@
+//! `mlnode-agent serve` end to end: the real binary as a child process on a loopback port, a real
+//! model cache in a temp dir, its manifest in a directory laid out like a mounted ConfigMap.
+
+mod common;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use assert_cmd::cargo::CommandCargoExt;
+use common::agent::{model_config, sample, Agent};
+use common::PlainModel;
+
+/// A ConfigMap volume: `<dir>/manifest.json -> ..data/manifest.json`, `..data -> ..<version>/`.
+/// kubelet updates it by writing a new version directory and renaming a new `..data` link over the old.
+struct ConfigMapDir {
+    dir: tempfile::TempDir,
+    version: u32,
+}
+
+impl ConfigMapDir {
+    fn new(manifest: &str) -> ConfigMapDir {
+        let mut cm = ConfigMapDir {
+            dir: tempfile::tempdir().unwrap(),
+            version: 0,
+        };
+        cm.update(manifest);
+        symlink("..data/manifest.json", cm.dir.path().join("manifest.json")).unwrap();
+        cm
+    }
+
+    fn update(&mut self, manifest: &str) {
+        self.version += 1;
+        let version = format!(
+            "..2026_11_30_00_00_0{}.{}",
+            self.version,
+            1000 + self.version
+        );
+        std::fs::create_dir(self.dir.path().join(&version)).unwrap();
+        std::fs::write(
+            self.dir.path().join(&version).join("manifest.json"),
+            manifest,
+        )
+        .unwrap();
+        let tmp = self.dir.path().join("..data_tmp");
+        symlink(&version, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join("..data")).unwrap();
+    }
+
+    fn manifest(&self) -> PathBuf {
+        self.dir.path().join("manifest.json")
+    }
+}
+
+#[test]
+fn corrupt_restore_and_configmap_swap_end_to_end() {
+    let model = PlainModel::new();
+    let mut cm = ConfigMapDir::new(&model.manifest_json("v1", true));
+    let agent = Agent::start(&model_config("llama", model.root(), &cm.manifest()));
+    let verified = |rev: &'static str| {
+        move |m: &str| {
+            sample(
+                m,
+                "mlnode_model_cache_verified",
+                &[("model_name", "llama"), ("revision", rev)],
+            ) == Some(1.0)
+        }
+    };
+
+    agent.wait_for(
+        "first verification",
+        Duration::from_secs(20),
+        verified("v1"),
+    );
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_model_cache_files",
+            &[("model_name", "llama"), ("status", "ok")]
+        ),
+        Some(4.0)
+    );
+    assert!(
+        metrics.contains("Hostname=\"test-node\""),
+        "every series carries Hostname"
+    );
+    let (status, body) = agent.get("/readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("llama: verified (revision v1)"), "{body}");
+    assert_eq!(agent.get("/healthz").0, 200);
+    let hashed_before = sample(
+        &metrics,
+        "mlnode_model_cache_hashed_bytes_total",
+        &[("model_name", "llama")],
+    )
+    .unwrap();
+
+    // One flipped byte in one shard, size unchanged.
+    let shard = "model-00001-of-00002.safetensors";
+    let original = model.files[shard].clone();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(model.path(shard))
+        .unwrap();
+    file.seek(SeekFrom::Start(4096)).unwrap();
+    file.write_all(&[original[4096] ^ 0xff]).unwrap();
+    drop(file);
+    let took = agent.wait_for("corruption noticed", Duration::from_secs(5), |m| {
+        sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(0.0)
+            && sample(
+                m,
+                "mlnode_model_cache_files",
+                &[("model_name", "llama"), ("status", "digest_mismatch")],
+            ) == Some(1.0)
+    });
+    eprintln!("corruption reported after {took:?}");
+    let metrics = agent.metrics();
+    let hashed_after = sample(
+        &metrics,
+        "mlnode_model_cache_hashed_bytes_total",
+        &[("model_name", "llama")],
+    )
+    .unwrap();
+    assert_eq!(
+        hashed_after - hashed_before,
+        original.len() as f64,
+        "only the changed file is re-hashed"
+    );
+    assert!(
+        sample(
+            &metrics,
+            "mlnode_model_cache_verify_duration_seconds_count",
+            &[("model_name", "llama"), ("kind", "incremental")]
+        )
+        .unwrap()
+            >= 1.0
+    );
+    let (status, body) = agent.get("/readyz");
+    assert_eq!(status, 503);
+    assert!(
+        body.contains(shard) && body.contains("digest_mismatch"),
+        "{body}"
+    );
+    assert!(
+        agent.log().contains("digest_mismatch"),
+        "the failure is logged"
+    );
+
+    std::fs::write(model.path(shard), &original).unwrap();
+    agent.wait_for("restored", Duration::from_secs(5), verified("v1"));
+
+    // A ConfigMap update: same files, new revision.
+    cm.update(&model.manifest_json("v2", true));
+    agent.wait_for("manifest swap", Duration::from_secs(5), verified("v2"));
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_model_cache_verified",
+            &[("revision", "v1")]
+        ),
+        None,
+        "the old revision's series is gone"
+    );
+
+    let (code, took) = agent.terminate();
+    assert_eq!(code, Some(0));
+    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}");
+}
+
+#[test]
+fn a_broken_model_never_stops_the_others() {
+    let good = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&good.manifest_json("v1", true));
+    let (_bad_dir, bad_manifest) = common::write_temp("{\"files\": ");
+    let config = format!(
+        "{}{}{}",
+        model_config("good", good.root(), &manifest),
+        model_config("missing-root", Path::new("/nonexistent/model"), &manifest)
+            .replace("models:\n", ""),
+        model_config("bad-manifest", good.root(), &bad_manifest).replace("models:\n", ""),
+    );
+    let agent = Agent::start(&config);
+    agent.wait_for("good verified", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_model_cache_verified", &[("model_name", "good")]) == Some(1.0)
+            && sample(
+                m,
+                "mlnode_model_cache_verified",
+                &[("model_name", "missing-root")],
+            ) == Some(0.0)
+            && sample(
+                m,
+                "mlnode_model_cache_verified",
+                &[("model_name", "bad-manifest")],
+            ) == Some(0.0)
+    });
+    let (status, body) = agent.get("/readyz");
+    assert_eq!(status, 503);
+    assert!(body.contains("good: verified"), "{body}");
+    assert!(
+        body.contains("missing-root: not verified") && body.contains("/nonexistent/model"),
+        "{body}"
+    );
+    assert!(
+        body.contains("bad-manifest: not verified") && body.contains("truncated"),
+        "{body}"
+    );
+    assert_eq!(
+        agent.get("/healthz").0,
+        200,
+        "failing caches are not a sick agent"
+    );
+    let (code, _) = agent.terminate();
+    assert_eq!(code, Some(0));
+}
+
+#[test]
+fn a_download_in_progress_is_reported_as_such() {
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let shard = "model-00002-of-00002.safetensors";
+    std::fs::remove_file(model.path(shard)).unwrap();
+    std::fs::write(model.path(&format!("{shard}.incomplete")), b"partial").unwrap();
+    let agent = Agent::start(&model_config("llama", model.root(), &manifest));
+    agent.wait_for("in progress", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_model_cache_files",
+            &[("model_name", "llama"), ("status", "in_progress")],
+        ) == Some(1.0)
+            && sample(
+                m,
+                "mlnode_model_cache_files",
+                &[("model_name", "llama"), ("status", "ok")],
+            ) == Some(3.0)
+    });
+    // The download finishes: the partial file is renamed into place.
+    std::fs::write(
+        model.path(&format!("{shard}.incomplete")),
+        &model.files[shard],
+    )
+    .unwrap();
+    std::fs::rename(
+        model.path(&format!("{shard}.incomplete")),
+        model.path(shard),
+    )
+    .unwrap();
+    agent.wait_for("download finished", Duration::from_secs(5), |m| {
+        sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
+    });
+}
+
+#[test]
+fn bad_config_exits_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "verify:\n  threads: lots\n").unwrap();
+    let output = Command::cargo_bin("mlnode-agent")
+        .unwrap()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("verify.threads") && stderr.contains("config.yaml"),
+        "{stderr}"
+    );
+}
