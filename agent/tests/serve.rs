@@ -58,7 +58,7 @@ impl ConfigMapDir {
 fn corrupt_restore_and_configmap_swap_end_to_end() {
     let model = PlainModel::new();
     let mut cm = ConfigMapDir::new(&model.manifest_json("v1", true));
-    let agent = Agent::start(&model_config("llama", model.root(), &cm.manifest()));
+    let mut agent = Agent::start(&model_config("llama", model.root(), &cm.manifest()));
     let verified = |rev: &'static str| {
         move |m: &str| {
             sample(
@@ -183,7 +183,7 @@ fn a_broken_model_never_stops_the_others() {
             .replace("models:\n", ""),
         model_config("bad-manifest", good.root(), &bad_manifest).replace("models:\n", ""),
     );
-    let agent = Agent::start(&config);
+    let mut agent = Agent::start(&config);
     agent.wait_for("good verified", Duration::from_secs(20), |m| {
         sample(m, "mlnode_model_cache_verified", &[("model_name", "good")]) == Some(1.0)
             && sample(
@@ -269,5 +269,47 @@ fn bad_config_exits_2_naming_the_key() {
     assert!(
         stderr.contains("verify.threads") && stderr.contains("config.yaml"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn sigterm_during_hashing_cancels_it_and_exits_within_a_second() {
+    // A 64 GiB sparse file: minutes of hashing, no disk used.
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("model.safetensors");
+    std::fs::File::create(&weights)
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    let manifest = format!(
+        r#"{{"files": {{"model.safetensors": {{"sha256": "{}", "size": {}}}}}}}"#,
+        "0".repeat(64),
+        64u64 << 30
+    );
+    let (_m, manifest_path) = common::write_temp(&manifest);
+    let mut agent = Agent::start(&model_config("huge", dir.path(), &manifest_path));
+    let started = std::time::Instant::now();
+    loop {
+        // Connection refused until the agent listens.
+        let (status, body) = common::agent::http_get(agent.port, "/readyz").unwrap_or_default();
+        if status == 503
+            && body.contains("first verification in progress")
+            && started.elapsed() > Duration::from_millis(500)
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, took) = agent.terminate();
+    assert_eq!(code, Some(0));
+    assert!(
+        took < Duration::from_secs(1),
+        "SIGTERM while hashing took {took:?}"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("verification cancelled for shutdown"),
+        "hashing was stopped, not abandoned: {log}"
     );
 }

@@ -208,10 +208,12 @@ impl Monitor {
                 .is_some_and(|(_, id)| !id.still_matches(&self.model.root));
             let retry_due = last_watch_attempt.is_none_or(|t| t.elapsed() >= WATCH_RETRY);
             if (watch.is_none() && retry_due) || root_moved {
+                let first_attempt = last_watch_attempt.is_none();
                 last_watch_attempt = Some(Instant::now());
                 watch = match self.watch(tx.clone()) {
                     Ok(w) => {
-                        if root_moved || report.is_some() {
+                        // Whatever happened while nothing was watching is only found by looking.
+                        if !first_attempt {
                             pending.full = true;
                         }
                         Some(w)
@@ -251,7 +253,10 @@ impl Monitor {
                 _ = shutdown.cancelled() => {
                     if let Some(job) = running.take() {
                         job.control.cancel();
-                        let _ = tokio::time::timeout(CANCEL_GRACE, job.handle).await;
+                        match tokio::time::timeout(CANCEL_GRACE, job.handle).await {
+                            Ok(_) => tracing::info!(model_name = %name, "verification cancelled for shutdown"),
+                            Err(_) => tracing::warn!(model_name = %name, "hashing did not stop within {CANCEL_GRACE:?}; exiting anyway"),
+                        }
                     }
                     return;
                 }

@@ -79,7 +79,7 @@ impl Agent {
         }
     }
 
-    pub fn terminate(mut self) -> (Option<i32>, Duration) {
+    pub fn terminate(&mut self) -> (Option<i32>, Duration) {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
