@@ -1,6 +1,8 @@
-//! Records the git commit for `mlnode_build_info{revision}`; a container build without `.git`
-//! passes it as BUILD_GIT_REVISION.
-fn main() {
+//! Build steps: the git commit for `mlnode_build_info{revision}` (a container build without `.git`
+//! passes it as BUILD_GIT_REVISION), and the kubelet pod-resources gRPC client from
+//! proto/podresources.proto, compiled with the protoc that the protoc-bin-vendored crate ships (no
+//! system protoc needed).
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let revision = std::env::var("BUILD_GIT_REVISION")
         .ok()
         .filter(|r| !r.is_empty())
@@ -17,4 +19,11 @@ fn main() {
     println!("cargo:rustc-env=BUILD_GIT_REVISION={revision}");
     println!("cargo:rerun-if-env-changed=BUILD_GIT_REVISION");
     println!("cargo:rerun-if-changed=../.git/HEAD");
+
+    std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
+    // The server side is generated too: the tests serve fake kubelet answers with it.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .compile_protos(&["proto/podresources.proto"], &["proto"])?;
+    Ok(())
 }

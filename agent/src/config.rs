@@ -25,7 +25,15 @@ pub fn embedded_default_yaml() -> String {
 }
 
 /// The keys of [`Config`], for telling config variables from other `MLNODE_*` variables.
-const TOP_LEVEL_KEYS: [&str; 5] = ["listen", "node_name", "log_format", "models", "verify"];
+const TOP_LEVEL_KEYS: [&str; 7] = [
+    "listen",
+    "node_name",
+    "log_format",
+    "models",
+    "verify",
+    "nvml",
+    "kubelet",
+];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -37,6 +45,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub models: Vec<ModelConfig>,
     pub verify: VerifySettings,
+    pub nvml: NvmlSettings,
+    pub kubelet: KubeletSettings,
 }
 
 impl Default for Config {
@@ -47,6 +57,8 @@ impl Default for Config {
             log_format: LogFormat::Auto,
             models: Vec::new(),
             verify: VerifySettings::default(),
+            nvml: NvmlSettings::default(),
+            kubelet: KubeletSettings::default(),
         }
     }
 }
@@ -103,6 +115,87 @@ impl Default for VerifySettings {
             full_rescan_interval: Duration::from_secs(24 * 3600),
             debounce: Duration::from_millis(500),
             stall_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `auto` (use it where it is present), `true` (use it; its absence is logged as an error), `false`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Toggle {
+    Auto,
+    On,
+    Off,
+}
+
+impl<'de> Deserialize<'de> for Toggle {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Bool(true) => Ok(Toggle::On),
+            Raw::Bool(false) => Ok(Toggle::Off),
+            Raw::Text(t) if t == "auto" => Ok(Toggle::Auto),
+            Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                "{t:?}: expected auto, true or false"
+            ))),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvmlSettings {
+    pub enabled: Toggle,
+    /// The NVML library: a name the dynamic loader finds, or a path.
+    pub library: PathBuf,
+    /// How often every GPU is read (also the resolution of the clock-event-reason seconds).
+    #[serde(deserialize_with = "duration")]
+    pub sample_interval: Duration,
+    /// Also export dcgm-exporter's DCGM_FI_* series, for nodes that run no dcgm-exporter.
+    pub dcgm_names: bool,
+    /// `Hostname` (dcgm-exporter 3.x and before) or `hostname` (its newer releases): with
+    /// `hostname`, GPU series carry both.
+    pub hostname_label: String,
+    /// `current` (`pod`, `namespace`, `container`) or `legacy` (`pod_name`, `pod_namespace`,
+    /// `container_name`, dcgm-exporter before 2.x).
+    pub pod_labels: String,
+}
+
+impl Default for NvmlSettings {
+    fn default() -> Self {
+        NvmlSettings {
+            enabled: Toggle::Auto,
+            library: PathBuf::from("libnvidia-ml.so.1"),
+            sample_interval: Duration::from_secs(1),
+            dcgm_names: false,
+            hostname_label: "Hostname".into(),
+            pod_labels: "current".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeletSettings {
+    /// The kubelet pod-resources API (read-only), for the pod/namespace/container of each device.
+    pub pod_resources_socket: PathBuf,
+    /// Extended resource names whose devices are NVIDIA GPUs (device ids are GPU UUIDs).
+    pub gpu_resource_names: Vec<String>,
+    /// How often the assignments are listed again.
+    #[serde(deserialize_with = "duration")]
+    pub pod_resources_interval: Duration,
+}
+
+impl Default for KubeletSettings {
+    fn default() -> Self {
+        KubeletSettings {
+            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            gpu_resource_names: vec!["nvidia.com/gpu".into()],
+            pod_resources_interval: Duration::from_secs(10),
         }
     }
 }
@@ -325,6 +418,27 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
     if verify.stall_timeout < Duration::from_secs(10) {
         return Err(("verify.stall_timeout".into(), "must be at least 10s".into()));
     }
+    let nvml = &config.nvml;
+    if !["Hostname", "hostname"].contains(&nvml.hostname_label.as_str()) {
+        return Err((
+            "nvml.hostname_label".into(),
+            format!("{:?}: expected Hostname or hostname", nvml.hostname_label),
+        ));
+    }
+    if !["current", "legacy"].contains(&nvml.pod_labels.as_str()) {
+        return Err((
+            "nvml.pod_labels".into(),
+            format!("{:?}: expected current or legacy", nvml.pod_labels),
+        ));
+    }
+    if nvml.sample_interval < Duration::from_millis(100)
+        || nvml.sample_interval > Duration::from_secs(60)
+    {
+        return Err((
+            "nvml.sample_interval".into(),
+            "must be between 100ms and 60s".into(),
+        ));
+    }
     Ok(())
 }
 
@@ -433,6 +547,8 @@ mod tests {
                 "models" => "[]",
                 "verify" => "{threads: 1}",
                 "log_format" => "json",
+                "nvml" => "{enabled: false}",
+                "kubelet" => "{gpu_resource_names: [nvidia.com/gpu]}",
                 _ => "x",
             };
             let o = Override {

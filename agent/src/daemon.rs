@@ -8,7 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::metrics::CacheMetrics;
 use crate::cache::monitor::{ModelState, Monitor};
-use crate::config::Config;
+use crate::config::{Config, Toggle};
+use crate::gpu::GpuRuntime;
+use crate::kubelet::pod_resources::{self, SharedAssignments};
 use crate::metrics::AgentMetrics;
 use crate::server::{self, AppState};
 
@@ -63,7 +65,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(DaemonError::Signal)?;
 
     let mut models = Vec::new();
-    let mut monitors = tokio::task::JoinSet::new();
+    let mut tasks = tokio::task::JoinSet::new();
     for model in &config.models {
         let state = Arc::new(ModelState::new(&model.name));
         models.push(state.clone());
@@ -74,9 +76,52 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             cache_metrics.clone(),
             state,
         );
-        monitors.spawn(monitor.run(shutdown.child_token()));
+        tasks.spawn(monitor.run(shutdown.child_token()));
     }
     agent_metrics.set_up("model_cache", true);
+
+    // NVML loads a shared library and talks to the driver: off the async worker threads.
+    let assignments = SharedAssignments::default();
+    let gpu = {
+        let (settings, node, registry, shared) = (
+            config.nvml.clone(),
+            config.node_name.clone(),
+            registry.clone(),
+            assignments.clone(),
+        );
+        tokio::task::spawn_blocking(move || GpuRuntime::start(&settings, &node, shared, &registry))
+            .await
+            .unwrap_or_else(|e| Err(format!("NVML start-up task failed: {e}")))
+    };
+    let gpu = match gpu {
+        Ok(gpu) => Some(gpu),
+        Err(reason) => {
+            if config.nvml.enabled == Toggle::On {
+                tracing::error!(reason = %reason, "no NVIDIA GPU collector (nvml.enabled: true)");
+            } else {
+                tracing::info!(reason = %reason, "no NVIDIA GPU collector");
+            }
+            None
+        }
+    };
+    agent_metrics.set_up("nvml", gpu.is_some());
+
+    // Pod labels for devices: only worth asking the kubelet when there are devices to label.
+    let resource_names: Vec<String> = if gpu.is_some() {
+        config.kubelet.gpu_resource_names.clone()
+    } else {
+        Vec::new()
+    };
+    if !resource_names.is_empty() {
+        let kubelet = &config.kubelet;
+        tasks.spawn(pod_resources::poll(
+            kubelet.pod_resources_socket.clone(),
+            resource_names,
+            kubelet.pod_resources_interval,
+            assignments.clone(),
+            shutdown.child_token(),
+        ));
+    }
 
     tracing::info!(listen = %local, node_name = %config.node_name, models = config.models.len(), version = env!("CARGO_PKG_VERSION"), "mlnode-agent serving");
     let server = tokio::spawn(server::serve(
@@ -90,12 +135,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
     }
     shutdown.cancel();
+    if let Some(gpu) = &gpu {
+        gpu.stop();
+    }
     let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while monitors.join_next().await.is_some() {}
+        while tasks.join_next().await.is_some() {}
     })
     .await;
     if stopped.is_err() {
-        tracing::warn!("a monitor did not stop in time; exiting anyway");
+        tracing::warn!("a task did not stop in time; exiting anyway");
     }
     match tokio::time::timeout(Duration::from_millis(200), server).await {
         Ok(Ok(Err(e))) => Err(DaemonError::Server(e)),

@@ -34,6 +34,7 @@ fn exposed() -> BTreeMap<String, String> {
         seconds: 0.0,
     };
     cache.starting("m", Some("r"), 1);
+    register_gpu(&registry);
     cache.observe(
         "m",
         &report,
@@ -49,6 +50,44 @@ fn exposed() -> BTreeMap<String, String> {
             Some((words.next()?.to_string(), words.next()?.to_string()))
         })
         .collect()
+}
+
+/// A GPU collector with one GPU whose every field was read, and one XID.
+fn register_gpu(registry: &prometheus::Registry) {
+    use mlnode_agent::gpu::state::{DeviceRead, GpuState};
+    use mlnode_agent::gpu::{GpuIdentity, GpuReading, MemoryReading};
+    let mut state = GpuState::default();
+    let identity = GpuIdentity {
+        index: 0,
+        uuid: "GPU-1".into(),
+        pci_bus_id: "00000000:07:00.0".into(),
+        model_name: "H100".into(),
+    };
+    let reading = GpuReading {
+        memory: Some(MemoryReading {
+            total: 4,
+            used: 1,
+            free: 2,
+            reserved: Some(1),
+        }),
+        clock_event_reasons: Some(1),
+        sm_clock_mhz: Some(1),
+        mem_clock_mhz: Some(1),
+        temperature_c: Some(1),
+        power_mw: Some(1),
+        utilization_gpu_pct: Some(1),
+        energy_mj: Some(1),
+    };
+    state.apply(0, DeviceRead::Read { identity, reading }, 1.0);
+    state.record_xid(0, 79);
+    let collector = mlnode_agent::gpu::collector::GpuCollector::new(
+        std::sync::Arc::new(std::sync::Mutex::new(state)),
+        Default::default(),
+        Default::default(),
+        true,
+    )
+    .unwrap();
+    registry.register(Box::new(collector)).unwrap();
 }
 
 #[test]

@@ -15,6 +15,10 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(config_yaml: &str) -> Agent {
+        Agent::start_with_env(config_yaml, &[])
+    }
+
+    pub fn start_with_env(config_yaml: &str, env: &[(&str, &Path)]) -> Agent {
         let log_dir = tempfile::tempdir().unwrap();
         let config = log_dir.path().join("config.yaml");
         let port = free_port();
@@ -30,6 +34,7 @@ impl Agent {
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -1,0 +1,459 @@
+//! The GPU series, built at scrape time from [`GpuState`] (the node_exporter way: a scrape reads
+//! the latest samples, it never waits on the driver). Label sets follow dcgm-exporter exactly:
+//! `pod`, `namespace` and `container` appear only on a GPU assigned to a container, so a custom
+//! collector rather than fixed-label vectors.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+
+use super::state::{GpuEntry, GpuState};
+use super::{GpuIdentity, CLOCK_EVENT_REASONS};
+use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
+
+const MIB: u64 = 1 << 20;
+
+/// Label spellings of dcgm-exporter's releases.
+#[derive(Clone, Debug, Default)]
+pub struct LabelStyle {
+    /// Add a lower-case `hostname` label, as newer dcgm-exporter releases write it (every series
+    /// already carries `Hostname` from the registry).
+    pub lowercase_hostname: Option<String>,
+    /// `pod_name`/`pod_namespace`/`container_name`, as dcgm-exporter before 2.x.
+    pub legacy_pod_labels: bool,
+}
+
+pub struct GpuCollector {
+    state: Arc<Mutex<GpuState>>,
+    assignments: SharedAssignments,
+    style: LabelStyle,
+    dcgm_names: bool,
+    descs: Vec<Desc>,
+}
+
+/// (name, help, type) of every family this collector can produce.
+const FAMILIES: [(&str, &str, MetricType); 16] = [
+    (
+        "mlnode_gpu_memory_free_bytes",
+        "Framebuffer memory free.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_used_bytes",
+        "Framebuffer memory used.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_reserved_bytes",
+        "Framebuffer memory reserved by the driver and firmware.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_total_bytes",
+        "Framebuffer memory installed.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_clock_event_reason_active",
+        "1 while the clock event (throttle) reason holds, else 0.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_clock_event_reason_seconds_total",
+        "Time the clock event reason was seen holding, sampled.",
+        MetricType::COUNTER,
+    ),
+    (
+        "mlnode_gpu_xid_errors_total",
+        "Critical XID errors reported by NVML since the agent started, per XID.",
+        MetricType::COUNTER,
+    ),
+    (
+        "mlnode_gpu_last_xid",
+        "The most recent critical XID error since the agent started.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_sm_clock_hertz",
+        "SM clock frequency.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_clock_hertz",
+        "Memory clock frequency.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_temperature_celsius",
+        "GPU temperature.",
+        MetricType::GAUGE,
+    ),
+    ("mlnode_gpu_power_watts", "Power draw.", MetricType::GAUGE),
+    (
+        "mlnode_gpu_utilization_ratio",
+        "Fraction of the last sample period in which a kernel ran on the GPU.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_energy_joules_total",
+        "Energy consumed since the driver was loaded.",
+        MetricType::COUNTER,
+    ),
+    (
+        "mlnode_gpu_lost",
+        "1 when NVML reports the GPU fell off the bus, else 0.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_count",
+        "GPUs NVML reports on the node.",
+        MetricType::GAUGE,
+    ),
+];
+
+/// dcgm-exporter's names, units and help texts (its default counters), for nodes without it.
+const DCGM_FAMILIES: [(&str, &str, MetricType); 11] = [
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "Frame buffer memory free (in MiB).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "Frame buffer memory used (in MiB).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_FB_RESERVED",
+        "Frame buffer memory reserved (in MiB).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "Value of the last XID error encountered.",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_GPU_TEMP",
+        "GPU temperature (in C).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_POWER_USAGE",
+        "Power draw (in W).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_SM_CLOCK",
+        "SM clock frequency (in MHz).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "Memory clock frequency (in MHz).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "GPU utilization (in %).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ).",
+        MetricType::COUNTER,
+    ),
+];
+
+impl GpuCollector {
+    pub fn new(
+        state: Arc<Mutex<GpuState>>,
+        assignments: SharedAssignments,
+        style: LabelStyle,
+        dcgm_names: bool,
+    ) -> prometheus::Result<GpuCollector> {
+        let families = FAMILIES.iter().chain(if dcgm_names {
+            DCGM_FAMILIES.iter()
+        } else {
+            [].iter()
+        });
+        let descs = families
+            .map(|(name, help, _)| {
+                Desc::new(
+                    name.to_string(),
+                    help.to_string(),
+                    Vec::new(),
+                    Default::default(),
+                )
+            })
+            .collect::<prometheus::Result<_>>()?;
+        Ok(GpuCollector {
+            state,
+            assignments,
+            style,
+            dcgm_names,
+            descs,
+        })
+    }
+
+    /// dcgm-exporter's label set for one GPU.
+    fn labels(
+        &self,
+        identity: &GpuIdentity,
+        driver: &str,
+        assignments: &Assignments,
+    ) -> Vec<(&'static str, String)> {
+        let mut labels = vec![
+            ("gpu", identity.index.to_string()),
+            ("UUID", identity.uuid.clone()),
+            ("pci_bus_id", identity.pci_bus_id.clone()),
+            ("device", format!("nvidia{}", identity.index)),
+            ("modelName", identity.model_name.clone()),
+            ("DCGM_FI_DRIVER_VERSION", driver.to_string()),
+        ];
+        if let Some(hostname) = &self.style.lowercase_hostname {
+            labels.push(("hostname", hostname.clone()));
+        }
+        if let Some(a) = assignments.get(&identity.uuid) {
+            let names = if self.style.legacy_pod_labels {
+                ["pod_name", "pod_namespace", "container_name"]
+            } else {
+                ["pod", "namespace", "container"]
+            };
+            labels.push((names[0], a.pod.clone()));
+            labels.push((names[1], a.namespace.clone()));
+            labels.push((names[2], a.container.clone()));
+        }
+        labels
+    }
+}
+
+/// Collects the samples of one scrape, family by family.
+#[derive(Default)]
+struct Families(std::collections::BTreeMap<&'static str, Vec<Metric>>);
+
+impl Families {
+    fn gauge(&mut self, name: &'static str, labels: &[(&'static str, String)], value: f64) {
+        let mut gauge = Gauge::default();
+        gauge.set_value(value);
+        let mut metric = Metric::from_gauge(gauge);
+        metric.set_label(label_pairs(labels));
+        self.0.entry(name).or_default().push(metric);
+    }
+
+    fn counter(&mut self, name: &'static str, labels: &[(&'static str, String)], value: f64) {
+        let mut counter = Counter::default();
+        counter.set_value(value);
+        let mut metric = Metric::default();
+        metric.set_counter(counter);
+        metric.set_label(label_pairs(labels));
+        self.0.entry(name).or_default().push(metric);
+    }
+
+    fn into_families(self, dcgm_names: bool) -> Vec<MetricFamily> {
+        let known = FAMILIES.iter().chain(if dcgm_names {
+            DCGM_FAMILIES.iter()
+        } else {
+            [].iter()
+        });
+        let mut metrics = self.0;
+        known
+            .filter_map(|(name, help, kind)| {
+                let samples = metrics.remove(name)?;
+                let mut family = MetricFamily::default();
+                family.set_name(name.to_string());
+                family.set_help(help.to_string());
+                family.set_field_type(*kind);
+                family.set_metric(samples);
+                Some(family)
+            })
+            .collect()
+    }
+}
+
+fn label_pairs(labels: &[(&'static str, String)]) -> Vec<LabelPair> {
+    labels
+        .iter()
+        .map(|(name, value)| {
+            let mut pair = LabelPair::default();
+            pair.set_name(name.to_string());
+            pair.set_value(value.clone());
+            pair
+        })
+        .collect()
+}
+
+fn with(
+    labels: &[(&'static str, String)],
+    extra: (&'static str, String),
+) -> Vec<(&'static str, String)> {
+    let mut all = labels.to_vec();
+    all.push(extra);
+    all
+}
+
+impl Collector for GpuCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let assignments = self
+            .assignments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut out = Families::default();
+        out.gauge("mlnode_gpu_count", &[], state.gpus.len() as f64);
+        for entry in state.gpus.values() {
+            let Some(identity) = &entry.identity else {
+                continue;
+            };
+            let labels = self.labels(identity, &state.driver_version, &assignments);
+            out.gauge("mlnode_gpu_lost", &labels, f64::from(u8::from(entry.lost)));
+            self.collect_counters(entry, &labels, &mut out);
+            if let Some(reading) = &entry.reading {
+                self.collect_reading(reading, &labels, &mut out);
+            }
+        }
+        out.into_families(self.dcgm_names)
+    }
+}
+
+impl GpuCollector {
+    /// Counters live on even while a GPU is lost: an XID just before it fell off is the clue.
+    fn collect_counters(
+        &self,
+        entry: &GpuEntry,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        for (xid, count) in &entry.xids {
+            out.counter(
+                "mlnode_gpu_xid_errors_total",
+                &with(labels, ("xid", xid.to_string())),
+                *count as f64,
+            );
+        }
+        if let Some(xid) = entry.last_xid {
+            out.gauge("mlnode_gpu_last_xid", labels, xid as f64);
+        }
+        if self.dcgm_names && !entry.lost {
+            out.gauge(
+                "DCGM_FI_DEV_XID_ERRORS",
+                labels,
+                entry.last_xid.unwrap_or(0) as f64,
+            );
+        }
+        if entry
+            .reading
+            .as_ref()
+            .is_some_and(|r| r.clock_event_reasons.is_some())
+        {
+            for (seconds, (_, reason)) in entry.reason_seconds.iter().zip(CLOCK_EVENT_REASONS) {
+                out.counter(
+                    "mlnode_gpu_clock_event_reason_seconds_total",
+                    &with(labels, ("reason", reason.to_string())),
+                    *seconds,
+                );
+            }
+        }
+    }
+
+    fn collect_reading(
+        &self,
+        reading: &super::GpuReading,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        if let Some(m) = reading.memory {
+            out.gauge("mlnode_gpu_memory_free_bytes", labels, m.free as f64);
+            out.gauge("mlnode_gpu_memory_used_bytes", labels, m.used as f64);
+            out.gauge("mlnode_gpu_memory_total_bytes", labels, m.total as f64);
+            if let Some(reserved) = m.reserved {
+                out.gauge("mlnode_gpu_memory_reserved_bytes", labels, reserved as f64);
+            }
+            if self.dcgm_names {
+                // DCGM reports whole MiB, truncated.
+                out.gauge("DCGM_FI_DEV_FB_FREE", labels, (m.free / MIB) as f64);
+                out.gauge("DCGM_FI_DEV_FB_USED", labels, (m.used / MIB) as f64);
+                if let Some(reserved) = m.reserved {
+                    out.gauge("DCGM_FI_DEV_FB_RESERVED", labels, (reserved / MIB) as f64);
+                }
+            }
+        }
+        if let Some(mask) = reading.clock_event_reasons {
+            for (bit, reason) in CLOCK_EVENT_REASONS {
+                out.gauge(
+                    "mlnode_gpu_clock_event_reason_active",
+                    &with(labels, ("reason", reason.to_string())),
+                    f64::from(u8::from(mask & bit != 0)),
+                );
+            }
+            if self.dcgm_names {
+                out.gauge("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", labels, mask as f64);
+            }
+        }
+        let scalar = |out: &mut Families,
+                      ours: &'static str,
+                      ours_value: Option<f64>,
+                      dcgm: &'static str,
+                      dcgm_value: Option<f64>| {
+            if let Some(v) = ours_value {
+                out.gauge(ours, labels, v);
+            }
+            if let (true, Some(v)) = (self.dcgm_names, dcgm_value) {
+                out.gauge(dcgm, labels, v);
+            }
+        };
+        let mhz = |v: Option<u32>| v.map(f64::from);
+        scalar(
+            out,
+            "mlnode_gpu_sm_clock_hertz",
+            reading.sm_clock_mhz.map(|v| f64::from(v) * 1e6),
+            "DCGM_FI_DEV_SM_CLOCK",
+            mhz(reading.sm_clock_mhz),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_memory_clock_hertz",
+            reading.mem_clock_mhz.map(|v| f64::from(v) * 1e6),
+            "DCGM_FI_DEV_MEM_CLOCK",
+            mhz(reading.mem_clock_mhz),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_temperature_celsius",
+            mhz(reading.temperature_c),
+            "DCGM_FI_DEV_GPU_TEMP",
+            mhz(reading.temperature_c),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_power_watts",
+            reading.power_mw.map(|v| f64::from(v) / 1000.0),
+            "DCGM_FI_DEV_POWER_USAGE",
+            reading.power_mw.map(|v| f64::from(v) / 1000.0),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_utilization_ratio",
+            reading.utilization_gpu_pct.map(|v| f64::from(v) / 100.0),
+            "DCGM_FI_DEV_GPU_UTIL",
+            mhz(reading.utilization_gpu_pct),
+        );
+        if let Some(mj) = reading.energy_mj {
+            out.counter("mlnode_gpu_energy_joules_total", labels, mj as f64 / 1000.0);
+            if self.dcgm_names {
+                out.counter("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", labels, mj as f64);
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! NVIDIA GPUs through NVML: framebuffer, clock event reasons, XID errors, clocks, power,
+//! temperature, utilisation; labelled as dcgm-exporter labels them.
+//!
+//! [`nvml`] talks to the driver (the only side effect), [`state`] keeps what was read as plain data
+//! (and is tested without a GPU), [`collector`] turns that state into series at scrape time.
+
+pub mod collector;
+pub mod nvml;
+pub mod state;
+
+/// NVML's clock event (formerly "throttle") reasons: bit and series label, as nvml.h defines them.
+pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+
+/// What identifies a GPU in its labels. Kept from the last good read, so a GPU that falls off the
+/// bus is still named by its UUID and PCI address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuIdentity {
+    pub index: u32,
+    pub uuid: String,
+    /// As dcgm-exporter writes it: `00000000:07:00.0`.
+    pub pci_bus_id: String,
+    pub model_name: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReading {
+    pub total: u64,
+    pub used: u64,
+    pub free: u64,
+    /// Only from NVML's v2 memory call (driver R510+); absent on older drivers.
+    pub reserved: Option<u64>,
+}
+
+/// One sample of one GPU. A field the GPU or driver does not support is None, and its series is
+/// absent: a 0 would claim a reading that was never made.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuReading {
+    pub memory: Option<MemoryReading>,
+    pub clock_event_reasons: Option<u64>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub utilization_gpu_pct: Option<u32>,
+    pub energy_mj: Option<u64>,
+}
+
+use std::sync::{Arc, Mutex};
+
+use crate::config::{NvmlSettings, Toggle};
+use crate::kubelet::pod_resources::SharedAssignments;
+
+/// The running GPU collector: its state (shared with the pod-resources poller) and its stop switch.
+pub struct GpuRuntime {
+    pub state: Arc<Mutex<state::GpuState>>,
+    stop: Arc<nvml::Stop>,
+}
+
+impl GpuRuntime {
+    /// Opens NVML, starts the sampler and XID threads, and registers the collector. Err says why
+    /// there is no GPU collector; the agent runs on without one.
+    pub fn start(
+        settings: &NvmlSettings,
+        node_name: &str,
+        assignments: SharedAssignments,
+        registry: &prometheus::Registry,
+    ) -> Result<GpuRuntime, String> {
+        if settings.enabled == Toggle::Off {
+            return Err("disabled (nvml.enabled: false)".into());
+        }
+        let source = nvml::NvmlSource::open(&settings.library)?;
+        let count = source.device_count()?;
+        let state = Arc::new(Mutex::new(state::GpuState::default()));
+        let style = collector::LabelStyle {
+            lowercase_hostname: (settings.hostname_label == "hostname")
+                .then(|| node_name.to_string()),
+            legacy_pod_labels: settings.pod_labels == "legacy",
+        };
+        let collector =
+            collector::GpuCollector::new(state.clone(), assignments, style, settings.dcgm_names)
+                .map_err(|e| e.to_string())?;
+        registry
+            .register(Box::new(collector))
+            .map_err(|e| e.to_string())?;
+        let stop = Arc::new(nvml::Stop::default());
+        nvml::spawn(
+            source,
+            state.clone(),
+            settings.sample_interval,
+            stop.clone(),
+        )
+        .map_err(|e| format!("cannot start the NVML threads: {e}"))?;
+        tracing::info!(gpus = count, library = %settings.library.display(), "NVML collector started");
+        Ok(GpuRuntime { state, stop })
+    }
+
+    pub fn stop(&self) {
+        self.stop.stop();
+    }
+}

@@ -1,0 +1,297 @@
+//! Reading GPUs through NVML (nvml-wrapper over `libnvidia-ml.so.1`). Two plain threads, off the
+//! async runtime: a sampler that reads every GPU each `sample_interval`, and an XID listener that
+//! blocks in `nvmlEventSetWait` for critical XID events. Neither needs root: NVML's read calls
+//! work for any user who can open /dev/nvidia*.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::{Device, Nvml};
+
+use super::state::{DeviceRead, GpuState};
+use super::{GpuIdentity, GpuReading, MemoryReading};
+
+/// How long one XID wait blocks before checking for shutdown.
+const XID_WAIT_MS: u32 = 500;
+const NVML_ERROR_NOT_SUPPORTED: u32 = 3;
+const NVML_ERROR_FUNCTION_NOT_FOUND: u32 = 13;
+
+/// NVML, opened from a configurable library path.
+pub struct NvmlSource {
+    nvml: Nvml,
+}
+
+impl NvmlSource {
+    pub fn open(library: &Path) -> Result<NvmlSource, String> {
+        let nvml = Nvml::builder()
+            .lib_path(OsStr::new(library.as_os_str()))
+            .init()
+            .map_err(|e| match e {
+                NvmlError::LibloadingError(e) => format!("cannot load {}: {e}", library.display()),
+                other => format!("NVML ({}) failed to initialise: {other}", library.display()),
+            })?;
+        Ok(NvmlSource { nvml })
+    }
+
+    pub fn driver_version(&self) -> String {
+        self.nvml.sys_driver_version().unwrap_or_default()
+    }
+
+    pub fn device_count(&self) -> Result<u32, String> {
+        self.nvml
+            .device_count()
+            .map_err(|e| format!("cannot count GPUs: {e}"))
+    }
+
+    /// Reads one GPU. None: it could not be read for a reason other than being lost (that GPU's
+    /// series keep their previous values until a read succeeds).
+    pub fn read(&self, index: u32) -> Option<DeviceRead> {
+        let device = match self.nvml.device_by_index(index) {
+            Ok(device) => device,
+            Err(NvmlError::GpuLost) => return Some(DeviceRead::Lost),
+            Err(e) => {
+                tracing::debug!(gpu = index, error = %e, "cannot get a handle for the GPU");
+                return None;
+            }
+        };
+        use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+        let mut lost = false;
+        let identity = GpuIdentity {
+            index,
+            uuid: field(device.uuid(), &mut lost).unwrap_or_default(),
+            pci_bus_id: field(device.pci_info().map(|p| p.bus_id), &mut lost).unwrap_or_default(),
+            model_name: field(device.name(), &mut lost).unwrap_or_default(),
+        };
+        let reading = GpuReading {
+            memory: field(self.memory(&device), &mut lost),
+            clock_event_reasons: field(self.clock_event_reasons(&device), &mut lost),
+            sm_clock_mhz: field(device.clock_info(Clock::SM), &mut lost),
+            mem_clock_mhz: field(device.clock_info(Clock::Memory), &mut lost),
+            temperature_c: field(device.temperature(TemperatureSensor::Gpu), &mut lost),
+            power_mw: field(device.power_usage(), &mut lost),
+            utilization_gpu_pct: field(device.utilization_rates().map(|u| u.gpu), &mut lost),
+            energy_mj: field(device.total_energy_consumption(), &mut lost),
+        };
+        Some(if lost {
+            DeviceRead::Lost
+        } else {
+            DeviceRead::Read { identity, reading }
+        })
+    }
+
+    /// The v2 call reports reserved memory (R510+); older drivers only answer v1.
+    fn memory(&self, device: &Device) -> Result<MemoryReading, NvmlError> {
+        match device.memory_info() {
+            Ok(m) => Ok(MemoryReading {
+                total: m.total,
+                used: m.used,
+                free: m.free,
+                reserved: Some(m.reserved),
+            }),
+            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => {
+                let sym = self
+                    .nvml
+                    .lib()
+                    .nvmlDeviceGetMemoryInfo
+                    .as_ref()
+                    .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+                // SAFETY: the handle is valid while `device` lives; the out-struct is plain data.
+                unsafe {
+                    let mut memory: nvml_wrapper_sys::bindings::nvmlMemory_t = std::mem::zeroed();
+                    nvml_try(sym(device.handle(), &mut memory))?;
+                    Ok(MemoryReading {
+                        total: memory.total,
+                        used: memory.used,
+                        free: memory.free,
+                        reserved: None,
+                    })
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `nvmlDeviceGetCurrentClocksEventReasons` (nvml-wrapper has no wrapper for it), else the
+    /// deprecated `nvmlDeviceGetCurrentClocksThrottleReasons` that older drivers have instead.
+    fn clock_event_reasons(&self, device: &Device) -> Result<u64, NvmlError> {
+        let lib = self.nvml.lib();
+        for sym in [
+            lib.nvmlDeviceGetCurrentClocksEventReasons.as_ref(),
+            lib.nvmlDeviceGetCurrentClocksThrottleReasons.as_ref(),
+        ] {
+            let Ok(sym) = sym else { continue };
+            let mut mask = 0u64;
+            // SAFETY: the handle is valid while `device` lives; `mask` is a plain out-parameter.
+            let code = unsafe { sym(device.handle(), &mut mask) };
+            match code {
+                0 => return Ok(mask),
+                NVML_ERROR_NOT_SUPPORTED | NVML_ERROR_FUNCTION_NOT_FOUND => continue,
+                other => nvml_try(other)?,
+            }
+        }
+        Err(NvmlError::NotSupported)
+    }
+}
+
+/// A field's value; None when unsupported or unreadable. GPU_IS_LOST on any call marks the GPU lost.
+fn field<T>(result: Result<T, NvmlError>, lost: &mut bool) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(NvmlError::GpuLost) => {
+            *lost = true;
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Tells the NVML threads to stop, and wakes the sampler from its sleep.
+#[derive(Default)]
+pub struct Stop {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Stop {
+    pub fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.wake.notify_all();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sleeps up to `timeout`; true when stopped.
+    fn wait(&self, timeout: Duration) -> bool {
+        let guard = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = self
+            .wake
+            .wait_timeout_while(guard, timeout, |stopped| !*stopped)
+            .unwrap_or_else(|p| p.into_inner());
+        *guard
+    }
+}
+
+/// Starts the sampler and the XID listener; they run until `stop`.
+pub fn spawn(
+    source: NvmlSource,
+    state: Arc<Mutex<GpuState>>,
+    interval: Duration,
+    stop: Arc<Stop>,
+) -> std::io::Result<Vec<JoinHandle<()>>> {
+    let source = Arc::new(source);
+    let mut threads = Vec::new();
+    {
+        let (source, state, stop) = (source.clone(), state.clone(), stop.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name("nvml-sampler".into())
+                .spawn(move || sample_loop(&source, &state, interval, &stop))?,
+        );
+    }
+    threads.push(
+        std::thread::Builder::new()
+            .name("nvml-xid".into())
+            .spawn(move || xid_loop(&source, &state, &stop))?,
+    );
+    Ok(threads)
+}
+
+fn lock(state: &Mutex<GpuState>) -> std::sync::MutexGuard<'_, GpuState> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sample_loop(source: &NvmlSource, state: &Mutex<GpuState>, interval: Duration, stop: &Stop) {
+    lock(state).driver_version = source.driver_version();
+    let mut last = Instant::now();
+    loop {
+        let count = source.device_count().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "NVML");
+            0
+        });
+        let elapsed = last.elapsed().as_secs_f64();
+        last = Instant::now();
+        let reads: Vec<(u32, DeviceRead)> = (0..count)
+            .filter_map(|i| source.read(i).map(|r| (i, r)))
+            .collect();
+        {
+            let mut state = lock(state);
+            for (index, read) in reads {
+                let was_lost = state.gpus.get(&index).is_some_and(|g| g.lost);
+                if read == DeviceRead::Lost && !was_lost {
+                    let uuid = state
+                        .gpus
+                        .get(&index)
+                        .and_then(|g| g.identity.as_ref())
+                        .map(|i| i.uuid.clone())
+                        .unwrap_or_default();
+                    tracing::error!(gpu = index, uuid = %uuid, "GPU fell off the bus (NVML: GPU is lost)");
+                }
+                state.apply(index, read, elapsed);
+            }
+        }
+        if stop.wait(interval) {
+            return;
+        }
+    }
+}
+
+fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
+    let nvml = &source.nvml;
+    let Ok(mut set) = nvml.create_event_set() else {
+        tracing::warn!("NVML cannot create an event set; XID errors will not be counted");
+        return;
+    };
+    let count = source.device_count().unwrap_or(0);
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let supported = device
+            .supported_event_types()
+            .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR));
+        if !supported {
+            tracing::info!(gpu = index, "GPU does not report XID events");
+            continue;
+        }
+        set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(set) => set,
+            Err(e) => {
+                // nvml-wrapper frees the set when registration fails; start a new one.
+                tracing::warn!(gpu = index, error = %e.error, "cannot listen for XID events on this GPU");
+                match nvml.create_event_set() {
+                    Ok(set) => set,
+                    Err(_) => return,
+                }
+            }
+        };
+    }
+    while !stop.is_stopped() {
+        match set.wait(XID_WAIT_MS) {
+            Ok(event) => {
+                let Some(XidError::Value(xid)) = event.event_data else {
+                    continue;
+                };
+                let Ok(index) = event.device.index() else {
+                    continue;
+                };
+                tracing::error!(gpu = index, xid, "XID error");
+                lock(state).record_xid(index, xid);
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "NVML event wait");
+                if stop.wait(Duration::from_secs(1)) {
+                    return;
+                }
+            }
+        }
+    }
+}

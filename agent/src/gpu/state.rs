@@ -1,0 +1,131 @@
+//! What the agent knows about its GPUs between scrapes: the latest readings and the counters
+//! built from them. Plain data, updated by the NVML threads and read by the collector.
+
+use std::collections::BTreeMap;
+
+use super::{GpuIdentity, GpuReading, CLOCK_EVENT_REASONS};
+
+#[derive(Clone, Debug, Default)]
+pub struct GpuEntry {
+    pub identity: Option<GpuIdentity>,
+    /// None once the GPU is lost (or before its first read).
+    pub reading: Option<GpuReading>,
+    pub lost: bool,
+    /// Seconds each clock event reason was seen active, in [`CLOCK_EVENT_REASONS`] order.
+    pub reason_seconds: [f64; CLOCK_EVENT_REASONS.len()],
+    /// Critical XID events seen since the agent started, per XID.
+    pub xids: BTreeMap<u64, u64>,
+    pub last_xid: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GpuState {
+    pub driver_version: String,
+    pub gpus: BTreeMap<u32, GpuEntry>,
+}
+
+/// The outcome of reading one GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DeviceRead {
+    Read {
+        identity: GpuIdentity,
+        reading: GpuReading,
+    },
+    /// NVML answered GPU_IS_LOST: the GPU fell off the bus.
+    Lost,
+}
+
+impl GpuState {
+    /// Applies one read of GPU `index`, `elapsed` seconds after the previous one: each clock event
+    /// reason active now is counted as having held for that interval.
+    pub fn apply(&mut self, index: u32, read: DeviceRead, elapsed: f64) {
+        let entry = self.gpus.entry(index).or_default();
+        match read {
+            DeviceRead::Read { identity, reading } => {
+                if let Some(mask) = reading.clock_event_reasons {
+                    for (seconds, (bit, _)) in
+                        entry.reason_seconds.iter_mut().zip(CLOCK_EVENT_REASONS)
+                    {
+                        if mask & bit != 0 {
+                            *seconds += elapsed;
+                        }
+                    }
+                }
+                entry.identity = Some(identity);
+                entry.reading = Some(reading);
+                entry.lost = false;
+            }
+            DeviceRead::Lost => {
+                entry.reading = None;
+                entry.lost = true;
+            }
+        }
+    }
+
+    pub fn record_xid(&mut self, index: u32, xid: u64) {
+        let entry = self.gpus.entry(index).or_default();
+        *entry.xids.entry(xid).or_default() += 1;
+        entry.last_xid = Some(xid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> GpuIdentity {
+        GpuIdentity {
+            index: 0,
+            uuid: "GPU-1".into(),
+            pci_bus_id: "00000000:07:00.0".into(),
+            model_name: "H100".into(),
+        }
+    }
+
+    fn reasons(mask: u64) -> DeviceRead {
+        DeviceRead::Read {
+            identity: identity(),
+            reading: GpuReading {
+                clock_event_reasons: Some(mask),
+                ..GpuReading::default()
+            },
+        }
+    }
+
+    #[test]
+    fn reason_seconds_accumulate_only_while_active() {
+        let mut state = GpuState::default();
+        state.apply(0, reasons(0x4 | 0x8), 1.0); // sw_power_cap, hw_slowdown
+        state.apply(0, reasons(0x4), 2.0);
+        state.apply(0, reasons(0), 5.0);
+        let seconds = state.gpus[&0].reason_seconds;
+        assert_eq!(seconds[2], 3.0, "sw_power_cap held for 1 + 2 s");
+        assert_eq!(seconds[3], 1.0, "hw_slowdown held for 1 s");
+        assert_eq!(seconds.iter().sum::<f64>(), 4.0);
+    }
+
+    #[test]
+    fn a_lost_gpu_keeps_its_identity_and_counters() {
+        let mut state = GpuState::default();
+        state.apply(0, reasons(0x4), 1.0);
+        state.record_xid(0, 79);
+        state.apply(0, DeviceRead::Lost, 1.0);
+        let entry = &state.gpus[&0];
+        assert!(entry.lost && entry.reading.is_none());
+        assert_eq!(entry.identity.as_ref().unwrap().uuid, "GPU-1");
+        assert_eq!(entry.xids[&79], 1);
+        assert_eq!(entry.reason_seconds[2], 1.0);
+    }
+
+    #[test]
+    fn xids_count_per_value_and_remember_the_last() {
+        let mut state = GpuState::default();
+        for xid in [79, 48, 79] {
+            state.record_xid(3, xid);
+        }
+        let entry = &state.gpus[&3];
+        assert_eq!(entry.xids[&79], 2);
+        assert_eq!(entry.xids[&48], 1);
+        assert_eq!(entry.last_xid, Some(79));
+    }
+}

@@ -1,0 +1,186 @@
+//! The kubelet pod-resources API (v1 `List`) over its unix socket: which container each GPU or
+//! Neuron device is assigned to, for dcgm-exporter's `pod`/`namespace`/`container` labels. Read-only;
+//! needs the socket's directory mounted, nothing else.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Endpoint, Uri};
+
+/// The generated protobuf types and gRPC client/server for `v1.PodResourcesLister`.
+pub mod api {
+    tonic::include_proto!("v1");
+}
+
+/// The container a device is assigned to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    pub pod: String,
+    pub namespace: String,
+    pub container: String,
+}
+
+/// Device id (a GPU UUID, a Neuron device index) → its container, for the resource names asked for.
+pub type Assignments = BTreeMap<String, Assignment>;
+
+/// Shared between the poller and the collectors that label by it.
+pub type SharedAssignments = Arc<Mutex<Assignments>>;
+
+/// Bounds one List call: a wedged kubelet must not stall the poller.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Lists the kubelet's assignments for devices of `resource_names`.
+pub async fn list(socket: &Path, resource_names: &[String]) -> Result<Assignments, String> {
+    let path = socket.to_path_buf();
+    // The URI is required by the API and ignored by the connector.
+    let channel = Endpoint::from_static("http://kubelet.invalid")
+        .connect_timeout(CALL_TIMEOUT)
+        .timeout(CALL_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot connect to {}: {}",
+                socket.display(),
+                error_chain(&e)
+            )
+        })?;
+    let mut client = api::pod_resources_lister_client::PodResourcesListerClient::new(channel);
+    let response = client
+        .list(api::ListPodResourcesRequest {})
+        .await
+        .map_err(|status| format!("List on {} failed: {}", socket.display(), status.message()))?
+        .into_inner();
+    Ok(assignments(&response, resource_names))
+}
+
+/// Picks out the devices of the wanted resources. A device shared between containers (GPU
+/// time-slicing hands out replicas `GPU-<uuid>::<n>`) is attributed to the first container listed.
+pub fn assignments(
+    response: &api::ListPodResourcesResponse,
+    resource_names: &[String],
+) -> Assignments {
+    let mut out = Assignments::new();
+    for pod in &response.pod_resources {
+        for container in &pod.containers {
+            for devices in container
+                .devices
+                .iter()
+                .filter(|d| resource_names.contains(&d.resource_name))
+            {
+                for id in &devices.device_ids {
+                    let device = id.split("::").next().unwrap_or(id).to_string();
+                    out.entry(device).or_insert_with(|| Assignment {
+                        pod: pod.name.clone(),
+                        namespace: pod.namespace.clone(),
+                        container: container.name.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// Keeps `shared` current until `shutdown`. A socket that is absent or failing logs once (and once
+/// more when it recovers) and leaves the devices unlabelled; nothing else depends on it.
+pub async fn poll(
+    socket: PathBuf,
+    resource_names: Vec<String>,
+    interval: Duration,
+    shared: SharedAssignments,
+    shutdown: CancellationToken,
+) {
+    let mut failing: Option<String> = None;
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match list(&socket, &resource_names).await {
+            Ok(found) => {
+                if failing.take().is_some() {
+                    tracing::info!(socket = %socket.display(), "kubelet pod-resources API answers again");
+                }
+                *shared.lock().unwrap_or_else(|p| p.into_inner()) = found;
+            }
+            Err(reason) => {
+                if failing.as_deref() != Some(reason.as_str()) {
+                    tracing::warn!(error = %reason, "no pod labels on devices: the kubelet pod-resources API is not available");
+                    failing = Some(reason);
+                }
+                shared.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::api::*;
+    use super::*;
+
+    fn pod(name: &str, container: &str, resource: &str, ids: &[&str]) -> PodResources {
+        PodResources {
+            name: name.into(),
+            namespace: "inference".into(),
+            containers: vec![ContainerResources {
+                name: container.into(),
+                devices: vec![ContainerDevices {
+                    resource_name: resource.into(),
+                    device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                    topology: None,
+                }],
+                cpu_ids: vec![],
+                memory: vec![],
+            }],
+        }
+    }
+
+    #[test]
+    fn only_wanted_resources_and_replicas_fold_to_their_gpu() {
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod(
+                    "vllm-0",
+                    "vllm",
+                    "nvidia.com/gpu",
+                    &["GPU-aaa", "GPU-bbb::3"],
+                ),
+                pod("other", "c", "example.com/fpga", &["fpga-1"]),
+                pod("vllm-1", "vllm", "nvidia.com/gpu", &["GPU-bbb::4"]),
+            ],
+        };
+        let found = assignments(&response, &["nvidia.com/gpu".to_string()]);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found["GPU-aaa"].pod, "vllm-0");
+        assert_eq!(
+            found["GPU-bbb"].pod, "vllm-0",
+            "first listed container wins for a shared GPU"
+        );
+        assert!(!found.contains_key("fpga-1"));
+    }
+}

@@ -1,0 +1,607 @@
+//! The NVML collector end to end: the agent binary loads the compiled fake `libnvidia-ml`
+//! (tests/fake-nvml) through nvml-wrapper, the same FFI path as a real GPU, with 8 fake H100s whose
+//! state the test changes while the agent runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::agent::{sample, Agent};
+use serde_json::{json, Value};
+
+/// Builds tests/fake-nvml once and returns the path of `libfake_nvml.so`.
+fn fake_nvml() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let output = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "fake-nvml", "--message-format=json"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "fake_nvml")
+            .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
+            .filter_map(|f| f.as_str().map(PathBuf::from))
+            .find(|f| f.extension().is_some_and(|e| e == "so"))
+            .expect("cargo reports libfake_nvml.so")
+    })
+}
+
+fn device(i: usize) -> Value {
+    json!({
+        "uuid": format!("GPU-0000000{i}-1111-2222-3333-44444444444{i}"),
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": format!("00000000:{:02X}:00.0", 0x07 + i * 0x10),
+        "memory": {"total": 85520809984u64, "used": 1048576000u64 + i as u64, "free": 83935952896u64, "reserved": 536281088u64},
+        "clocks_event_reasons": 1,
+        "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
+        "temperature_c": 40 + i, "power_mw": 312500 + i * 1000,
+        "utilization": {"gpu": 87, "memory": 40},
+        "energy_mj": 123456789u64 + i as u64,
+        "xid_events": [], "lost": false, "unsupported": []
+    })
+}
+
+/// The scenario file, replaced atomically: the fake re-reads it on every call.
+struct Scenario {
+    dir: tempfile::TempDir,
+    value: Value,
+}
+
+impl Scenario {
+    fn new() -> Scenario {
+        let value = json!({"driver_version": "580.95.05", "devices": (0..8).map(device).collect::<Vec<_>>()});
+        let scenario = Scenario {
+            dir: tempfile::tempdir().unwrap(),
+            value,
+        };
+        scenario.write();
+        scenario
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("scenario.json")
+    }
+
+    fn write(&self) {
+        let tmp = self.dir.path().join("scenario.json.tmp");
+        std::fs::write(&tmp, self.value.to_string()).unwrap();
+        std::fs::rename(tmp, self.path()).unwrap();
+    }
+
+    fn set(&mut self, gpu: usize, key: &str, value: Value) {
+        self.value["devices"][gpu][key] = value;
+        self.write();
+    }
+}
+
+fn start(scenario: &Scenario, extra: &str) -> Agent {
+    let config = format!(
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n{extra}",
+        fake_nvml().display().to_string()
+    );
+    Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())])
+}
+
+fn gpu(index: usize) -> String {
+    index.to_string()
+}
+
+#[test]
+fn every_series_and_label_matches_the_scenario() {
+    let scenario = Scenario::new();
+    let agent = start(&scenario, "  dcgm_names: true\n");
+    agent.wait_for("8 GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    });
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(&metrics, "mlnode_collector_up", &[("collector", "nvml")]),
+        Some(1.0)
+    );
+    for i in 0..8 {
+        let d = &scenario.value["devices"][i];
+        let g = gpu(i);
+        let labels = [
+            ("gpu", g.as_str()),
+            ("UUID", d["uuid"].as_str().unwrap()),
+            ("pci_bus_id", d["pci_bus_id"].as_str().unwrap()),
+            ("device", &format!("nvidia{i}")),
+            ("modelName", "NVIDIA H100 80GB HBM3"),
+            ("Hostname", "test-node"),
+            ("DCGM_FI_DRIVER_VERSION", "580.95.05"),
+        ];
+        let v = |name: &str| {
+            sample(&metrics, name, &labels)
+                .unwrap_or_else(|| panic!("{name} for GPU {i}\n{metrics}"))
+        };
+        let mem = &d["memory"];
+        assert_eq!(
+            v("mlnode_gpu_memory_free_bytes"),
+            mem["free"].as_f64().unwrap()
+        );
+        assert_eq!(
+            v("mlnode_gpu_memory_used_bytes"),
+            mem["used"].as_f64().unwrap()
+        );
+        assert_eq!(
+            v("mlnode_gpu_memory_reserved_bytes"),
+            mem["reserved"].as_f64().unwrap()
+        );
+        assert_eq!(
+            v("mlnode_gpu_memory_total_bytes"),
+            mem["total"].as_f64().unwrap()
+        );
+        assert_eq!(v("mlnode_gpu_sm_clock_hertz"), 1980e6);
+        assert_eq!(v("mlnode_gpu_memory_clock_hertz"), 2619e6);
+        assert_eq!(v("mlnode_gpu_temperature_celsius"), (40 + i) as f64);
+        assert_eq!(
+            v("mlnode_gpu_power_watts"),
+            (312500 + i * 1000) as f64 / 1000.0
+        );
+        assert_eq!(v("mlnode_gpu_utilization_ratio"), 0.87);
+        assert_eq!(
+            v("mlnode_gpu_energy_joules_total"),
+            (123456789 + i) as f64 / 1000.0
+        );
+        assert_eq!(v("mlnode_gpu_lost"), 0.0);
+        // DCGM's names and units: MiB truncated, MHz, W, %, mJ.
+        assert_eq!(v("DCGM_FI_DEV_FB_FREE"), (83935952896u64 >> 20) as f64);
+        assert_eq!(
+            v("DCGM_FI_DEV_FB_USED"),
+            ((1048576000u64 + i as u64) >> 20) as f64
+        );
+        assert_eq!(
+            v("DCGM_FI_DEV_FB_RESERVED"),
+            511.0,
+            "536281088 B is 511.43 MiB, truncated"
+        );
+        assert_eq!(v("DCGM_FI_DEV_SM_CLOCK"), 1980.0);
+        assert_eq!(v("DCGM_FI_DEV_MEM_CLOCK"), 2619.0);
+        assert_eq!(v("DCGM_FI_DEV_GPU_TEMP"), (40 + i) as f64);
+        assert_eq!(
+            v("DCGM_FI_DEV_POWER_USAGE"),
+            (312500 + i * 1000) as f64 / 1000.0
+        );
+        assert_eq!(v("DCGM_FI_DEV_GPU_UTIL"), 87.0);
+        assert_eq!(
+            v("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
+            (123456789 + i) as f64
+        );
+        assert_eq!(v("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"), 1.0);
+        assert_eq!(v("DCGM_FI_DEV_XID_ERRORS"), 0.0);
+        assert_eq!(
+            sample(
+                &metrics,
+                "mlnode_gpu_clock_event_reason_active",
+                &[("gpu", &g), ("reason", "gpu_idle")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &metrics,
+                "mlnode_gpu_clock_event_reason_active",
+                &[("gpu", &g), ("reason", "sw_power_cap")]
+            ),
+            Some(0.0)
+        );
+        assert!(
+            !metrics.contains("pod=\""),
+            "no pod labels without a pod-resources assignment"
+        );
+    }
+    assert!(metrics.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter"));
+    assert!(metrics.contains("# HELP DCGM_FI_DEV_FB_FREE Frame buffer memory free (in MiB)."));
+}
+
+#[test]
+fn clock_event_reasons_appear_and_disappear() {
+    let mut scenario = Scenario::new();
+    let agent = start(&scenario, "");
+    let active = |reason: &'static str, value: f64| {
+        move |m: &str| {
+            sample(
+                m,
+                "mlnode_gpu_clock_event_reason_active",
+                &[("gpu", "2"), ("reason", reason)],
+            ) == Some(value)
+        }
+    };
+    agent.wait_for("idle", Duration::from_secs(20), active("gpu_idle", 1.0));
+    scenario.set(2, "clocks_event_reasons", json!(0x4)); // sw_power_cap
+    agent.wait_for(
+        "power cap on",
+        Duration::from_secs(5),
+        active("sw_power_cap", 1.0),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    scenario.set(2, "clocks_event_reasons", json!(0x8)); // hw_slowdown
+    agent.wait_for(
+        "power cap off",
+        Duration::from_secs(5),
+        active("sw_power_cap", 0.0),
+    );
+    agent.wait_for(
+        "hw slowdown on",
+        Duration::from_secs(5),
+        active("hw_slowdown", 1.0),
+    );
+    let metrics = agent.metrics();
+    let held = sample(
+        &metrics,
+        "mlnode_gpu_clock_event_reason_seconds_total",
+        &[("gpu", "2"), ("reason", "sw_power_cap")],
+    )
+    .unwrap();
+    assert!(
+        (0.3..3.0).contains(&held),
+        "power cap held about 0.5 s, counted {held}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_gpu_clock_event_reason_active",
+            &[("gpu", "3"), ("reason", "hw_slowdown")]
+        ),
+        Some(0.0),
+        "other GPUs unaffected"
+    );
+}
+
+#[test]
+fn xid_events_count_per_xid_and_set_the_last() {
+    let mut scenario = Scenario::new();
+    let agent = start(&scenario, "");
+    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    });
+    scenario.set(4, "xid_events", json!([79, 48]));
+    agent.wait_for("XIDs", Duration::from_secs(5), |m| {
+        sample(
+            m,
+            "mlnode_gpu_xid_errors_total",
+            &[("gpu", "4"), ("xid", "79")],
+        ) == Some(1.0)
+            && sample(
+                m,
+                "mlnode_gpu_xid_errors_total",
+                &[("gpu", "4"), ("xid", "48")],
+            ) == Some(1.0)
+            && sample(m, "mlnode_gpu_last_xid", &[("gpu", "4")]) == Some(48.0)
+    });
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_last_xid", &[("gpu", "3")]),
+        None,
+        "no XID, no last-XID series"
+    );
+    assert!(agent.log().contains("XID error"), "XIDs are logged");
+}
+
+#[test]
+fn a_lost_gpu_is_named_while_the_others_keep_reporting() {
+    let mut scenario = Scenario::new();
+    let agent = start(&scenario, "");
+    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    });
+    scenario.set(5, "lost", json!(true));
+    agent.wait_for("GPU 5 lost", Duration::from_secs(5), |m| {
+        sample(
+            m,
+            "mlnode_gpu_lost",
+            &[
+                ("gpu", "5"),
+                ("UUID", "GPU-00000005-1111-2222-3333-444444444445"),
+                ("pci_bus_id", "00000000:57:00.0"),
+            ],
+        ) == Some(1.0)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_temperature_celsius", &[("gpu", "5")]),
+        None,
+        "no stale readings for a lost GPU"
+    );
+    for i in (0..8).filter(|&i| i != 5) {
+        assert_eq!(
+            sample(
+                &metrics,
+                "mlnode_gpu_temperature_celsius",
+                &[("gpu", &gpu(i))]
+            ),
+            Some((40 + i) as f64)
+        );
+        assert_eq!(
+            sample(&metrics, "mlnode_gpu_lost", &[("gpu", &gpu(i))]),
+            Some(0.0)
+        );
+    }
+    assert!(agent.log().contains("fell off the bus"));
+    scenario.set(5, "lost", json!(false));
+    agent.wait_for("GPU 5 back", Duration::from_secs(5), |m| {
+        sample(m, "mlnode_gpu_lost", &[("gpu", "5")]) == Some(0.0)
+    });
+}
+
+#[test]
+fn unsupported_fields_are_absent_and_fallbacks_are_used() {
+    let mut scenario = Scenario::new();
+    scenario.set(2, "unsupported", json!(["reserved", "power", "energy"]));
+    scenario.set(1, "unsupported", json!(["clocks_event_reasons"]));
+    scenario.set(1, "clocks_event_reasons", json!(0x40)); // hw_thermal_slowdown via the old call
+    scenario.set(3, "unsupported", json!(["throttle_reasons"]));
+    let agent = start(&scenario, "");
+    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_gpu_memory_reserved_bytes",
+            &[("gpu", "2")]
+        ),
+        None
+    );
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_power_watts", &[("gpu", "2")]),
+        None
+    );
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_energy_joules_total", &[("gpu", "2")]),
+        None
+    );
+    // The v1 memory call still gives free/total, with reserved counted in used as NVML does.
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_memory_free_bytes", &[("gpu", "2")]),
+        Some(83935952896.0)
+    );
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_memory_used_bytes", &[("gpu", "2")]),
+        Some((1048576002u64 + 536281088) as f64)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_gpu_clock_event_reason_active",
+            &[("gpu", "1"), ("reason", "hw_thermal_slowdown")]
+        ),
+        Some(1.0),
+        "deprecated throttle-reasons fallback"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_gpu_clock_event_reason_active",
+            &[("gpu", "3")]
+        ),
+        None,
+        "neither call: no reason series"
+    );
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_temperature_celsius", &[("gpu", "2")]),
+        Some(42.0)
+    );
+}
+
+#[test]
+fn missing_library_leaves_the_agent_running_with_collector_down() {
+    let scenario = Scenario::new();
+    let config = "models: []\nnvml:\n  library: /nonexistent/libnvidia-ml.so.1\n";
+    let agent = Agent::start_with_env(config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+    agent.wait_for("collector down", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_collector_up", &[("collector", "nvml")]) == Some(0.0)
+    });
+    assert_eq!(agent.get("/healthz").0, 200);
+    let log = agent.log();
+    assert_eq!(
+        log.matches("no NVIDIA GPU collector").count(),
+        1,
+        "one clear log line: {log}"
+    );
+    assert!(log.contains("/nonexistent/libnvidia-ml.so.1"), "{log}");
+}
+
+#[test]
+fn lowercase_hostname_label_option() {
+    let scenario = Scenario::new();
+    let agent = start(&scenario, "  hostname_label: hostname\n");
+    agent.wait_for("hostname label", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_temperature_celsius",
+            &[
+                ("gpu", "0"),
+                ("hostname", "test-node"),
+                ("Hostname", "test-node"),
+            ],
+        )
+        .is_some()
+    });
+}
+
+/// A kubelet pod-resources server on a unix socket, answering `List` as a real kubelet does with
+/// the NVIDIA device plugin (device ids are GPU UUIDs).
+struct FakeKubelet {
+    dir: tempfile::TempDir,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl FakeKubelet {
+    fn serve(
+        response: mlnode_agent::kubelet::pod_resources::api::ListPodResourcesResponse,
+    ) -> FakeKubelet {
+        use mlnode_agent::kubelet::pod_resources::api::pod_resources_lister_server::{
+            PodResourcesLister, PodResourcesListerServer,
+        };
+        use mlnode_agent::kubelet::pod_resources::api::{
+            ListPodResourcesRequest, ListPodResourcesResponse,
+        };
+
+        struct Lister(ListPodResourcesResponse);
+        #[tonic::async_trait]
+        impl PodResourcesLister for Lister {
+            async fn list(
+                &self,
+                _: tonic::Request<ListPodResourcesRequest>,
+            ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
+                Ok(tonic::Response::new(self.0.clone()))
+            }
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let listener = runtime
+            .block_on(async { tokio::net::UnixListener::bind(&socket) })
+            .unwrap();
+        runtime.spawn(
+            tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(Lister(response)))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        FakeKubelet {
+            dir,
+            _runtime: runtime,
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("kubelet.sock")
+    }
+}
+
+fn gpu3_assigned() -> mlnode_agent::kubelet::pod_resources::api::ListPodResourcesResponse {
+    use mlnode_agent::kubelet::pod_resources::api::*;
+    let container = |name: &str, resource: &str, ids: &[&str]| ContainerResources {
+        name: name.into(),
+        devices: vec![ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+            topology: Some(TopologyInfo {
+                nodes: vec![NumaNode { id: 0 }],
+            }),
+        }],
+        cpu_ids: vec![2, 3],
+        memory: vec![],
+    };
+    ListPodResourcesResponse {
+        pod_resources: vec![
+            PodResources {
+                name: "vllm-llama-0".into(),
+                namespace: "inference".into(),
+                containers: vec![container(
+                    "vllm",
+                    "nvidia.com/gpu",
+                    &["GPU-00000003-1111-2222-3333-444444444443"],
+                )],
+            },
+            PodResources {
+                name: "fpga-job".into(),
+                namespace: "batch".into(),
+                containers: vec![container(
+                    "worker",
+                    "example.com/fpga",
+                    &["GPU-00000004-1111-2222-3333-444444444444"],
+                )],
+            },
+        ],
+    }
+}
+
+#[test]
+fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
+    let scenario = Scenario::new();
+    let kubelet = FakeKubelet::serve(gpu3_assigned());
+    let extra = format!(
+        "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
+        kubelet.socket().display().to_string()
+    );
+    let config = format!(
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n{extra}",
+        fake_nvml().display().to_string()
+    );
+    let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+    agent.wait_for("pod labels", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_temperature_celsius",
+            &[
+                ("gpu", "3"),
+                ("pod", "vllm-llama-0"),
+                ("namespace", "inference"),
+                ("container", "vllm"),
+            ],
+        ) == Some(43.0)
+    });
+    let metrics = agent.metrics();
+    let labelled: Vec<&str> = metrics.lines().filter(|l| l.contains("pod=\"")).collect();
+    assert!(
+        labelled.iter().all(|l| l.contains("gpu=\"3\"")),
+        "only GPU 3 is assigned: {labelled:#?}"
+    );
+    assert!(
+        !metrics.contains("fpga-job"),
+        "other resources' devices are not GPUs"
+    );
+}
+
+#[test]
+fn legacy_pod_label_names() {
+    let scenario = Scenario::new();
+    let kubelet = FakeKubelet::serve(gpu3_assigned());
+    let config = format!(
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pod_labels: legacy\nkubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
+        fake_nvml().display().to_string(),
+        kubelet.socket().display().to_string()
+    );
+    let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+    agent.wait_for("legacy labels", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_lost",
+            &[
+                ("gpu", "3"),
+                ("pod_name", "vllm-llama-0"),
+                ("pod_namespace", "inference"),
+                ("container_name", "vllm"),
+            ],
+        )
+        .is_some()
+    });
+}
+
+#[test]
+fn absent_pod_resources_socket_logs_once_and_changes_nothing_else() {
+    let scenario = Scenario::new();
+    let config = format!(
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\nkubelet:\n  pod_resources_socket: /nonexistent/kubelet.sock\n  pod_resources_interval: 100ms\n",
+        fake_nvml().display().to_string()
+    );
+    let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let log = agent.log();
+    assert_eq!(
+        log.matches("pod-resources API is not available").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("/nonexistent/kubelet.sock"));
+    assert_eq!(agent.get("/healthz").0, 200);
+}

@@ -1,0 +1,508 @@
+//! A fake `libnvidia-ml.so`: the NVML C functions the agent calls through nvml-wrapper, answering
+//! from the JSON scenario named by `FAKE_NVML_SCENARIO`, re-read on every call so a test can change
+//! a GPU's state while the agent runs. Struct layouts come from nvml-wrapper-sys, the same bindings
+//! the agent is built with, so the agent's FFI path is exactly the one a real GPU takes.
+//!
+//! Scenario: `{"driver_version": "...", "devices": [{"uuid", "name", "pci_bus_id", "memory": {"total",
+//! "used", "free", "reserved"}, "clocks_event_reasons", "sm_clock_mhz", "mem_clock_mhz",
+//! "temperature_c", "power_mw", "utilization": {"gpu", "memory"}, "energy_mj", "xid_events": [..],
+//! "lost": false, "unsupported": ["reserved", "clocks_event_reasons", "power", ...]}]}`.
+//! `unsupported` names fields whose call answers NVML_ERROR_NOT_SUPPORTED (`reserved`: the v2 memory
+//! call, so a caller must fall back to v1; `clocks_event_reasons`: the new call only, so a caller
+//! must fall back to the deprecated throttle-reasons call; `throttle_reasons`: both). `lost: true`
+//! makes every call on the device answer NVML_ERROR_GPU_IS_LOST. Each entry of `xid_events` is
+//! delivered once through `nvmlEventSetWait_v2` to an event set registered for critical XIDs.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nvml_wrapper_sys::bindings::{
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
+    nvmlReturn_t, nvmlUtilization_t,
+};
+use serde::Deserialize;
+
+const SUCCESS: nvmlReturn_t = 0;
+const UNINITIALIZED: nvmlReturn_t = 1;
+const INVALID_ARGUMENT: nvmlReturn_t = 2;
+const NOT_SUPPORTED: nvmlReturn_t = 3;
+const INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+const TIMEOUT: nvmlReturn_t = 10;
+const GPU_IS_LOST: nvmlReturn_t = 15;
+const UNKNOWN: nvmlReturn_t = 999;
+
+const CLOCK_SM: c_uint = 1;
+const CLOCK_MEM: c_uint = 2;
+const TEMPERATURE_GPU: c_uint = 0;
+const EVENT_TYPE_XID_CRITICAL_ERROR: c_ulonglong = 0x8;
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Scenario {
+    driver_version: String,
+    devices: Vec<Device>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct Device {
+    uuid: String,
+    name: String,
+    pci_bus_id: String,
+    memory: Memory,
+    clocks_event_reasons: u64,
+    sm_clock_mhz: u32,
+    mem_clock_mhz: u32,
+    temperature_c: u32,
+    power_mw: u32,
+    utilization: Utilization,
+    energy_mj: u64,
+    xid_events: Vec<u64>,
+    lost: bool,
+    unsupported: Vec<String>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(default)]
+struct Memory {
+    total: u64,
+    used: u64,
+    free: u64,
+    reserved: u64,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(default)]
+struct Utilization {
+    gpu: u32,
+    memory: u32,
+}
+
+struct State {
+    initialized: u32,
+    /// Per device index, how many of its `xid_events` were delivered.
+    delivered: BTreeMap<usize, usize>,
+    /// Per event set, the device indexes registered for critical XIDs.
+    sets: BTreeMap<usize, Vec<usize>>,
+    next_set: usize,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    initialized: 0,
+    delivered: BTreeMap::new(),
+    sets: BTreeMap::new(),
+    next_set: 1,
+});
+
+fn state() -> std::sync::MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn scenario() -> Option<Scenario> {
+    let path = std::env::var_os("FAKE_NVML_SCENARIO")?;
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Device handles are the index plus one, so a null handle is never valid.
+fn handle_of(index: usize) -> nvmlDevice_t {
+    (index + 1) as nvmlDevice_t
+}
+
+fn index_of(device: nvmlDevice_t) -> usize {
+    (device as usize).wrapping_sub(1)
+}
+
+/// Runs `answer` on the device behind `device`, with NVML's errors for the cases around it.
+fn with_device(
+    device: nvmlDevice_t,
+    field: &str,
+    answer: impl FnOnce(&Device) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    if state().initialized == 0 {
+        return UNINITIALIZED;
+    }
+    let Some(scenario) = scenario() else {
+        return UNKNOWN;
+    };
+    let Some(dev) = scenario.devices.get(index_of(device)) else {
+        return INVALID_ARGUMENT;
+    };
+    if dev.lost {
+        return GPU_IS_LOST;
+    }
+    if dev.unsupported.iter().any(|u| u == field) {
+        return NOT_SUPPORTED;
+    }
+    answer(dev)
+}
+
+unsafe fn write_str(text: &str, out: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    if out.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let bytes = text.as_bytes();
+    if bytes.len() + 1 > length as usize {
+        return INSUFFICIENT_SIZE;
+    }
+    std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, out, bytes.len());
+    *out.add(bytes.len()) = 0;
+    SUCCESS
+}
+
+unsafe fn put<T>(out: *mut T, value: T) -> nvmlReturn_t {
+    if out.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    *out = value;
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    state().initialized += 1;
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    let mut state = state();
+    if state.initialized == 0 {
+        return UNINITIALIZED;
+    }
+    state.initialized -= 1;
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlErrorString(_result: nvmlReturn_t) -> *const c_char {
+    c"fake NVML error".as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    match scenario() {
+        Some(s) => write_str(&s.driver_version, version, length),
+        None => UNKNOWN,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    if state().initialized == 0 {
+        return UNINITIALIZED;
+    }
+    match scenario() {
+        Some(s) => put(count, s.devices.len() as c_uint),
+        None => UNKNOWN,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    if state().initialized == 0 {
+        return UNINITIALIZED;
+    }
+    match scenario() {
+        Some(s) if (index as usize) < s.devices.len() => put(device, handle_of(index as usize)),
+        Some(_) => INVALID_ARGUMENT,
+        None => UNKNOWN,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "uuid", |d| write_str(&d.uuid, uuid, length))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "name", |d| write_str(&d.name, name, length))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "index", |_| put(index, index_of(device) as c_uint))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    with_device(device, "pci", |d| {
+        if pci.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let mut info: nvmlPciInfo_t = std::mem::zeroed();
+        // "00000000:07:00.0": domain, bus, device.function
+        let parts: Vec<&str> = d.pci_bus_id.split([':', '.']).collect();
+        let hex = |i: usize| {
+            parts
+                .get(i)
+                .and_then(|p| u32::from_str_radix(p, 16).ok())
+                .unwrap_or(0)
+        };
+        info.domain = hex(0);
+        info.bus = hex(1);
+        info.device = hex(2);
+        info.pciDeviceId = 0x2330_10de;
+        info.pciSubSystemId = 0x16c1_10de;
+        let status = write_str(
+            &d.pci_bus_id,
+            info.busId.as_mut_ptr(),
+            info.busId.len() as c_uint,
+        );
+        if status != SUCCESS {
+            return status;
+        }
+        let legacy = d.pci_bus_id.get(4..).unwrap_or("");
+        let _ = write_str(
+            legacy,
+            info.busIdLegacy.as_mut_ptr(),
+            info.busIdLegacy.len() as c_uint,
+        );
+        *pci = info;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    with_device(device, "memory", |d| {
+        // v1 counts reserved memory as used, as the real library does.
+        put(
+            memory,
+            nvmlMemory_t {
+                total: d.memory.total,
+                free: d.memory.free,
+                used: d.memory.used + d.memory.reserved,
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    with_device(device, "memory", |d| {
+        if d.unsupported.iter().any(|u| u == "reserved") {
+            return NOT_SUPPORTED;
+        }
+        if memory.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let version = (*memory).version;
+        put(
+            memory,
+            nvmlMemory_v2_t {
+                version,
+                total: d.memory.total,
+                reserved: d.memory.reserved,
+                free: d.memory.free,
+                used: d.memory.used,
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_device(device, "clocks_event_reasons", |d| {
+        if d.unsupported.iter().any(|u| u == "throttle_reasons") {
+            return NOT_SUPPORTED;
+        }
+        put(reasons, d.clocks_event_reasons)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_device(device, "throttle_reasons", |d| {
+        put(reasons, d.clocks_event_reasons)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: nvmlDevice_t,
+    clock: c_uint,
+    mhz: *mut c_uint,
+) -> nvmlReturn_t {
+    match clock {
+        CLOCK_SM => with_device(device, "sm_clock", |d| put(mhz, d.sm_clock_mhz)),
+        CLOCK_MEM => with_device(device, "mem_clock", |d| put(mhz, d.mem_clock_mhz)),
+        _ => with_device(device, "clock", |_| NOT_SUPPORTED),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: c_uint,
+    celsius: *mut c_uint,
+) -> nvmlReturn_t {
+    if sensor != TEMPERATURE_GPU {
+        return INVALID_ARGUMENT;
+    }
+    with_device(device, "temperature", |d| put(celsius, d.temperature_c))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: nvmlDevice_t,
+    milliwatts: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "power", |d| put(milliwatts, d.power_mw))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    with_device(device, "utilization", |d| {
+        put(
+            utilization,
+            nvmlUtilization_t {
+                gpu: d.utilization.gpu,
+                memory: d.utilization.memory,
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    device: nvmlDevice_t,
+    millijoules: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_device(device, "energy", |d| put(millijoules, d.energy_mj))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    let mut state = state();
+    if state.initialized == 0 {
+        return UNINITIALIZED;
+    }
+    let id = state.next_set;
+    state.next_set += 1;
+    state.sets.insert(id, Vec::new());
+    put(set, id as nvmlEventSet_t)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    with_device(device, "events", |_| {
+        if types & !EVENT_TYPE_XID_CRITICAL_ERROR != 0 {
+            return NOT_SUPPORTED;
+        }
+        match state().sets.get_mut(&(set as usize)) {
+            Some(devices) => {
+                devices.push(index_of(device));
+                SUCCESS
+            }
+            None => INVALID_ARGUMENT,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    with_device(device, "events", |_| {
+        put(types, EVENT_TYPE_XID_CRITICAL_ERROR)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms.into());
+    loop {
+        if let Some(scenario) = scenario() {
+            let mut state = state();
+            let Some(devices) = state.sets.get(&(set as usize)).cloned() else {
+                return INVALID_ARGUMENT;
+            };
+            for index in devices {
+                let Some(device) = scenario.devices.get(index) else {
+                    continue;
+                };
+                let delivered = state.delivered.entry(index).or_insert(0);
+                if let Some(&xid) = device.xid_events.get(*delivered) {
+                    *delivered += 1;
+                    return put(
+                        data,
+                        nvmlEventData_t {
+                            device: handle_of(index),
+                            eventType: EVENT_TYPE_XID_CRITICAL_ERROR,
+                            eventData: xid,
+                            gpuInstanceId: 0xFFFF_FFFF,
+                            computeInstanceId: 0xFFFF_FFFF,
+                        },
+                    );
+                }
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return TIMEOUT;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    match state().sets.remove(&(set as usize)) {
+        Some(_) => SUCCESS,
+        None => INVALID_ARGUMENT,
+    }
+}
