@@ -605,3 +605,75 @@ fn absent_pod_resources_socket_logs_once_and_changes_nothing_else() {
     assert!(log.contains("/nonexistent/kubelet.sock"));
     assert_eq!(agent.get("/healthz").0, 200);
 }
+
+/// The nvidia-smi CSV a real GPU with the scenario's state would print.
+fn nvidia_smi_csv(scenario: &Value) -> String {
+    let mib = |v: &Value| v.as_u64().unwrap() >> 20;
+    scenario["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            format!(
+                "{i}, {}, {}, {}, {}, {}, {}, {}, {}, {:.2}, {}, {}, {}\n",
+                d["uuid"].as_str().unwrap(),
+                d["pci_bus_id"].as_str().unwrap(),
+                d["name"].as_str().unwrap(),
+                scenario["driver_version"].as_str().unwrap(),
+                mib(&d["memory"]["total"]),
+                mib(&d["memory"]["used"]),
+                mib(&d["memory"]["free"]),
+                d["temperature_c"],
+                d["power_mw"].as_f64().unwrap() / 1000.0,
+                d["sm_clock_mhz"],
+                d["mem_clock_mhz"],
+                d["utilization"]["gpu"],
+            )
+        })
+        .collect()
+}
+
+/// tests/gpu-smoke.sh's comparison, run on the fake GPUs: it must pass when the agent and
+/// nvidia-smi agree, and catch a field that does not.
+#[test]
+fn gpu_smoke_comparison_passes_on_agreement_and_catches_a_mismatch() {
+    let scenario = Scenario::new();
+    let agent = start(&scenario, "");
+    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "7")]).is_some()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (metrics, smi, log) = (
+        dir.path().join("metrics.txt"),
+        dir.path().join("smi.csv"),
+        dir.path().join("agent.log"),
+    );
+    std::fs::write(&metrics, agent.metrics()).unwrap();
+    std::fs::write(&log, agent.log()).unwrap();
+    let compare = |csv: &str| {
+        std::fs::write(&smi, csv).unwrap();
+        std::process::Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/gpu_smoke_compare.py"))
+            .args([&metrics, &smi, &log])
+            .output()
+            .unwrap()
+    };
+    let agree = compare(&nvidia_smi_csv(&scenario.value));
+    let report = String::from_utf8_lossy(&agree.stdout);
+    assert!(
+        agree.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&agree.stderr)
+    );
+    assert!(
+        report.contains("0 mismatch(es)") && report.contains("memory.total MiB"),
+        "{report}"
+    );
+
+    let mut hotter = scenario.value.clone();
+    hotter["devices"][1]["temperature_c"] = json!(90);
+    let disagree = compare(&nvidia_smi_csv(&hotter));
+    assert_eq!(disagree.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&disagree.stdout).contains("1 mismatch(es)"));
+}
