@@ -46,6 +46,7 @@ pub struct Config {
     pub models: Vec<ModelConfig>,
     pub verify: VerifySettings,
     pub nvml: NvmlSettings,
+    pub neuron: NeuronSettings,
     pub kubelet: KubeletSettings,
 }
 
@@ -58,6 +59,7 @@ impl Default for Config {
             models: Vec::new(),
             verify: VerifySettings::default(),
             nvml: NvmlSettings::default(),
+            neuron: NeuronSettings::default(),
             kubelet: KubeletSettings::default(),
         }
     }
@@ -180,11 +182,40 @@ impl Default for NvmlSettings {
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct NeuronSettings {
+    /// `auto`: on where `sysfs_root` exists.
+    pub enabled: Toggle,
+    pub sysfs_root: PathBuf,
+    /// The `instance_type` label; empty: what the driver reports in `info/architecture/instance_type`.
+    /// Set it from the node's `node.kubernetes.io/instance-type` label; the agent never asks the
+    /// instance metadata service.
+    pub instance_type: String,
+    /// Adds an `availability_zone` label (the node's `topology.kubernetes.io/zone`) when set.
+    pub availability_zone: String,
+}
+
+impl Default for NeuronSettings {
+    fn default() -> Self {
+        NeuronSettings {
+            enabled: Toggle::Auto,
+            sysfs_root: PathBuf::from("/sys/devices/virtual/neuron_device"),
+            instance_type: String::new(),
+            availability_zone: String::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct KubeletSettings {
     /// The kubelet pod-resources API (read-only), for the pod/namespace/container of each device.
     pub pod_resources_socket: PathBuf,
     /// Extended resource names whose devices are NVIDIA GPUs (device ids are GPU UUIDs).
     pub gpu_resource_names: Vec<String>,
+    /// Extended resources whose device ids are Neuron device indexes.
+    pub neuron_device_resource_names: Vec<String>,
+    /// Extended resources whose device ids are global NeuronCore indexes.
+    pub neuron_core_resource_names: Vec<String>,
     /// How often the assignments are listed again.
     #[serde(deserialize_with = "duration")]
     pub pod_resources_interval: Duration,
@@ -195,6 +226,11 @@ impl Default for KubeletSettings {
         KubeletSettings {
             pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
             gpu_resource_names: vec!["nvidia.com/gpu".into()],
+            neuron_device_resource_names: vec![
+                "aws.amazon.com/neuron".into(),
+                "aws.amazon.com/neurondevice".into(),
+            ],
+            neuron_core_resource_names: vec!["aws.amazon.com/neuroncore".into()],
             pod_resources_interval: Duration::from_secs(10),
         }
     }
@@ -548,6 +584,7 @@ mod tests {
                 "verify" => "{threads: 1}",
                 "log_format" => "json",
                 "nvml" => "{enabled: false}",
+                "neuron" => "{enabled: false}",
                 "kubelet" => "{gpu_resource_names: [nvidia.com/gpu]}",
                 _ => "x",
             };

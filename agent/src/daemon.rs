@@ -12,6 +12,7 @@ use crate::config::{Config, Toggle};
 use crate::gpu::GpuRuntime;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
 use crate::metrics::AgentMetrics;
+use crate::neuron;
 use crate::server::{self, AppState};
 
 /// How long the monitors get to stop after the signal: in-flight hashing is cancelled, not awaited.
@@ -89,9 +90,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             registry.clone(),
             assignments.clone(),
         );
-        tokio::task::spawn_blocking(move || GpuRuntime::start(&settings, &node, shared, &registry))
-            .await
-            .unwrap_or_else(|e| Err(format!("NVML start-up task failed: {e}")))
+        let resources = config.kubelet.gpu_resource_names.clone();
+        tokio::task::spawn_blocking(move || {
+            GpuRuntime::start(&settings, &node, shared, resources, &registry)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("NVML start-up task failed: {e}")))
     };
     let gpu = match gpu {
         Ok(gpu) => Some(gpu),
@@ -106,14 +110,37 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     };
     agent_metrics.set_up("nvml", gpu.is_some());
 
+    let neuron = neuron::start(
+        &config.neuron,
+        &config.kubelet,
+        assignments.clone(),
+        &registry,
+    );
+    if let Err(reason) = &neuron {
+        if config.neuron.enabled == Toggle::On {
+            tracing::error!(reason = %reason, "no Neuron collector (neuron.enabled: true)");
+        } else {
+            tracing::info!(reason = %reason, "no Neuron collector");
+        }
+    }
+    agent_metrics.set_up("neuron", neuron.is_ok());
+
     // Pod labels for devices: only worth asking the kubelet when there are devices to label.
-    let resource_names: Vec<String> = if gpu.is_some() {
-        config.kubelet.gpu_resource_names.clone()
-    } else {
-        Vec::new()
-    };
+    let kubelet = &config.kubelet;
+    let mut resource_names = Vec::new();
+    if gpu.is_some() {
+        resource_names.extend(kubelet.gpu_resource_names.iter().cloned());
+    }
+    if neuron.is_ok() {
+        resource_names.extend(
+            kubelet
+                .neuron_device_resource_names
+                .iter()
+                .chain(&kubelet.neuron_core_resource_names)
+                .cloned(),
+        );
+    }
     if !resource_names.is_empty() {
-        let kubelet = &config.kubelet;
         tasks.spawn(pod_resources::poll(
             kubelet.pod_resources_socket.clone(),
             resource_names,

@@ -10,4 +10,5 @@ pub mod daemon;
 pub mod gpu;
 pub mod kubelet;
 pub mod metrics;
+pub mod neuron;
 pub mod server;

@@ -36,13 +36,19 @@ pub async fn serve(
         .await
 }
 
+/// Gathering reads sysfs (the Neuron collector) and takes locks the NVML threads hold: it runs on
+/// a blocking thread, never on an async worker.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let registry = state.registry.clone();
+    let body = tokio::task::spawn_blocking(move || crate::metrics::encode(&registry))
+        .await
+        .unwrap_or_else(|e| format!("# gathering metrics failed: {e}\n"));
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::encode(&state.registry),
+        body,
     )
 }
 

@@ -433,99 +433,25 @@ fn lowercase_hostname_label_option() {
     });
 }
 
-/// A kubelet pod-resources server on a unix socket, answering `List` as a real kubelet does with
-/// the NVIDIA device plugin (device ids are GPU UUIDs).
-struct FakeKubelet {
-    dir: tempfile::TempDir,
-    _runtime: tokio::runtime::Runtime,
-}
-
-impl FakeKubelet {
-    fn serve(
-        response: mlnode_agent::kubelet::pod_resources::api::ListPodResourcesResponse,
-    ) -> FakeKubelet {
-        use mlnode_agent::kubelet::pod_resources::api::pod_resources_lister_server::{
-            PodResourcesLister, PodResourcesListerServer,
-        };
-        use mlnode_agent::kubelet::pod_resources::api::{
-            ListPodResourcesRequest, ListPodResourcesResponse,
-        };
-
-        struct Lister(ListPodResourcesResponse);
-        #[tonic::async_trait]
-        impl PodResourcesLister for Lister {
-            async fn list(
-                &self,
-                _: tonic::Request<ListPodResourcesRequest>,
-            ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
-                Ok(tonic::Response::new(self.0.clone()))
-            }
-        }
-
-        let dir = tempfile::tempdir().unwrap();
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let socket = dir.path().join("kubelet.sock");
-        let listener = runtime
-            .block_on(async { tokio::net::UnixListener::bind(&socket) })
-            .unwrap();
-        runtime.spawn(
-            tonic::transport::Server::builder()
-                .add_service(PodResourcesListerServer::new(Lister(response)))
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-        );
-        FakeKubelet {
-            dir,
-            _runtime: runtime,
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("kubelet.sock")
-    }
-}
-
 fn gpu3_assigned() -> mlnode_agent::kubelet::pod_resources::api::ListPodResourcesResponse {
-    use mlnode_agent::kubelet::pod_resources::api::*;
-    let container = |name: &str, resource: &str, ids: &[&str]| ContainerResources {
-        name: name.into(),
-        devices: vec![ContainerDevices {
-            resource_name: resource.into(),
-            device_ids: ids.iter().map(|s| s.to_string()).collect(),
-            topology: Some(TopologyInfo {
-                nodes: vec![NumaNode { id: 0 }],
-            }),
-        }],
-        cpu_ids: vec![2, 3],
-        memory: vec![],
-    };
-    ListPodResourcesResponse {
-        pod_resources: vec![
-            PodResources {
-                name: "vllm-llama-0".into(),
-                namespace: "inference".into(),
-                containers: vec![container(
-                    "vllm",
-                    "nvidia.com/gpu",
-                    &["GPU-00000003-1111-2222-3333-444444444443"],
-                )],
-            },
-            PodResources {
-                name: "fpga-job".into(),
-                namespace: "batch".into(),
-                containers: vec![container(
-                    "worker",
-                    "example.com/fpga",
-                    &["GPU-00000004-1111-2222-3333-444444444444"],
-                )],
-            },
-        ],
-    }
+    common::kubelet::response(&[
+        (
+            "vllm-llama-0",
+            "nvidia.com/gpu",
+            &["GPU-00000003-1111-2222-3333-444444444443"],
+        ),
+        (
+            "fpga-job",
+            "example.com/fpga",
+            &["GPU-00000004-1111-2222-3333-444444444444"],
+        ),
+    ])
 }
 
 #[test]
 fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
     let scenario = Scenario::new();
-    let kubelet = FakeKubelet::serve(gpu3_assigned());
+    let kubelet = common::kubelet::FakeKubelet::serve(gpu3_assigned());
     let extra = format!(
         "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
         kubelet.socket().display().to_string()
@@ -562,7 +488,7 @@ fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
 #[test]
 fn legacy_pod_label_names() {
     let scenario = Scenario::new();
-    let kubelet = FakeKubelet::serve(gpu3_assigned());
+    let kubelet = common::kubelet::FakeKubelet::serve(gpu3_assigned());
     let config = format!(
         "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pod_labels: legacy\nkubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
         fake_nvml().display().to_string(),

@@ -1,5 +1,7 @@
 //! docs/metrics.md and the exposition must list the same series with the same types.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -35,6 +37,15 @@ fn exposed() -> BTreeMap<String, String> {
     };
     cache.starting("m", Some("r"), 1);
     register_gpu(&registry);
+    let tree = common::neuron::NeuronTree::new("inf2.xlarge", 1, 2);
+    // One counter reset and one unreadable file, so those families have samples too.
+    register_neuron(&registry, &tree);
+    mlnode_agent::metrics::encode(&registry);
+    common::neuron::write(&tree.core_stats(0, 0).join("other_info/inference_count"), 0);
+    common::neuron::write(
+        &tree.core_stats(0, 0).join("other_info/model_load_count"),
+        "garbage",
+    );
     cache.observe(
         "m",
         &report,
@@ -83,8 +94,24 @@ fn register_gpu(registry: &prometheus::Registry) {
     let collector = mlnode_agent::gpu::collector::GpuCollector::new(
         std::sync::Arc::new(std::sync::Mutex::new(state)),
         Default::default(),
+        Vec::new(),
         Default::default(),
         true,
+    )
+    .unwrap();
+    registry.register(Box::new(collector)).unwrap();
+}
+
+fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::NeuronTree) {
+    let settings = mlnode_agent::config::NeuronSettings {
+        sysfs_root: tree.root().to_path_buf(),
+        ..Default::default()
+    };
+    let collector = mlnode_agent::neuron::collector::NeuronCollector::new(
+        settings,
+        Default::default(),
+        vec![],
+        vec![],
     )
     .unwrap();
     registry.register(Box::new(collector)).unwrap();

@@ -6,11 +6,12 @@
 use std::sync::{Arc, Mutex};
 
 use prometheus::core::{Collector, Desc};
-use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::proto::{MetricFamily, MetricType};
 
 use super::state::{GpuEntry, GpuState};
 use super::{GpuIdentity, CLOCK_EVENT_REASONS};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
+use crate::metrics::family::{with_label, Families};
 
 const MIB: u64 = 1 << 20;
 
@@ -27,6 +28,8 @@ pub struct LabelStyle {
 pub struct GpuCollector {
     state: Arc<Mutex<GpuState>>,
     assignments: SharedAssignments,
+    /// Extended resources whose device ids are GPU UUIDs (`nvidia.com/gpu`).
+    resource_names: Vec<String>,
     style: LabelStyle,
     dcgm_names: bool,
     descs: Vec<Desc>,
@@ -175,6 +178,7 @@ impl GpuCollector {
     pub fn new(
         state: Arc<Mutex<GpuState>>,
         assignments: SharedAssignments,
+        resource_names: Vec<String>,
         style: LabelStyle,
         dcgm_names: bool,
     ) -> prometheus::Result<GpuCollector> {
@@ -196,6 +200,7 @@ impl GpuCollector {
         Ok(GpuCollector {
             state,
             assignments,
+            resource_names,
             style,
             dcgm_names,
             descs,
@@ -220,7 +225,7 @@ impl GpuCollector {
         if let Some(hostname) = &self.style.lowercase_hostname {
             labels.push(("hostname", hostname.clone()));
         }
-        if let Some(a) = assignments.get(&identity.uuid) {
+        if let Some(a) = assignments.find(&self.resource_names, &identity.uuid) {
             let names = if self.style.legacy_pod_labels {
                 ["pod_name", "pod_namespace", "container_name"]
             } else {
@@ -232,70 +237,6 @@ impl GpuCollector {
         }
         labels
     }
-}
-
-/// Collects the samples of one scrape, family by family.
-#[derive(Default)]
-struct Families(std::collections::BTreeMap<&'static str, Vec<Metric>>);
-
-impl Families {
-    fn gauge(&mut self, name: &'static str, labels: &[(&'static str, String)], value: f64) {
-        let mut gauge = Gauge::default();
-        gauge.set_value(value);
-        let mut metric = Metric::from_gauge(gauge);
-        metric.set_label(label_pairs(labels));
-        self.0.entry(name).or_default().push(metric);
-    }
-
-    fn counter(&mut self, name: &'static str, labels: &[(&'static str, String)], value: f64) {
-        let mut counter = Counter::default();
-        counter.set_value(value);
-        let mut metric = Metric::default();
-        metric.set_counter(counter);
-        metric.set_label(label_pairs(labels));
-        self.0.entry(name).or_default().push(metric);
-    }
-
-    fn into_families(self, dcgm_names: bool) -> Vec<MetricFamily> {
-        let known = FAMILIES.iter().chain(if dcgm_names {
-            DCGM_FAMILIES.iter()
-        } else {
-            [].iter()
-        });
-        let mut metrics = self.0;
-        known
-            .filter_map(|(name, help, kind)| {
-                let samples = metrics.remove(name)?;
-                let mut family = MetricFamily::default();
-                family.set_name(name.to_string());
-                family.set_help(help.to_string());
-                family.set_field_type(*kind);
-                family.set_metric(samples);
-                Some(family)
-            })
-            .collect()
-    }
-}
-
-fn label_pairs(labels: &[(&'static str, String)]) -> Vec<LabelPair> {
-    labels
-        .iter()
-        .map(|(name, value)| {
-            let mut pair = LabelPair::default();
-            pair.set_name(name.to_string());
-            pair.set_value(value.clone());
-            pair
-        })
-        .collect()
-}
-
-fn with(
-    labels: &[(&'static str, String)],
-    extra: (&'static str, String),
-) -> Vec<(&'static str, String)> {
-    let mut all = labels.to_vec();
-    all.push(extra);
-    all
 }
 
 impl Collector for GpuCollector {
@@ -323,7 +264,11 @@ impl Collector for GpuCollector {
                 self.collect_reading(reading, &labels, &mut out);
             }
         }
-        out.into_families(self.dcgm_names)
+        out.into_families(FAMILIES.iter().chain(if self.dcgm_names {
+            DCGM_FAMILIES.iter()
+        } else {
+            [].iter()
+        }))
     }
 }
 
@@ -338,7 +283,7 @@ impl GpuCollector {
         for (xid, count) in &entry.xids {
             out.counter(
                 "mlnode_gpu_xid_errors_total",
-                &with(labels, ("xid", xid.to_string())),
+                &with_label(labels, "xid", &xid.to_string()),
                 *count as f64,
             );
         }
@@ -360,7 +305,7 @@ impl GpuCollector {
             for (seconds, (_, reason)) in entry.reason_seconds.iter().zip(CLOCK_EVENT_REASONS) {
                 out.counter(
                     "mlnode_gpu_clock_event_reason_seconds_total",
-                    &with(labels, ("reason", reason.to_string())),
+                    &with_label(labels, "reason", reason),
                     *seconds,
                 );
             }
@@ -393,7 +338,7 @@ impl GpuCollector {
             for (bit, reason) in CLOCK_EVENT_REASONS {
                 out.gauge(
                     "mlnode_gpu_clock_event_reason_active",
-                    &with(labels, ("reason", reason.to_string())),
+                    &with_label(labels, "reason", reason),
                     f64::from(u8::from(mask & bit != 0)),
                 );
             }

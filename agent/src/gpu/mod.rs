@@ -73,6 +73,7 @@ impl GpuRuntime {
         settings: &NvmlSettings,
         node_name: &str,
         assignments: SharedAssignments,
+        resource_names: Vec<String>,
         registry: &prometheus::Registry,
     ) -> Result<GpuRuntime, String> {
         if settings.enabled == Toggle::Off {
@@ -86,9 +87,14 @@ impl GpuRuntime {
                 .then(|| node_name.to_string()),
             legacy_pod_labels: settings.pod_labels == "legacy",
         };
-        let collector =
-            collector::GpuCollector::new(state.clone(), assignments, style, settings.dcgm_names)
-                .map_err(|e| e.to_string())?;
+        let collector = collector::GpuCollector::new(
+            state.clone(),
+            assignments,
+            resource_names,
+            style,
+            settings.dcgm_names,
+        )
+        .map_err(|e| e.to_string())?;
         registry
             .register(Box::new(collector))
             .map_err(|e| e.to_string())?;

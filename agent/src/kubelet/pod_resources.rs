@@ -24,8 +24,27 @@ pub struct Assignment {
     pub container: String,
 }
 
-/// Device id (a GPU UUID, a Neuron device index) → its container, for the resource names asked for.
-pub type Assignments = BTreeMap<String, Assignment>;
+/// (resource name, device id) → the container holding it. Device ids are only unique within a
+/// resource: `aws.amazon.com/neuron` "3" is device 3, `aws.amazon.com/neuroncore` "3" is core 3.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignments(BTreeMap<(String, String), Assignment>);
+
+impl Assignments {
+    /// The container holding device `id` under any of `resources`.
+    pub fn find(&self, resources: &[String], id: &str) -> Option<&Assignment> {
+        resources
+            .iter()
+            .find_map(|r| self.0.get(&(r.clone(), id.to_string())))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// Shared between the poller and the collectors that label by it.
 pub type SharedAssignments = Arc<Mutex<Assignments>>;
@@ -71,7 +90,7 @@ pub fn assignments(
     response: &api::ListPodResourcesResponse,
     resource_names: &[String],
 ) -> Assignments {
-    let mut out = Assignments::new();
+    let mut out = Assignments::default();
     for pod in &response.pod_resources {
         for container in &pod.containers {
             for devices in container
@@ -81,11 +100,13 @@ pub fn assignments(
             {
                 for id in &devices.device_ids {
                     let device = id.split("::").next().unwrap_or(id).to_string();
-                    out.entry(device).or_insert_with(|| Assignment {
-                        pod: pod.name.clone(),
-                        namespace: pod.namespace.clone(),
-                        container: container.name.clone(),
-                    });
+                    out.0
+                        .entry((devices.resource_name.clone(), device))
+                        .or_insert_with(|| Assignment {
+                            pod: pod.name.clone(),
+                            namespace: pod.namespace.clone(),
+                            container: container.name.clone(),
+                        });
                 }
             }
         }
@@ -132,7 +153,7 @@ pub async fn poll(
                     tracing::warn!(error = %reason, "no pod labels on devices: the kubelet pod-resources API is not available");
                     failing = Some(reason);
                 }
-                shared.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                *shared.lock().unwrap_or_else(|p| p.into_inner()) = Assignments::default();
             }
         }
     }
@@ -174,13 +195,20 @@ mod tests {
                 pod("vllm-1", "vllm", "nvidia.com/gpu", &["GPU-bbb::4"]),
             ],
         };
-        let found = assignments(&response, &["nvidia.com/gpu".to_string()]);
+        let gpus = ["nvidia.com/gpu".to_string()];
+        let found = assignments(&response, &gpus);
         assert_eq!(found.len(), 2);
-        assert_eq!(found["GPU-aaa"].pod, "vllm-0");
+        assert_eq!(found.find(&gpus, "GPU-aaa").unwrap().pod, "vllm-0");
         assert_eq!(
-            found["GPU-bbb"].pod, "vllm-0",
+            found.find(&gpus, "GPU-bbb").unwrap().pod,
+            "vllm-0",
             "first listed container wins for a shared GPU"
         );
-        assert!(!found.contains_key("fpga-1"));
+        assert!(
+            found
+                .find(&["example.com/fpga".to_string()], "fpga-1")
+                .is_none(),
+            "only resources asked for"
+        );
     }
 }

@@ -5,6 +5,8 @@
 //! that produces it (`cache::metrics` for the model caches) and is registered in one place,
 //! [`crate::daemon`].
 
+pub mod family;
+
 use prometheus::{IntGaugeVec, Opts, Registry};
 
 /// A registry whose every series is labelled `Hostname=<node_name>`.

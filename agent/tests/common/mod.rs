@@ -2,6 +2,8 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod agent;
+pub mod kubelet;
+pub mod neuron;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

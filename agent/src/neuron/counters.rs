@@ -1,0 +1,56 @@
+//! Keeps exported counters monotonic. The Neuron driver resets a sysfs counter when something
+//! writes to it (and on driver reload); Prometheus would read a drop as a counter reset anyway,
+//! but `rate()` over a window with a reset and a following rise is wrong by the amount before it.
+//! So each counter is exported as `offset + raw`, the offset growing by the last raw value at each
+//! reset, and the resets themselves are counted.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Which counter: device, core (None for device-level), kind of path, name.
+pub type CounterKey = (u32, Option<u32>, &'static str, String);
+
+#[derive(Default)]
+pub struct MonotonicCounters {
+    seen: HashMap<CounterKey, (u64, u64)>,
+    resets: BTreeMap<&'static str, u64>,
+}
+
+impl MonotonicCounters {
+    /// The value to export for a raw reading of `key`.
+    pub fn observe(&mut self, key: CounterKey, raw: u64) -> u64 {
+        let kind = key.2;
+        let (last, offset) = self.seen.entry(key).or_insert((raw, 0));
+        if raw < *last {
+            *offset += *last;
+            *self.resets.entry(kind).or_default() += 1;
+        }
+        *last = raw;
+        *offset + raw
+    }
+
+    /// Resets seen so far, per kind of path.
+    pub fn resets(&self) -> &BTreeMap<&'static str, u64> {
+        &self.resets
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reset_never_takes_the_counter_backwards_and_is_counted() {
+        let mut counters = MonotonicCounters::default();
+        let key = || (0, Some(1), "status", "completed".to_string());
+        assert_eq!(counters.observe(key(), 100), 100);
+        assert_eq!(counters.observe(key(), 150), 150);
+        assert_eq!(counters.observe(key(), 0), 150, "reset to 0");
+        assert_eq!(counters.observe(key(), 7), 157);
+        assert_eq!(
+            counters.observe((1, Some(1), "status", "completed".into()), 5),
+            5,
+            "other keys unaffected"
+        );
+        assert_eq!(counters.resets()["status"], 1);
+    }
+}
