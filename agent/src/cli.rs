@@ -310,7 +310,10 @@ fn serve(args: ServeArgs) -> ExitCode {
 /// Text on a terminal, JSON in a container's log; `RUST_LOG` filters (default `info`).
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // kube logs each failed request itself; the agent reports (and rate-limits) those errors.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+        });
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,

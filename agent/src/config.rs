@@ -48,6 +48,7 @@ pub struct Config {
     pub nvml: NvmlSettings,
     pub neuron: NeuronSettings,
     pub kubelet: KubeletSettings,
+    pub readiness: ReadinessSettings,
 }
 
 impl Default for Config {
@@ -61,6 +62,7 @@ impl Default for Config {
             nvml: NvmlSettings::default(),
             neuron: NeuronSettings::default(),
             kubelet: KubeletSettings::default(),
+            readiness: ReadinessSettings::default(),
         }
     }
 }
@@ -232,6 +234,46 @@ impl Default for KubeletSettings {
             ],
             neuron_core_resource_names: vec!["aws.amazon.com/neuroncore".into()],
             pod_resources_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaintMode {
+    /// Remove the taint once, the first time every gate passes; never add it back.
+    BootstrapOnly,
+    /// Keep the taint exactly while a gate fails (a corrupted cache drains new pods away).
+    Continuous,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadinessSettings {
+    /// `auto`: on where a Kubernetes config is found (in-cluster or KUBECONFIG).
+    pub enabled: Toggle,
+    /// `key[=value]:Effect` of a taint to remove when every gate first passes; empty: none.
+    pub startup_taint: String,
+    pub taint_mode: TaintMode,
+    /// XIDs that fail `AcceleratorHealthy` (NVIDIA's "reset the GPU or drain the node" list).
+    pub fatal_xids: Vec<u64>,
+    /// How often the gates are evaluated.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Conditions are rewritten at least this often even when unchanged.
+    #[serde(deserialize_with = "duration")]
+    pub heartbeat: Duration,
+}
+
+impl Default for ReadinessSettings {
+    fn default() -> Self {
+        ReadinessSettings {
+            enabled: Toggle::Auto,
+            startup_taint: String::new(),
+            taint_mode: TaintMode::BootstrapOnly,
+            fatal_xids: vec![48, 62, 63, 64, 74, 79, 92, 94, 95],
+            interval: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(300),
         }
     }
 }
@@ -454,6 +496,17 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
     if verify.stall_timeout < Duration::from_secs(10) {
         return Err(("verify.stall_timeout".into(), "must be at least 10s".into()));
     }
+    let readiness = &config.readiness;
+    if !readiness.startup_taint.is_empty() {
+        crate::readiness::node::parse_taint(&readiness.startup_taint)
+            .map_err(|reason| ("readiness.startup_taint".to_string(), reason))?;
+    }
+    if readiness.interval < Duration::from_millis(100) || readiness.heartbeat < readiness.interval {
+        return Err((
+            "readiness.interval".into(),
+            "must be at least 100ms and at most readiness.heartbeat".into(),
+        ));
+    }
     let nvml = &config.nvml;
     if !["Hostname", "hostname"].contains(&nvml.hostname_label.as_str()) {
         return Err((
@@ -585,6 +638,7 @@ mod tests {
                 "log_format" => "json",
                 "nvml" => "{enabled: false}",
                 "neuron" => "{enabled: false}",
+                "readiness" => "{taint_mode: continuous}",
                 "kubelet" => "{gpu_resource_names: [nvidia.com/gpu]}",
                 _ => "x",
             };

@@ -13,6 +13,7 @@ use crate::gpu::GpuRuntime;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
 use crate::metrics::AgentMetrics;
 use crate::neuron;
+use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::server::{self, AppState};
 
 /// How long the monitors get to stop after the signal: in-flight hashing is cancelled, not awaited.
@@ -33,6 +34,85 @@ pub enum DaemonError {
     Signal(std::io::Error),
     #[error("HTTP server failed: {0}")]
     Server(std::io::Error),
+}
+
+/// A client for the in-cluster or KUBECONFIG API server. kube's own retry of 503s (15 tries, up to
+/// minutes apart) is off: the readiness loop has its own backoff and must keep evaluating gates.
+async fn kube_client() -> Result<kube::Client, String> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(|e| format!("no Kubernetes API: {e}"))?;
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| format!("cannot build a Kubernetes client: {e}"))
+}
+
+/// Starts the readiness controller where it can talk to the API server. `auto` means in-cluster
+/// only: a laptop's kubeconfig must not make `cargo run -- serve` patch some cluster's node.
+#[allow(clippy::too_many_arguments)]
+async fn start_readiness(
+    config: &Config,
+    registry: &prometheus::Registry,
+    agent_metrics: &AgentMetrics,
+    models: &[Arc<ModelState>],
+    gpu: Option<&GpuRuntime>,
+    neuron_running: bool,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<(), DaemonError> {
+    let settings = &config.readiness;
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let client = match settings.enabled {
+        Toggle::Off => Err("disabled (readiness.enabled: false)".to_string()),
+        Toggle::Auto if !in_cluster => Err(
+            "not running in a cluster (set readiness.enabled: true to use a kubeconfig)"
+                .to_string(),
+        ),
+        _ => kube_client().await,
+    };
+    let client = match client {
+        Ok(client) => client,
+        Err(reason) => {
+            if settings.enabled == Toggle::On {
+                tracing::error!(reason = %reason, "no node readiness gates (readiness.enabled: true)");
+            } else {
+                tracing::info!(reason = %reason, "no node readiness gates");
+            }
+            agent_metrics.set_up("readiness", false);
+            return Ok(());
+        }
+    };
+    let mut missing = Vec::new();
+    if config.nvml.enabled == Toggle::On && gpu.is_none() {
+        missing.push("nvml collector required (nvml.enabled: true) but not running".to_string());
+    }
+    if config.neuron.enabled == Toggle::On && !neuron_running {
+        missing
+            .push("neuron collector required (neuron.enabled: true) but not running".to_string());
+    }
+    let sources = Sources {
+        models: models.to_vec(),
+        gpu: gpu.map(|g| g.state.clone()),
+        neuron_root: neuron_running.then(|| config.neuron.sysfs_root.clone()),
+        missing_collectors: missing,
+    };
+    let metrics = ReadinessMetrics::register(registry)?;
+    match Controller::new(
+        client,
+        config.node_name.clone(),
+        settings.clone(),
+        sources,
+        metrics,
+    ) {
+        Ok(controller) => {
+            tasks.spawn(controller.run(shutdown.child_token()));
+            agent_metrics.set_up("readiness", true);
+        }
+        Err(reason) => {
+            tracing::error!(reason = %reason, "no node readiness gates");
+            agent_metrics.set_up("readiness", false);
+        }
+    }
+    Ok(())
 }
 
 pub async fn run(config: Config) -> Result<(), DaemonError> {
@@ -140,6 +220,18 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 .cloned(),
         );
     }
+    start_readiness(
+        &config,
+        &registry,
+        &agent_metrics,
+        &models,
+        gpu.as_ref(),
+        neuron.is_ok(),
+        &mut tasks,
+        &shutdown,
+    )
+    .await?;
+
     if !resource_names.is_empty() {
         tasks.spawn(pod_resources::poll(
             kubelet.pod_resources_socket.clone(),

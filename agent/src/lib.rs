@@ -11,4 +11,5 @@ pub mod gpu;
 pub mod kubelet;
 pub mod metrics;
 pub mod neuron;
+pub mod readiness;
 pub mod server;

@@ -37,6 +37,9 @@ fn exposed() -> BTreeMap<String, String> {
     };
     cache.starting("m", Some("r"), 1);
     register_gpu(&registry);
+    let readiness =
+        mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();
+    readiness.set_gate("ModelCacheVerified", true);
     let tree = common::neuron::NeuronTree::new("inf2.xlarge", 1, 2);
     // One counter reset and one unreadable file, so those families have samples too.
     register_neuron(&registry, &tree);

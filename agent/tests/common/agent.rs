@@ -33,7 +33,7 @@ impl Agent {
             .arg("serve")
             .arg("--config")
             .arg(&config)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info,kube_client::client::builder=off")
             .envs(env.iter().map(|(k, v)| (*k, *v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod agent;
+pub mod kube;
 pub mod kubelet;
 pub mod neuron;
 

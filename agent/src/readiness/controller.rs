@@ -1,0 +1,353 @@
+//! The readiness loop: decide the gates, write them to the node when they change (or every
+//! heartbeat), post a Node event for each change, and manage the startup taint. API errors back
+//! off and retry; nothing is written that the agent does not know to be true.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Taint};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::gates::{self, AcceleratorFacts, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
+use super::node::{conditions_patch, differs, own_conditions, taint_patch};
+use crate::cache::monitor::ModelState;
+use crate::config::{ReadinessSettings, TaintMode};
+use crate::gpu::state::GpuState;
+
+const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
+/// Retries of the taint's test-and-replace when the list changed between read and write.
+const TAINT_ATTEMPTS: usize = 5;
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// `mlnode_readiness_gate{gate}` and `mlnode_node_condition_updates_total{result}`.
+#[derive(Clone)]
+pub struct ReadinessMetrics {
+    gate: IntGaugeVec,
+    updates: IntCounterVec,
+}
+
+impl ReadinessMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<ReadinessMetrics> {
+        let gate = IntGaugeVec::new(
+            Opts::new(
+                "mlnode_readiness_gate",
+                "1 when the readiness gate passes, 0 when it fails.",
+            ),
+            &["gate"],
+        )?;
+        let updates = IntCounterVec::new(
+            Opts::new(
+                "mlnode_node_condition_updates_total",
+                "Node condition syncs: written (a change or the heartbeat), skipped (nothing to write), error (the API server refused or was unreachable).",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(gate.clone()))?;
+        registry.register(Box::new(updates.clone()))?;
+        for result in ["written", "skipped", "error"] {
+            updates.with_label_values(&[result]).inc_by(0);
+        }
+        Ok(ReadinessMetrics { gate, updates })
+    }
+
+    pub fn set_gate(&self, gate: &str, ok: bool) {
+        self.gate.with_label_values(&[gate]).set(i64::from(ok));
+    }
+}
+
+/// Where the gates' facts come from.
+pub struct Sources {
+    pub models: Vec<Arc<ModelState>>,
+    pub gpu: Option<Arc<Mutex<GpuState>>>,
+    pub neuron_root: Option<PathBuf>,
+    /// Collectors required (`enabled: true`) but not running, with why.
+    pub missing_collectors: Vec<String>,
+}
+
+pub struct Controller {
+    nodes: Api<Node>,
+    events: Api<Event>,
+    node_name: String,
+    settings: ReadinessSettings,
+    taint: Option<Taint>,
+    fatal_xids: BTreeSet<u64>,
+    sources: Sources,
+    metrics: ReadinessMetrics,
+}
+
+/// What the loop remembers between rounds.
+#[derive(Default)]
+struct Memory {
+    /// The agent's conditions as the node last showed them.
+    conditions: Option<BTreeMap<String, NodeCondition>>,
+    last_write: Option<Instant>,
+    /// Whether the node had our taint when last seen.
+    taint_present: Option<bool>,
+    taint_removed_once: bool,
+    /// Neuron uncorrected-ECC counts when the agent started: only new errors fail the gate.
+    ecc_baseline: Option<BTreeMap<u32, u64>>,
+}
+
+impl Controller {
+    pub fn new(
+        client: kube::Client,
+        node_name: String,
+        settings: ReadinessSettings,
+        sources: Sources,
+        metrics: ReadinessMetrics,
+    ) -> Result<Controller, String> {
+        let taint = match settings.startup_taint.as_str() {
+            "" => None,
+            text => Some(super::node::parse_taint(text)?),
+        };
+        Ok(Controller {
+            nodes: Api::all(client.clone()),
+            events: Api::namespaced(client, "default"),
+            fatal_xids: settings.fatal_xids.iter().copied().collect(),
+            node_name,
+            settings,
+            taint,
+            sources,
+            metrics,
+        })
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut memory = Memory::default();
+        let mut backoff = Duration::from_secs(1);
+        let mut last_error = String::new();
+        loop {
+            let gates = self.gates(&mut memory);
+            for gate in &gates {
+                self.metrics.set_gate(gate.condition_type, gate.ok);
+            }
+            let wait = match self.sync(&gates, &mut memory).await {
+                Ok(()) => {
+                    if !last_error.is_empty() {
+                        tracing::info!(node = %self.node_name, "API server reachable again; node conditions in sync");
+                        last_error.clear();
+                    }
+                    backoff = Duration::from_secs(1);
+                    self.settings.interval
+                }
+                Err(e) => {
+                    self.metrics.updates.with_label_values(&["error"]).inc();
+                    let message = e.to_string();
+                    if message != last_error {
+                        tracing::warn!(node = %self.node_name, error = %message, retry_in = ?backoff, "cannot sync node conditions");
+                        last_error = message;
+                    }
+                    // The node object may have moved on: read it again next time.
+                    memory.conditions = None;
+                    let wait = backoff;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    wait
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    fn gates(&self, memory: &mut Memory) -> Vec<Gate> {
+        let models: Vec<(String, _)> = self
+            .sources
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.readiness()))
+            .collect();
+        let mut facts = AcceleratorFacts {
+            missing_collectors: self.sources.missing_collectors.clone(),
+            ..Default::default()
+        };
+        if let Some(gpu) = &self.sources.gpu {
+            let state = gpu.lock().unwrap_or_else(|p| p.into_inner());
+            facts.gpus = state.gpus.len();
+            for (index, entry) in &state.gpus {
+                if entry.lost {
+                    let uuid = entry
+                        .identity
+                        .as_ref()
+                        .map(|i| i.uuid.clone())
+                        .unwrap_or_default();
+                    facts.lost_gpus.push((*index, uuid));
+                }
+                if !entry.xids.is_empty() {
+                    facts
+                        .xids
+                        .insert(*index, entry.xids.keys().copied().collect());
+                }
+            }
+        }
+        if let Some(root) = &self.sources.neuron_root {
+            let snapshot = crate::neuron::sysfs::read(root);
+            facts.neuron_devices = snapshot.devices.len();
+            let now: BTreeMap<u32, u64> = snapshot
+                .devices
+                .iter()
+                .map(|d| {
+                    (
+                        d.index,
+                        ["mem_ecc_uncorrected", "sram_ecc_uncorrected"]
+                            .iter()
+                            .filter_map(|e| d.hardware.get(*e))
+                            .sum(),
+                    )
+                })
+                .collect();
+            let baseline = memory.ecc_baseline.get_or_insert_with(|| now.clone());
+            facts.neuron_uncorrected_ecc = now
+                .iter()
+                .map(|(d, n)| (*d, n.saturating_sub(baseline.get(d).copied().unwrap_or(0))))
+                .collect();
+        }
+        vec![
+            gates::model_cache_gate(&models),
+            gates::accelerator_gate(&facts, &self.fatal_xids),
+        ]
+    }
+
+    async fn sync(&self, gates: &[Gate], memory: &mut Memory) -> Result<(), kube::Error> {
+        if memory.conditions.is_none() || (self.taint.is_some() && memory.taint_present.is_none()) {
+            let node = self.nodes.get(&self.node_name).await?;
+            memory.conditions = Some(own_conditions(&node, &OWN_TYPES));
+            memory.taint_present = self.taint.as_ref().map(|t| has_taint(&node, t));
+        }
+        let current = memory.conditions.clone().unwrap_or_default();
+        let changed: Vec<&Gate> = gates
+            .iter()
+            .filter(|g| differs(g, current.get(g.condition_type)))
+            .collect();
+        let heartbeat_due = memory
+            .last_write
+            .is_none_or(|t| t.elapsed() >= self.settings.heartbeat);
+        if changed.is_empty() && !heartbeat_due {
+            self.metrics.updates.with_label_values(&["skipped"]).inc();
+        } else {
+            let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+            let body = conditions_patch(gates, &current, &now);
+            let node = self
+                .nodes
+                .patch_status(
+                    &self.node_name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(body),
+                )
+                .await?;
+            self.metrics.updates.with_label_values(&["written"]).inc();
+            memory.conditions = Some(own_conditions(&node, &OWN_TYPES));
+            memory.last_write = Some(Instant::now());
+            for gate in changed {
+                tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.ok, reason = %gate.reason, message = %gate.message, "node condition changed");
+                let kind = if gate.ok { "Normal" } else { "Warning" };
+                self.event(
+                    kind,
+                    &gate.reason,
+                    &format!("{}: {}", gate.condition_type, gate.message),
+                )
+                .await;
+            }
+        }
+        self.sync_taint(gates.iter().all(|g| g.ok), memory).await
+    }
+
+    /// Bootstrap-only: removes the taint once, the first time every gate passes. Continuous: the
+    /// taint is present exactly while a gate fails.
+    async fn sync_taint(&self, all_ok: bool, memory: &mut Memory) -> Result<(), kube::Error> {
+        let Some(taint) = &self.taint else {
+            return Ok(());
+        };
+        let want_present = match self.settings.taint_mode {
+            TaintMode::BootstrapOnly if memory.taint_removed_once || !all_ok => return Ok(()),
+            TaintMode::BootstrapOnly => false,
+            TaintMode::Continuous => !all_ok,
+        };
+        if memory.taint_present == Some(want_present) {
+            return Ok(());
+        }
+        for attempt in 1..=TAINT_ATTEMPTS {
+            let node = self.nodes.get(&self.node_name).await?;
+            let Some(patch) = taint_patch(&node, taint, want_present) else {
+                break;
+            };
+            let patch: json_patch::Patch =
+                serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+            match self
+                .nodes
+                .patch(
+                    &self.node_name,
+                    &PatchParams::default(),
+                    &Patch::Json::<()>(patch),
+                )
+                .await
+            {
+                Ok(_) => break,
+                // The list changed between our read and our write: read it again.
+                Err(kube::Error::Api(status))
+                    if (status.code == 409 || status.code == 422) && attempt < TAINT_ATTEMPTS =>
+                {
+                    tracing::debug!(attempt, "taint list changed under us; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        memory.taint_present = Some(want_present);
+        let (reason, verb) = if want_present {
+            ("StartupTaintAdded", "added")
+        } else {
+            ("StartupTaintRemoved", "removed")
+        };
+        if !want_present {
+            memory.taint_removed_once = true;
+        }
+        tracing::info!(node = %self.node_name, taint = %taint.key, "startup taint {verb}");
+        self.event(
+            "Normal",
+            reason,
+            &format!("taint {}:{} {verb}", taint.key, taint.effect),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// A Node event, as node-problem-detector posts them; failures are logged, never fatal.
+    async fn event(&self, kind: &str, reason: &str, message: &str) {
+        let now = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+        let event: Event = match serde_json::from_value(json!({
+            "metadata": {"generateName": format!("{}.", self.node_name), "namespace": "default"},
+            "involvedObject": {"kind": "Node", "apiVersion": "v1", "name": self.node_name, "uid": self.node_name},
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": "mlnode-agent", "host": self.node_name},
+            "reportingComponent": "mlnode-agent",
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        })) {
+            Ok(event) => event,
+            Err(e) => return tracing::warn!(error = %e, "cannot build a Node event"),
+        };
+        if let Err(e) = self.events.create(&PostParams::default(), &event).await {
+            tracing::warn!(error = %e, reason, "cannot post a Node event");
+        }
+    }
+}
+
+fn has_taint(node: &Node, taint: &Taint) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|list| {
+            list.iter()
+                .any(|t| t.key == taint.key && t.effect == taint.effect)
+        })
+}

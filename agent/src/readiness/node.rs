@@ -1,0 +1,216 @@
+//! The exact requests the gates turn into, as plain JSON: a strategic-merge patch of `nodes/status`
+//! that carries only the agent's own condition types (conditions merge on `type`, so kubelet's are
+//! never touched), and a JSON patch of `/spec/taints` guarded by a `test` of the list it read
+//! (taints are an atomic list: a blind write would drop a taint another controller just added).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use serde_json::{json, Value};
+
+use super::gates::Gate;
+
+/// `key[=value]:Effect`, as kubectl and `--register-with-taints` write a taint.
+pub fn parse_taint(text: &str) -> Result<Taint, String> {
+    let (key_value, effect) = text.rsplit_once(':').ok_or_else(|| {
+        format!("{text:?}: expected key[=value]:Effect, such as mlnode.dev/not-ready:NoSchedule")
+    })?;
+    if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect) {
+        return Err(format!(
+            "{text:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
+        ));
+    }
+    let (key, value) = match key_value.split_once('=') {
+        Some((key, value)) => (key, Some(value.to_string())),
+        None => (key_value, None),
+    };
+    if key.is_empty() {
+        return Err(format!("{text:?}: the taint key is empty"));
+    }
+    Ok(Taint {
+        key: key.into(),
+        value,
+        effect: effect.into(),
+        time_added: None,
+    })
+}
+
+fn same_taint(a: &Taint, b: &Taint) -> bool {
+    a.key == b.key && a.effect == b.effect
+}
+
+/// The agent's own conditions as the node has them now, by type.
+pub fn own_conditions(node: &Node, types: &[&str]) -> BTreeMap<String, NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| types.contains(&c.type_.as_str()))
+        .map(|c| (c.type_.clone(), c.clone()))
+        .collect()
+}
+
+/// Whether `gate` says something other than the node's current condition of its type.
+pub fn differs(gate: &Gate, current: Option<&NodeCondition>) -> bool {
+    current.is_none_or(|c| {
+        c.status != status_word(gate.ok)
+            || c.reason.as_deref() != Some(gate.reason.as_str())
+            || c.message.as_deref() != Some(gate.message.as_str())
+    })
+}
+
+fn status_word(ok: bool) -> &'static str {
+    if ok {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+/// The strategic-merge patch body for `nodes/<name>/status`. `lastTransitionTime` moves only when
+/// the status flips; `lastHeartbeatTime` is `now`.
+pub fn conditions_patch(
+    gates: &[Gate],
+    current: &BTreeMap<String, NodeCondition>,
+    now: &str,
+) -> Value {
+    let conditions: Vec<Value> = gates
+        .iter()
+        .map(|gate| {
+            let status = status_word(gate.ok);
+            let transition = current
+                .get(gate.condition_type)
+                .filter(|c| c.status == status)
+                .and_then(|c| c.last_transition_time.as_ref())
+                .and_then(|t| serde_json::to_value(t).ok())
+                .unwrap_or_else(|| json!(now));
+            json!({
+                "type": gate.condition_type,
+                "status": status,
+                "reason": gate.reason,
+                "message": gate.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": transition,
+            })
+        })
+        .collect();
+    json!({ "status": { "conditions": conditions } })
+}
+
+/// The JSON patch that makes `taint` present (or absent) on `node`, or None when it already is.
+pub fn taint_patch(node: &Node, taint: &Taint, present: bool) -> Option<Value> {
+    let current = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+    let has = current.is_some_and(|list| list.iter().any(|t| same_taint(t, taint)));
+    if has == present {
+        return None;
+    }
+    let Some(list) = current else {
+        // No taint list yet: nothing to test it against, so the node's resourceVersion guards the add.
+        let version = node.metadata.resource_version.clone().unwrap_or_default();
+        return Some(json!([
+            { "op": "test", "path": "/metadata/resourceVersion", "value": version },
+            { "op": "add", "path": "/spec/taints", "value": [taint] },
+        ]));
+    };
+    let mut wanted: Vec<Taint> = list
+        .iter()
+        .filter(|t| !same_taint(t, taint))
+        .cloned()
+        .collect();
+    if present {
+        wanted.push(taint.clone());
+    }
+    Some(json!([
+        { "op": "test", "path": "/spec/taints", "value": list },
+        { "op": "replace", "path": "/spec/taints", "value": wanted },
+    ]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(taints: Option<Value>) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "gpu-1", "resourceVersion": "42"},
+            "spec": taints.map(|t| json!({"taints": t})).unwrap_or(json!({})),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn taint_syntax() {
+        let t = parse_taint("mlnode.dev/not-ready:NoSchedule").unwrap();
+        assert_eq!(
+            (t.key.as_str(), t.value.as_deref(), t.effect.as_str()),
+            ("mlnode.dev/not-ready", None, "NoSchedule")
+        );
+        assert_eq!(
+            parse_taint("a=b:NoExecute").unwrap().value.as_deref(),
+            Some("b")
+        );
+        assert!(parse_taint("no-effect").is_err());
+        assert!(parse_taint("k:Sometimes").is_err());
+    }
+
+    #[test]
+    fn removing_our_taint_keeps_the_others_and_tests_the_list_read() {
+        let ours = parse_taint("mlnode.dev/not-ready:NoSchedule").unwrap();
+        let taints = json!([
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
+        ]);
+        let patch = taint_patch(&node(Some(taints.clone())), &ours, false).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/spec/taints", "value": taints},
+                {"op": "replace", "path": "/spec/taints", "value": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+            ])
+        );
+        assert_eq!(
+            taint_patch(&node(Some(json!([]))), &ours, false),
+            None,
+            "already absent"
+        );
+        let add = taint_patch(&node(None), &ours, true).unwrap();
+        assert_eq!(
+            add[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
+        );
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_a_flip() {
+        let gate = |ok| Gate {
+            condition_type: "ModelCacheVerified",
+            ok,
+            reason: "R".into(),
+            message: "m".into(),
+        };
+        let current: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"conditions": [
+            {"type": "ModelCacheVerified", "status": "True", "reason": "R", "message": "m",
+             "lastHeartbeatTime": "2026-11-30T00:00:00Z", "lastTransitionTime": "2026-11-29T00:00:00Z"},
+            {"type": "Ready", "status": "True"}]}}))
+        .unwrap();
+        let own = own_conditions(&current, &["ModelCacheVerified", "AcceleratorHealthy"]);
+        assert_eq!(own.len(), 1, "kubelet's conditions are not ours");
+        let same = conditions_patch(&[gate(true)], &own, "2026-11-30T01:00:00Z");
+        assert_eq!(
+            same["status"]["conditions"][0]["lastTransitionTime"],
+            "2026-11-29T00:00:00Z"
+        );
+        assert_eq!(
+            same["status"]["conditions"][0]["lastHeartbeatTime"],
+            "2026-11-30T01:00:00Z"
+        );
+        let flipped = conditions_patch(&[gate(false)], &own, "2026-11-30T01:00:00Z");
+        assert_eq!(
+            flipped["status"]["conditions"][0]["lastTransitionTime"],
+            "2026-11-30T01:00:00Z"
+        );
+        assert!(!differs(&gate(true), own.get("ModelCacheVerified")));
+        assert!(differs(&gate(false), own.get("ModelCacheVerified")));
+    }
+}

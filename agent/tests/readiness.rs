@@ -1,0 +1,313 @@
+//! The readiness controller in the agent binary against an in-process fake API server: the exact
+//! requests (paths, content types, bodies), kubelet's conditions untouched, heartbeat skipping, the
+//! startup taint removed beside a foreign one and retried when the list changes under it, and an
+//! API server that is down at start.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::agent::{sample, Agent};
+use common::kube::{gpu_node, FakeApiServer, Recorded};
+use common::PlainModel;
+use serde_json::json;
+
+const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
+
+fn start(api: &FakeApiServer, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
+    let config = format!(
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n{extra}{}",
+        common::agent::model_config("llama", model.root(), manifest)
+    );
+    // MLNODE_NODE_NAME overrides the harness's node_name: the agent acts on the node it runs on.
+    Agent::start_with_env(
+        &config,
+        &[
+            ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(NODE)),
+        ],
+    )
+}
+
+fn wait_until(what: &str, limit: Duration, check: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn condition(api: &FakeApiServer, kind: &str) -> serde_json::Value {
+    api.node()["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == kind)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn patches<'a>(requests: &'a [Recorded], path_suffix: &str) -> Vec<&'a Recorded> {
+    requests
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with(path_suffix))
+        .collect()
+}
+
+#[test]
+fn conditions_and_taint_are_written_exactly_and_only_ours() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let kubelet_before: Vec<_> = api.node()["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let agent = start(&api, &model, &manifest, "");
+    wait_until("taint removed", Duration::from_secs(20), || {
+        api.node()["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["key"] != "mlnode.dev/not-ready")
+    });
+    let requests = api.requests();
+
+    // Conditions: a strategic-merge patch of nodes/<name>/status with only the agent's types.
+    let status_patches = patches(&requests, &format!("/api/v1/nodes/{NODE}/status"));
+    assert!(!status_patches.is_empty());
+    for patch in &status_patches {
+        assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
+        let types: Vec<&str> = patch.body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            types,
+            ["ModelCacheVerified", "AcceleratorHealthy"],
+            "{:#}",
+            patch.body
+        );
+        assert_eq!(
+            patch.body.as_object().unwrap().len(),
+            1,
+            "nothing but status: {:#}",
+            patch.body
+        );
+    }
+    let verified = condition(&api, "ModelCacheVerified");
+    assert_eq!(
+        (verified["status"].as_str(), verified["reason"].as_str()),
+        (Some("True"), Some("AllModelCachesVerified"))
+    );
+    assert_eq!(condition(&api, "AcceleratorHealthy")["status"], "True");
+    // kubelet's conditions are exactly as they were.
+    let kubelet_after: Vec<_> = api.node()["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            !c["type"].as_str().unwrap().starts_with(['M', 'A']) || c["type"] == "MemoryPressure"
+        })
+        .cloned()
+        .collect();
+    assert_eq!(kubelet_after, kubelet_before);
+
+    // The taint: a JSON patch that tests the list it read and keeps the other taint.
+    let taint_patches = patches(&requests, &format!("/api/v1/nodes/{NODE}"));
+    assert_eq!(taint_patches.len(), 1, "{taint_patches:#?}");
+    assert_eq!(taint_patches[0].content_type, "application/json-patch+json");
+    assert_eq!(
+        taint_patches[0].body,
+        json!([
+            {"op": "test", "path": "/spec/taints", "value": [
+                {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+            {"op": "replace", "path": "/spec/taints", "value": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+        ])
+    );
+    assert_eq!(
+        api.node()["spec"]["taints"],
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    );
+
+    // Node events, as node-problem-detector posts them.
+    let events: Vec<&Recorded> = requests.iter().filter(|r| r.method == "POST").collect();
+    assert!(events
+        .iter()
+        .all(|e| e.path == "/api/v1/namespaces/default/events"
+            && e.body["involvedObject"]["kind"] == "Node"
+            && e.body["involvedObject"]["name"] == NODE));
+    let reasons: Vec<&str> = events
+        .iter()
+        .map(|e| e.body["reason"].as_str().unwrap())
+        .collect();
+    assert!(
+        reasons.contains(&"AllModelCachesVerified") && reasons.contains(&"StartupTaintRemoved"),
+        "{reasons:?}"
+    );
+
+    // Bootstrap-only: corrupting the cache flips the condition but never re-adds the taint.
+    std::fs::write(model.path("config.json"), b"{\"model_type\": \"evil\"}").unwrap();
+    wait_until("condition False", Duration::from_secs(10), || {
+        condition(&api, "ModelCacheVerified")["status"] == "False"
+    });
+    assert!(condition(&api, "ModelCacheVerified")["message"]
+        .as_str()
+        .unwrap()
+        .contains("config.json"));
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        patches(&api.requests(), &format!("/api/v1/nodes/{NODE}")).len(),
+        1
+    );
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_readiness_gate",
+            &[("gate", "ModelCacheVerified")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_readiness_gate",
+            &[("gate", "AcceleratorHealthy")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn unchanged_conditions_are_skipped_until_the_heartbeat() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let agent = start(&api, &model, &manifest, "");
+    wait_until("verified", Duration::from_secs(20), || {
+        condition(&api, "ModelCacheVerified")["status"] == "True"
+    });
+    let written_at = patches(&api.requests(), "/status").len();
+    std::thread::sleep(Duration::from_millis(2500));
+    let written = patches(&api.requests(), "/status").len() - written_at;
+    // 12 rounds at 200 ms, a 1 s heartbeat: two or three writes, not twelve.
+    assert!((1..=3).contains(&written), "{written} writes in 2.5 s");
+    let metrics = agent.metrics();
+    assert!(
+        sample(
+            &metrics,
+            "mlnode_node_condition_updates_total",
+            &[("result", "skipped")]
+        )
+        .unwrap()
+            >= 6.0
+    );
+    let heartbeat = condition(&api, "ModelCacheVerified");
+    assert_ne!(
+        heartbeat["lastHeartbeatTime"], heartbeat["lastTransitionTime"],
+        "a heartbeat does not move the transition time"
+    );
+}
+
+#[test]
+fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    api.state
+        .race_next_taint_patch
+        .store(true, Ordering::Relaxed);
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let _agent = start(&api, &model, &manifest, "");
+    wait_until("taint removed", Duration::from_secs(20), || {
+        api.node()["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["key"] != "mlnode.dev/not-ready")
+    });
+    let taint_patches = patches(&api.requests(), &format!("/api/v1/nodes/{NODE}")).len();
+    assert_eq!(
+        taint_patches, 2,
+        "the first failed its test and was retried after a fresh read"
+    );
+    assert_eq!(
+        api.node()["spec"]["taints"],
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}, {"key": "example.com/maintenance", "effect": "NoExecute"}]),
+        "the taint added between our read and our write survives"
+    );
+}
+
+#[test]
+fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    api.state.down.store(true, Ordering::Relaxed);
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let agent = start(&api, &model, &manifest, "");
+    agent.wait_for("errors counted", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_node_condition_updates_total",
+            &[("result", "error")],
+        )
+        .is_some_and(|n| n >= 2.0)
+    });
+    assert_eq!(
+        agent.get("/healthz").0,
+        200,
+        "an unreachable API server is not a sick agent"
+    );
+    assert!(
+        api.requests().iter().all(|r| r.method == "GET"),
+        "nothing written while down"
+    );
+    assert_eq!(
+        condition(&api, "ModelCacheVerified"),
+        serde_json::Value::Null
+    );
+    api.state.down.store(false, Ordering::Relaxed);
+    wait_until("written after recovery", Duration::from_secs(10), || {
+        condition(&api, "ModelCacheVerified")["status"] == "True"
+    });
+    assert_eq!(
+        agent.log().matches("cannot sync node conditions").count(),
+        1,
+        "logged once, not per retry"
+    );
+}
+
+#[test]
+fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let _agent = start(&api, &model, &manifest, "  taint_mode: continuous\n");
+    let tainted = || {
+        api.node()["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["key"] == "mlnode.dev/not-ready")
+    };
+    wait_until("taint removed", Duration::from_secs(20), || !tainted());
+    let original = model.files["config.json"].clone();
+    std::fs::write(model.path("config.json"), b"{\"model_type\": \"evil\"}").unwrap();
+    wait_until("taint back", Duration::from_secs(10), tainted);
+    std::fs::write(model.path("config.json"), original).unwrap();
+    wait_until("taint removed again", Duration::from_secs(10), || {
+        !tainted()
+    });
+    let nvidia = api.node()["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["key"] == "nvidia.com/gpu")
+        .count();
+    assert_eq!(nvidia, 1, "the other taint is never touched");
+}
