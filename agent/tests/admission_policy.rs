@@ -1,0 +1,222 @@
+//! The ValidatingAdmissionPolicy in deploy/daemonset, evaluated with a CEL engine over a table of
+//! admission requests shaped as the API server builds them: the agent's own condition and taint
+//! changes pass; another node, a kubelet condition, a foreign taint, labels, capacity and cordoning
+//! are denied; requests from anyone else are not this policy's business.
+
+use std::path::Path;
+
+use cel_interpreter::{Context, Program, Value as Cel};
+use serde_json::{json, Value};
+
+const AGENT: &str = "system:serviceaccount:mlnode-system:mlnode-agent";
+const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
+
+fn policy() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/daemonset/base/validating-admission-policy.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let first = text.split("\n---\n").next().unwrap();
+    serde_saphyr::from_str(first).unwrap()
+}
+
+fn node() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}, "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {"providerID": "aws:///us-east-2a/i-0123", "podCIDRs": ["10.1.0.0/24"], "taints": [
+            {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"cpu": "192", "nvidia.com/gpu": "8"},
+            "allocatable": {"cpu": "191450m", "nvidia.com/gpu": "8"},
+            "addresses": [{"type": "InternalIP", "address": "10.0.1.23"}],
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+                {"type": "ModelCacheVerified", "status": "False", "reason": "VerificationInProgress"}]
+        }
+    })
+}
+
+fn request(user: &str, claim: Option<&str>, sub_resource: &str) -> Value {
+    let extra = match claim {
+        Some(node) => {
+            json!({"authentication.kubernetes.io/node-name": [node], "authentication.kubernetes.io/pod-name": ["mlnode-agent-x7k2p"]})
+        }
+        None => json!({}),
+    };
+    json!({"operation": "UPDATE", "subResource": sub_resource, "userInfo": {"username": user, "extra": extra}})
+}
+
+/// Ok(true): admitted; Ok(false) with the failing validation's message: denied.
+fn admit(request: Value, old: &Value, new: &Value) -> Result<(), String> {
+    let policy = policy();
+    let spec = &policy["spec"];
+    let mut ctx = Context::default();
+    ctx.add_variable("request", cel_interpreter::to_value(&request).unwrap())
+        .unwrap();
+    ctx.add_variable("object", cel_interpreter::to_value(new).unwrap())
+        .unwrap();
+    ctx.add_variable("oldObject", cel_interpreter::to_value(old).unwrap())
+        .unwrap();
+    let eval = |ctx: &Context, expression: &str| -> Cel {
+        Program::compile(expression)
+            .unwrap_or_else(|e| panic!("{expression}: {e}"))
+            .execute(ctx)
+            .unwrap_or_else(|e| panic!("{expression}: {e}"))
+    };
+    for condition in spec["matchConditions"].as_array().unwrap() {
+        if eval(&ctx, condition["expression"].as_str().unwrap()) != Cel::Bool(true) {
+            return Ok(());
+        }
+    }
+    let mut variables = std::collections::HashMap::new();
+    for variable in spec["variables"].as_array().unwrap() {
+        let mut scope = Context::default();
+        for name in ["request", "object", "oldObject"] {
+            scope.add_variable_from_value(name, ctx.get_variable(name).unwrap());
+        }
+        scope.add_variable_from_value("variables", variables.clone());
+        let value = eval(&scope, variable["expression"].as_str().unwrap());
+        variables.insert(variable["name"].as_str().unwrap().to_string(), value);
+    }
+    ctx.add_variable_from_value("variables", variables);
+    for validation in spec["validations"].as_array().unwrap() {
+        if eval(&ctx, validation["expression"].as_str().unwrap()) != Cel::Bool(true) {
+            return Err(validation["message"].as_str().unwrap().to_string());
+        }
+    }
+    Ok(())
+}
+
+fn with_own_condition(mut node: Value, status: &str) -> Value {
+    node["status"]["conditions"][1] =
+        json!({"type": "ModelCacheVerified", "status": status, "reason": "AllModelCachesVerified"});
+    node
+}
+
+#[test]
+fn the_agent_may_write_its_own_conditions_on_its_own_node() {
+    let old = node();
+    assert_eq!(
+        admit(
+            request(AGENT, Some(NODE), "status"),
+            &old,
+            &with_own_condition(node(), "True")
+        ),
+        Ok(())
+    );
+    let mut added = node();
+    added["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "AcceleratorHealthy", "status": "True"}));
+    assert_eq!(
+        admit(request(AGENT, Some(NODE), "status"), &old, &added),
+        Ok(())
+    );
+}
+
+#[test]
+fn another_node_or_no_node_claim_is_denied() {
+    let old = node();
+    let new = with_own_condition(node(), "True");
+    let denied = admit(
+        request(
+            AGENT,
+            Some("ip-10-0-9-99.us-east-2.compute.internal"),
+            "status",
+        ),
+        &old,
+        &new,
+    );
+    assert!(denied.unwrap_err().contains("only the node it runs on"));
+    assert!(
+        admit(request(AGENT, None, "status"), &old, &new).is_err(),
+        "a token without the node claim (Kubernetes < 1.32)"
+    );
+}
+
+#[test]
+fn a_kubelet_condition_or_capacity_is_not_the_agents_to_change() {
+    let old = node();
+    let mut ready = node();
+    ready["status"]["conditions"][0]["status"] = json!("False");
+    assert!(admit(request(AGENT, Some(NODE), "status"), &old, &ready)
+        .unwrap_err()
+        .contains("own condition types"));
+    let mut removed = node();
+    removed["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .remove(0);
+    assert!(admit(request(AGENT, Some(NODE), "status"), &old, &removed).is_err());
+    let mut gpus = node();
+    gpus["status"]["capacity"]["nvidia.com/gpu"] = json!("16");
+    assert!(admit(request(AGENT, Some(NODE), "status"), &old, &gpus)
+        .unwrap_err()
+        .contains("capacity"));
+}
+
+#[test]
+fn only_the_agents_own_taint_may_change() {
+    let old = node();
+    let mut ours_removed = node();
+    ours_removed["spec"]["taints"]
+        .as_array_mut()
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        admit(request(AGENT, Some(NODE), ""), &old, &ours_removed),
+        Ok(())
+    );
+    let mut foreign_removed = node();
+    foreign_removed["spec"]["taints"]
+        .as_array_mut()
+        .unwrap()
+        .remove(1);
+    assert!(
+        admit(request(AGENT, Some(NODE), ""), &old, &foreign_removed)
+            .unwrap_err()
+            .contains("only its own taint")
+    );
+    let mut foreign_added = node();
+    foreign_added["spec"]["taints"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "example.com/evict", "effect": "NoExecute"}));
+    assert!(admit(request(AGENT, Some(NODE), ""), &old, &foreign_added).is_err());
+}
+
+#[test]
+fn labels_annotations_and_cordoning_are_denied() {
+    let old = node();
+    let mut label = node();
+    label["metadata"]["labels"]["nvidia.com/gpu.present"] = json!("false");
+    assert!(admit(request(AGENT, Some(NODE), ""), &old, &label)
+        .unwrap_err()
+        .contains("labels"));
+    let mut cordon = node();
+    cordon["spec"]["unschedulable"] = json!(true);
+    assert!(admit(request(AGENT, Some(NODE), ""), &old, &cordon)
+        .unwrap_err()
+        .contains("cordon"));
+}
+
+#[test]
+fn requests_from_anyone_else_are_not_this_policys_business() {
+    let old = node();
+    let mut ready = node();
+    ready["status"]["conditions"][0]["status"] = json!("False");
+    assert_eq!(
+        admit(
+            request(
+                "system:node:ip-10-0-1-23.us-east-2.compute.internal",
+                None,
+                "status"
+            ),
+            &old,
+            &ready
+        ),
+        Ok(())
+    );
+}
