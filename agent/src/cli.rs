@@ -38,6 +38,24 @@ pub enum Command {
     Manifest(ManifestArgs),
     /// Run the agent: keep the configured model caches verified and serve /metrics, /healthz, /readyz.
     Serve(ServeArgs),
+    /// Print the startup phases of the Ready pods on this node (or the ones named), from the API server.
+    StartupReport(StartupReportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StartupReportArgs {
+    /// Only pods in this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only this pod (with --namespace, or searched in every namespace).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// The node whose pods to report (default: $NODE_NAME, else this host's name).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The agent's config, to name each pod's model by the cache it mounts.
+    #[arg(long, env = "MLNODE_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -103,6 +121,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Verify(args) => verify(args),
         Command::Manifest(args) => write_manifest(args),
         Command::Serve(args) => serve(args),
+        Command::StartupReport(args) => startup_report(args),
     }
 }
 
@@ -326,5 +345,38 @@ fn init_logging(format: LogFormat) {
         builder.json().flatten_event(true).init();
     } else {
         builder.init();
+    }
+}
+
+/// The one-shot view of the phases, for an SRE at a terminal. Model loads are not seen here (no
+/// file watch ran), so that phase and readiness show as unknown.
+fn startup_report(args: StartupReportArgs) -> ExitCode {
+    let config = match config::load(args.config.as_deref(), &[]) {
+        Ok(config) => config,
+        Err(e) => return usage_error(e),
+    };
+    let node = args.node.clone().unwrap_or(config.node_name.clone());
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return usage_error(format!("cannot start the async runtime: {e}")),
+    };
+    let result = runtime.block_on(crate::startup::report::collect(
+        &node,
+        args.namespace.as_deref(),
+        args.pod.as_deref(),
+        &config.models,
+    ));
+    match result {
+        Ok(startups) => {
+            print!("{}", crate::startup::report::table(&startups));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mlnode-agent: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
     }
 }

@@ -49,6 +49,7 @@ pub struct Config {
     pub neuron: NeuronSettings,
     pub kubelet: KubeletSettings,
     pub readiness: ReadinessSettings,
+    pub startup: StartupSettings,
 }
 
 impl Default for Config {
@@ -63,6 +64,7 @@ impl Default for Config {
             neuron: NeuronSettings::default(),
             kubelet: KubeletSettings::default(),
             readiness: ReadinessSettings::default(),
+            startup: StartupSettings::default(),
         }
     }
 }
@@ -94,6 +96,13 @@ pub struct ModelConfig {
     pub allow_unsigned: bool,
     #[serde(default)]
     pub fail_on_extra: bool,
+    /// Where the cache is on the node, when the agent sees it at another path (`root` is the path
+    /// inside the agent's container): how pods mounting it by hostPath are matched to the model.
+    #[serde(default)]
+    pub host_path: Option<PathBuf>,
+    /// The PersistentVolumeClaim pods mount the cache from, if they do.
+    #[serde(default)]
+    pub pvc: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -274,6 +283,28 @@ impl Default for ReadinessSettings {
             fatal_xids: vec![48, 62, 63, 64, 74, 79, 92, 94, 95],
             interval: Duration::from_secs(10),
             heartbeat: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StartupSettings {
+    /// `auto`: only inside a cluster; `true`: also with a KUBECONFIG.
+    pub enabled: Toggle,
+    /// `mlnode_pod_startup_last_phase_seconds` keeps this many most recent pods...
+    pub recent_pods: usize,
+    /// ...and none older than this.
+    #[serde(deserialize_with = "duration")]
+    pub recent_max_age: Duration,
+}
+
+impl Default for StartupSettings {
+    fn default() -> Self {
+        StartupSettings {
+            enabled: Toggle::Auto,
+            recent_pods: 100,
+            recent_max_age: Duration::from_secs(6 * 3600),
         }
     }
 }
@@ -639,6 +670,7 @@ mod tests {
                 "nvml" => "{enabled: false}",
                 "neuron" => "{enabled: false}",
                 "readiness" => "{taint_mode: continuous}",
+                "startup" => "{recent_pods: 10}",
                 "kubelet" => "{gpu_resource_names: [nvidia.com/gpu]}",
                 _ => "x",
             };

@@ -15,6 +15,8 @@ use crate::metrics::AgentMetrics;
 use crate::neuron;
 use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::server::{self, AppState};
+use crate::startup::loads::LoadActivity;
+use crate::startup::tracker::{StartupMetrics, Tracker};
 
 /// How long the monitors get to stop after the signal: in-flight hashing is cancelled, not awaited.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
@@ -36,6 +38,54 @@ pub enum DaemonError {
     Server(std::io::Error),
 }
 
+/// A client for a feature that talks to the API server. `auto` means in-cluster only: a laptop's
+/// kubeconfig must not make `cargo run -- serve` act on some cluster's node.
+async fn kube_for(enabled: Toggle, key: &str) -> Result<kube::Client, String> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    match enabled {
+        Toggle::Off => Err(format!("disabled ({key}.enabled: false)")),
+        Toggle::Auto if !in_cluster => Err(format!(
+            "not running in a cluster (set {key}.enabled: true to use a kubeconfig)"
+        )),
+        _ => kube_client().await,
+    }
+}
+
+/// Follows this node's pods and measures their startup phases, where the API server is reachable.
+async fn start_startup_tracker(
+    config: &Config,
+    registry: &prometheus::Registry,
+    agent_metrics: &AgentMetrics,
+    loads: &LoadActivity,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<(), DaemonError> {
+    match kube_for(config.startup.enabled, "startup").await {
+        Ok(client) => {
+            let metrics = StartupMetrics::register(registry)?;
+            let tracker = Tracker::new(
+                client,
+                config.node_name.clone(),
+                config.models.clone(),
+                loads.clone(),
+                metrics,
+                config.startup.clone(),
+            );
+            tasks.spawn(tracker.run(shutdown.child_token()));
+            agent_metrics.set_up("startup", true);
+        }
+        Err(reason) => {
+            if config.startup.enabled == Toggle::On {
+                tracing::error!(reason = %reason, "no pod startup phases (startup.enabled: true)");
+            } else {
+                tracing::info!(reason = %reason, "no pod startup phases");
+            }
+            agent_metrics.set_up("startup", false);
+        }
+    }
+    Ok(())
+}
+
 /// A client for the in-cluster or KUBECONFIG API server. kube's own retry of 503s (15 tries, up to
 /// minutes apart) is off: the readiness loop has its own backoff and must keep evaluating gates.
 async fn kube_client() -> Result<kube::Client, String> {
@@ -46,8 +96,7 @@ async fn kube_client() -> Result<kube::Client, String> {
     kube::Client::try_from(config).map_err(|e| format!("cannot build a Kubernetes client: {e}"))
 }
 
-/// Starts the readiness controller where it can talk to the API server. `auto` means in-cluster
-/// only: a laptop's kubeconfig must not make `cargo run -- serve` patch some cluster's node.
+/// Starts the readiness controller where it can talk to the API server.
 #[allow(clippy::too_many_arguments)]
 async fn start_readiness(
     config: &Config,
@@ -60,15 +109,7 @@ async fn start_readiness(
     shutdown: &CancellationToken,
 ) -> Result<(), DaemonError> {
     let settings = &config.readiness;
-    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let client = match settings.enabled {
-        Toggle::Off => Err("disabled (readiness.enabled: false)".to_string()),
-        Toggle::Auto if !in_cluster => Err(
-            "not running in a cluster (set readiness.enabled: true to use a kubeconfig)"
-                .to_string(),
-        ),
-        _ => kube_client().await,
-    };
+    let client = kube_for(settings.enabled, "readiness").await;
     let client = match client {
         Ok(client) => client,
         Err(reason) => {
@@ -145,6 +186,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(DaemonError::Signal)?;
 
+    let loads = LoadActivity::default();
     let mut models = Vec::new();
     let mut tasks = tokio::task::JoinSet::new();
     for model in &config.models {
@@ -156,6 +198,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             pool.clone(),
             cache_metrics.clone(),
             state,
+            loads.clone(),
         );
         tasks.spawn(monitor.run(shutdown.child_token()));
     }
@@ -220,6 +263,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 .cloned(),
         );
     }
+    start_startup_tracker(
+        &config,
+        &registry,
+        &agent_metrics,
+        &loads,
+        &mut tasks,
+        &shutdown,
+    )
+    .await?;
     start_readiness(
         &config,
         &registry,

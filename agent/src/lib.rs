@@ -13,3 +13,4 @@ pub mod metrics;
 pub mod neuron;
 pub mod readiness;
 pub mod server;
+pub mod startup;

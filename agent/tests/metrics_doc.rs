@@ -40,6 +40,7 @@ fn exposed() -> BTreeMap<String, String> {
     let readiness =
         mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();
     readiness.set_gate("ModelCacheVerified", true);
+    register_startup(&registry);
     let tree = common::neuron::NeuronTree::new("inf2.xlarge", 1, 2);
     // One counter reset and one unreadable file, so those families have samples too.
     register_neuron(&registry, &tree);
@@ -103,6 +104,31 @@ fn register_gpu(registry: &prometheus::Registry) {
     )
     .unwrap();
     registry.register(Box::new(collector)).unwrap();
+}
+
+/// Startup metrics after one startup with every phase, a pull with a size and a cache hit.
+fn register_startup(registry: &prometheus::Registry) {
+    use mlnode_agent::startup::phases::{Phase, Pull, Startup};
+    let metrics = mlnode_agent::startup::tracker::StartupMetrics::register(registry).unwrap();
+    let pull = |cache_hit| Pull {
+        image: "i".into(),
+        seconds: 1.0,
+        including_waiting_seconds: None,
+        size_bytes: Some(1),
+        cache_hit,
+    };
+    let startup = Startup {
+        namespace: "ns".into(),
+        pod: "p".into(),
+        uid: "u".into(),
+        model_name: Some("m".into()),
+        phases: Phase::ALL.iter().map(|p| (*p, 1.0)).collect(),
+        total_seconds: 5.0,
+        pulls: vec![pull(false), pull(true)],
+        restarts: 0,
+    };
+    metrics.observe(&startup);
+    metrics.set_last_phases(&startup);
 }
 
 fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::NeuronTree) {

@@ -21,6 +21,7 @@ use super::metrics::{CacheMetrics, VerifyKind};
 use super::report::{FileStatus, Report};
 use super::verify::{verify, VerifyOptions};
 use crate::config::{ModelConfig, VerifySettings};
+use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
 
 /// How often the monitor wakes when nothing happens: its heartbeat, stall check and watch retry.
 const TICK: Duration = Duration::from_secs(5);
@@ -28,6 +29,9 @@ const TICK: Duration = Duration::from_secs(5);
 const HEARTBEAT_LIMIT: Duration = Duration::from_secs(30);
 /// Watch set-up that failed (the root does not exist yet, the watch limit) is retried this often.
 const WATCH_RETRY: Duration = Duration::from_secs(30);
+/// inotify reports the agent's own opens a little after they happen: opens seen this soon after a
+/// verification ends are still its own.
+const OWN_READ_ECHO: Duration = Duration::from_secs(1);
 /// At shutdown, how long to wait for hashing to notice it was cancelled.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
@@ -145,6 +149,8 @@ pub struct Monitor {
     pool: Arc<rayon::ThreadPool>,
     metrics: Arc<CacheMetrics>,
     state: Arc<ModelState>,
+    /// Where weight-file opens are recorded for the startup phases (model load).
+    loads: LoadActivity,
 }
 
 /// The model's manifest as last loaded, and how its files map to events.
@@ -160,6 +166,7 @@ impl Monitor {
         pool: Arc<rayon::ThreadPool>,
         metrics: Arc<CacheMetrics>,
         state: Arc<ModelState>,
+        loads: LoadActivity,
     ) -> Monitor {
         Monitor {
             model,
@@ -167,6 +174,7 @@ impl Monitor {
             pool,
             metrics,
             state,
+            loads,
         }
     }
 
@@ -189,6 +197,8 @@ impl Monitor {
         let mut report: Option<Report> = None;
         let mut running: Option<Running> = None;
         let mut last_error = String::new();
+        // Opens until then are the agent's own hashing, not a server loading the model.
+        let mut own_reads_until = Instant::now();
         let mut pending = Pending {
             reload: true,
             full: true,
@@ -263,6 +273,13 @@ impl Monitor {
                 Some(event) = events.recv() => {
                     match event {
                         Ok(event) => {
+                            if matches!(event.kind, notify::EventKind::Access(notify::event::AccessKind::Open(_)))
+                                && running.is_none()
+                                && Instant::now() > own_reads_until
+                                && event.paths.iter().any(|p| is_weight_file(p))
+                            {
+                                self.loads.record(&name, unix_now());
+                            }
                             if event.need_rescan() {
                                 self.metrics.watch_overflow(&name);
                                 tracing::warn!(model_name = %name, "file-watch queue overflowed; verifying everything");
@@ -295,6 +312,7 @@ impl Monitor {
                 _ = rescan.tick() => pending.full = true,
                 result = async { (&mut running.as_mut().expect("guarded by if").handle).await }, if running.is_some() => {
                     let job = running.take().expect("guarded by if");
+                    own_reads_until = Instant::now() + OWN_READ_ECHO;
                     self.state.stalled.store(false, Ordering::Relaxed);
                     let outcome = result.unwrap_or_else(|e| Err(format!("verification task failed: {e}")));
                     self.finish(job.kind, outcome, &mut report, loaded.as_ref(), &mut router);

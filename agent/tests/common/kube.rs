@@ -32,6 +32,12 @@ pub struct ApiState {
     /// Before applying the next JSON patch of the node, add a foreign taint, as another controller
     /// writing between the agent's read and its write would.
     pub race_next_taint_patch: AtomicBool,
+    /// Pods (as listed) and Events (as stored).
+    pub pods: Mutex<Vec<Value>>,
+    pub events: Mutex<Vec<Value>>,
+    /// Watch event lines for open pod watches.
+    pub watch: Mutex<Option<tokio::sync::broadcast::Sender<Value>>>,
+    pub resource_version: std::sync::atomic::AtomicU64,
 }
 
 pub struct FakeApiServer {
@@ -261,7 +267,126 @@ async fn create_event(
     (StatusCode::CREATED, axum::Json(event)).into_response()
 }
 
+async fn pods(
+    State(state): State<Arc<ApiState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let query = query.unwrap_or_default();
+    let watching = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    state.requests.lock().unwrap().push(Recorded {
+        method: "GET",
+        path: format!("/api/v1/pods?{query}"),
+        content_type: String::new(),
+        body: Value::Null,
+    });
+    if !watching {
+        let version = state.resource_version.load(Ordering::Relaxed).to_string();
+        let items = state.pods.lock().unwrap().clone();
+        return axum::Json(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items})).into_response();
+    }
+    let receiver = state
+        .watch
+        .lock()
+        .unwrap()
+        .get_or_insert_with(|| tokio::sync::broadcast::channel(1024).0)
+        .subscribe();
+    let lines = tokio_stream::StreamExt::filter_map(
+        tokio_stream::wrappers::BroadcastStream::new(receiver),
+        |line| {
+            line.ok()
+                .map(|v: Value| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))))
+        },
+    );
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from_stream(lines))
+        .unwrap()
+}
+
+async fn list_events(
+    State(state): State<Arc<ApiState>>,
+    Path(namespace): Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let query = query.unwrap_or_default();
+    state.requests.lock().unwrap().push(Recorded {
+        method: "GET",
+        path: format!("/api/v1/namespaces/{namespace}/events?{query}"),
+        content_type: String::new(),
+        body: Value::Null,
+    });
+    let uid = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("fieldSelector="))
+        .map(|s| s.replace("%3D", "="))
+        .and_then(|s| s.strip_prefix("involvedObject.uid=").map(str::to_string));
+    let items: Vec<Value> = state
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["metadata"]["namespace"] == namespace.as_str()
+                && uid
+                    .as_deref()
+                    .is_none_or(|u| e["involvedObject"]["uid"] == u)
+        })
+        .cloned()
+        .collect();
+    axum::Json(json!({"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items})).into_response()
+}
+
 impl FakeApiServer {
+    /// Adds or replaces a pod (by uid) and tells open watches.
+    pub fn put_pod(&self, mut pod: Value) {
+        let version = self.state.resource_version.fetch_add(1, Ordering::Relaxed) + 1;
+        pod["metadata"]["resourceVersion"] = json!(version.to_string());
+        let mut pods = self.state.pods.lock().unwrap();
+        let kind = match pods
+            .iter_mut()
+            .find(|p| p["metadata"]["uid"] == pod["metadata"]["uid"])
+        {
+            Some(existing) => {
+                *existing = pod.clone();
+                "MODIFIED"
+            }
+            None => {
+                pods.push(pod.clone());
+                "ADDED"
+            }
+        };
+        drop(pods);
+        self.send(json!({"type": kind, "object": pod}));
+    }
+
+    pub fn delete_pod(&self, uid: &str) {
+        let mut pods = self.state.pods.lock().unwrap();
+        if let Some(i) = pods.iter().position(|p| p["metadata"]["uid"] == uid) {
+            let pod = pods.remove(i);
+            drop(pods);
+            self.send(json!({"type": "DELETED", "object": pod}));
+        }
+    }
+
+    /// Ends the watches with 410 Gone, as an API server does when the watch's resourceVersion has
+    /// been compacted away: the client must list again.
+    pub fn expire_watches(&self) {
+        self.send(json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version: 1 (1001)", "reason": "Expired", "code": 410}}));
+    }
+
+    fn send(&self, line: Value) {
+        if let Some(tx) = self.state.watch.lock().unwrap().as_ref() {
+            let _ = tx.send(line);
+        }
+    }
+
+    pub fn add_event(&self, event: Value) {
+        self.state.events.lock().unwrap().push(event);
+    }
+
     pub fn start(node: Value) -> FakeApiServer {
         let state = Arc::new(ApiState {
             node: Mutex::new(node),
@@ -278,7 +403,11 @@ impl FakeApiServer {
                 "/api/v1/nodes/{name}/status",
                 axum::routing::patch(patch_status),
             )
-            .route("/api/v1/namespaces/{namespace}/events", post(create_event))
+            .route(
+                "/api/v1/namespaces/{namespace}/events",
+                post(create_event).get(list_events),
+            )
+            .route("/api/v1/pods", get(pods))
             .with_state(state.clone());
         runtime.spawn(async move { axum::serve(listener, app).await });
         let dir = tempfile::tempdir().unwrap();
@@ -304,5 +433,17 @@ impl FakeApiServer {
 
     pub fn node(&self) -> Value {
         self.state.node.lock().unwrap().clone()
+    }
+}
+
+/// Polls `check` until it holds; panics after `limit`.
+pub fn wait(check: impl Fn() -> bool, limit: std::time::Duration) {
+    let started = std::time::Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < limit,
+            "condition not met within {limit:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod kube;
 pub mod kubelet;
 pub mod neuron;
+pub mod pods;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

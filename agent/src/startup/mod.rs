@@ -1,0 +1,11 @@
+//! Pod startup phases: scheduling, image pull, container start, model load and readiness, per pod
+//! on this node, each from its own source.
+//!
+//! [`phases`] computes them from Pod and Event objects (pure, tested on objects shaped as a real
+//! cluster returns them); [`loads`] records when a model's weight files are opened; [`tracker`]
+//! follows the node's pods through the API server and exports the result.
+
+pub mod loads;
+pub mod phases;
+pub mod report;
+pub mod tracker;

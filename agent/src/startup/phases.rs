@@ -1,0 +1,345 @@
+//! Splitting one pod startup into phases. Each phase has one source, and a phase whose source is
+//! missing is absent, never a made-up 0; the total (creation to Ready) is always known.
+//!
+//! * `scheduling`: `metadata.creationTimestamp` to the `PodScheduled` condition's transition;
+//! * `image_pull`: the durations kubelet's `Pulled` events report, summed over the pod's containers
+//!   (init containers included); a `Container image "x" already present on machine` event is a
+//!   cache hit of 0 s, and is counted as one;
+//! * `container_start`: the end of the main container's pull (its `Pulled` event) to its
+//!   `state.running.startedAt`;
+//! * `model_load`: the main container's start to the last open of a weight file of the pod's model
+//!   (from file-access events on the cache);
+//! * `readiness`: the end of the model load to the `Ready` condition's transition.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use serde::Serialize;
+
+/// Timestamps in the API are whole seconds: a step that looks a second negative is clock rounding
+/// and counts as 0; anything more negative is clock skew, and the phase is unknown.
+const SKEW_TOLERANCE: f64 = 1.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Scheduling,
+    ImagePull,
+    ContainerStart,
+    ModelLoad,
+    Readiness,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 5] = [
+        Phase::Scheduling,
+        Phase::ImagePull,
+        Phase::ContainerStart,
+        Phase::ModelLoad,
+        Phase::Readiness,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Scheduling => "scheduling",
+            Phase::ImagePull => "image_pull",
+            Phase::ContainerStart => "container_start",
+            Phase::ModelLoad => "model_load",
+            Phase::Readiness => "readiness",
+        }
+    }
+}
+
+/// What one `Pulled` event says.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Pull {
+    pub image: String,
+    /// The pull itself, as kubelet measured it; 0 for a cache hit.
+    pub seconds: f64,
+    /// Newer kubelets also report the time including waiting for the serialized puller.
+    pub including_waiting_seconds: Option<f64>,
+    /// Newer kubelets report the image size.
+    pub size_bytes: Option<u64>,
+    pub cache_hit: bool,
+}
+
+/// One finished startup.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Startup {
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+    pub model_name: Option<String>,
+    pub phases: BTreeMap<Phase, f64>,
+    pub total_seconds: f64,
+    pub pulls: Vec<Pull>,
+    /// Main-container restarts before Ready.
+    pub restarts: i32,
+}
+
+/// Parses a Go `time.Duration` string as kubelet prints it: `1.234s`, `850ms`, `2m3.5s`,
+/// `1h0m0.5s`, `1.5µs`.
+pub fn parse_go_duration(text: &str) -> Option<f64> {
+    let mut rest = text.trim();
+    if rest == "0" || rest == "0s" {
+        return Some(0.0);
+    }
+    let mut total = 0.0;
+    let mut parsed_any = false;
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let number: f64 = rest[..number_end].parse().ok()?;
+        rest = &rest[number_end..];
+        let (scale, unit_len) = [
+            ("ns", 1e-9),
+            ("us", 1e-6),
+            ("µs", 1e-6),
+            ("μs", 1e-6),
+            ("ms", 1e-3),
+            ("s", 1.0),
+            ("m", 60.0),
+            ("h", 3600.0),
+        ]
+        .iter()
+        .find(|(unit, _)| rest.starts_with(unit))
+        .map(|(unit, scale)| (*scale, unit.len()))?;
+        total += number * scale;
+        rest = &rest[unit_len..];
+        parsed_any = true;
+    }
+    parsed_any.then_some(total)
+}
+
+/// Reads a `Pulled` event's message.
+pub fn parse_pulled(message: &str) -> Option<Pull> {
+    let image = message.split('"').nth(1)?.to_string();
+    if message.starts_with("Container image") && message.contains("already present on machine") {
+        return Some(Pull {
+            image,
+            seconds: 0.0,
+            including_waiting_seconds: None,
+            size_bytes: None,
+            cache_hit: true,
+        });
+    }
+    // Successfully pulled image "x" in 1.234s (1.5s including waiting). Image size: 123 bytes.
+    let after = message.split_once("\" in ")?.1;
+    let (pull, rest) = after
+        .split_once(' ')
+        .unwrap_or((after.trim_end_matches('.'), ""));
+    let seconds = parse_go_duration(pull.trim_end_matches('.'))?;
+    let including_waiting_seconds = rest
+        .strip_prefix('(')
+        .and_then(|r| r.split_once(" including waiting)"))
+        .and_then(|(d, _)| parse_go_duration(d));
+    let size_bytes = message
+        .split_once("Image size: ")
+        .and_then(|(_, s)| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok());
+    Some(Pull {
+        image,
+        seconds,
+        including_waiting_seconds,
+        size_bytes,
+        cache_hit: false,
+    })
+}
+
+fn seconds_of(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> f64 {
+    time.0.as_millisecond() as f64 / 1000.0
+}
+
+/// When an event happened: `eventTime`, else `lastTimestamp`, else `firstTimestamp`.
+fn event_time(event: &Event) -> Option<f64> {
+    event
+        .event_time
+        .as_ref()
+        .map(|t| t.0.as_millisecond() as f64 / 1000.0)
+        .or_else(|| event.last_timestamp.as_ref().map(seconds_of))
+        .or_else(|| event.first_timestamp.as_ref().map(seconds_of))
+}
+
+fn condition_time(pod: &Pod, kind: &str) -> Option<f64> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(seconds_of)
+}
+
+/// The container whose start, model load and readiness the phases follow: the one named by the
+/// `mlnode.dev/container` annotation, else the first.
+pub fn main_container(pod: &Pod) -> Option<String> {
+    let annotated = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("mlnode.dev/container"))
+        .cloned();
+    annotated.or_else(|| {
+        pod.spec
+            .as_ref()?
+            .containers
+            .first()
+            .map(|c| c.name.clone())
+    })
+}
+
+/// `end - start`, unknown (None) when either end is missing or the clocks disagree by more than
+/// rounding.
+fn span(start: Option<f64>, end: Option<f64>) -> Option<f64> {
+    let d = end? - start?;
+    (d >= -SKEW_TOLERANCE).then_some(d.max(0.0))
+}
+
+/// The startup of a pod that is Ready, or None while it is not. `model_load_end` is the time of
+/// the last weight-file open seen after the main container started.
+pub fn compute(
+    pod: &Pod,
+    events: &[Event],
+    model_name: Option<String>,
+    model_load_end: Option<f64>,
+) -> Option<Startup> {
+    let ready = condition_time(pod, "Ready")?;
+    let created = pod.metadata.creation_timestamp.as_ref().map(seconds_of)?;
+    let main = main_container(pod)?;
+    let status = pod.status.as_ref()?;
+    let main_status = status
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == main)?;
+    let started = main_status
+        .state
+        .as_ref()
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref())
+        .map(seconds_of);
+
+    // After a restart the startup begins when the previous container exited; only what happened
+    // since counts (the pull, if any, of the new container's image).
+    let restarted_at = (main_status.restart_count > 0)
+        .then(|| {
+            main_status
+                .last_state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .finished_at
+                .as_ref()
+                .map(seconds_of)
+        })
+        .flatten();
+    let begin = restarted_at.unwrap_or(created);
+
+    let mut pulls = Vec::new();
+    let mut main_pull_end = None;
+    let mut sorted: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Pulled"))
+        .filter(|e| {
+            restarted_at.is_none_or(|r| event_time(e).is_some_and(|t| t >= r - SKEW_TOLERANCE))
+        })
+        .collect();
+    sorted.sort_by(|a, b| {
+        event_time(a)
+            .partial_cmp(&event_time(b))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    for event in sorted {
+        let Some(pull) = event.message.as_deref().and_then(parse_pulled) else {
+            continue;
+        };
+        if event.involved_object.field_path.as_deref()
+            == Some(&format!("spec.containers{{{main}}}"))
+        {
+            main_pull_end = event_time(event);
+        }
+        pulls.push(pull);
+    }
+
+    let mut phases = BTreeMap::new();
+    let mut put = |phase, value: Option<f64>| {
+        if let Some(v) = value {
+            phases.insert(phase, v);
+        }
+    };
+    if restarted_at.is_none() {
+        put(
+            Phase::Scheduling,
+            span(Some(created), condition_time(pod, "PodScheduled")),
+        );
+    }
+    put(
+        Phase::ImagePull,
+        (!pulls.is_empty()).then(|| pulls.iter().map(|p| p.seconds).sum()),
+    );
+    put(
+        Phase::ContainerStart,
+        span(main_pull_end.or(restarted_at), started),
+    );
+    let load_end = model_load_end.filter(|end| {
+        started.is_some_and(|s| *end >= s - SKEW_TOLERANCE) && *end <= ready + SKEW_TOLERANCE
+    });
+    put(Phase::ModelLoad, span(started, load_end));
+    put(Phase::Readiness, span(load_end, Some(ready)));
+
+    Some(Startup {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        model_name,
+        phases,
+        total_seconds: (ready - begin).max(0.0),
+        pulls,
+        restarts: main_status.restart_count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("1.234s"), Some(1.234));
+        assert_eq!(parse_go_duration("850ms"), Some(0.85));
+        assert_eq!(parse_go_duration("2m3.5s"), Some(123.5));
+        assert_eq!(parse_go_duration("1h0m0.5s"), Some(3600.5));
+        assert!((parse_go_duration("1.5µs").unwrap() - 1.5e-6).abs() < 1e-12);
+        assert_eq!(parse_go_duration("0s"), Some(0.0));
+        assert_eq!(parse_go_duration("fast"), None);
+        assert_eq!(parse_go_duration("12"), None);
+    }
+
+    #[test]
+    fn pulled_messages_of_every_kubelet_generation() {
+        let new = parse_pulled("Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 1m32.415s (2m5.1s including waiting). Image size: 10234567890 bytes.").unwrap();
+        assert_eq!(
+            (
+                new.seconds,
+                new.including_waiting_seconds,
+                new.size_bytes,
+                new.cache_hit
+            ),
+            (92.415, Some(125.1), Some(10234567890), false)
+        );
+        assert_eq!(new.image, "vllm/vllm-openai:v0.11.0");
+        let mid = parse_pulled(
+            "Successfully pulled image \"busybox:1.36\" in 850ms (850ms including waiting)",
+        )
+        .unwrap();
+        assert_eq!((mid.seconds, mid.size_bytes), (0.85, None));
+        let old = parse_pulled("Successfully pulled image \"nginx:1.25\" in 3.2s").unwrap();
+        assert_eq!((old.seconds, old.including_waiting_seconds), (3.2, None));
+        let hit =
+            parse_pulled("Container image \"vllm/vllm-openai:v0.11.0\" already present on machine")
+                .unwrap();
+        assert!(hit.cache_hit && hit.seconds == 0.0);
+        assert_eq!(parse_pulled("Pulling image \"x\""), None);
+    }
+}

@@ -1,0 +1,391 @@
+//! Pod startup phases: the computation over Pods and Events shaped as a cluster returns them, and
+//! the tracker in the agent binary against the fake API server (list, watch, 410 Gone, one events
+//! list per startup), with the model load seen from a real process opening the weights.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::agent::{sample, Agent};
+use common::kube::{gpu_node, FakeApiServer};
+use common::pods::{kubelet_event, vllm_pod, PodTimes, NODE};
+use common::PlainModel;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use mlnode_agent::startup::phases::{compute, Phase};
+
+const MAIN: &str = "spec.containers{vllm}";
+
+fn typed(pod: serde_json::Value, events: Vec<serde_json::Value>) -> (Pod, Vec<Event>) {
+    (
+        serde_json::from_value(pod).unwrap(),
+        events
+            .into_iter()
+            .map(|e| serde_json::from_value(e).unwrap())
+            .collect(),
+    )
+}
+
+fn times(ready: Option<f64>) -> PodTimes {
+    PodTimes {
+        created: 1000.0,
+        scheduled: 1002.0,
+        started: 1060.0,
+        ready,
+        restart_count: 0,
+        last_finished: None,
+    }
+}
+
+#[test]
+fn a_cold_start_splits_into_every_phase() {
+    let pod = vllm_pod(
+        "u1",
+        "vllm-0",
+        "/var/lib/models/llama",
+        &times(Some(1200.0)),
+    );
+    let events = vec![
+        kubelet_event("u1", "vllm-0", "Scheduled", "Successfully assigned inference/vllm-0 to node", None, 1002.0),
+        kubelet_event("u1", "vllm-0", "Pulling", "Pulling image \"vllm/vllm-openai:v0.11.0\"", Some(MAIN), 1003.0),
+        kubelet_event("u1", "vllm-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 52.3s (52.5s including waiting). Image size: 10234567890 bytes.", Some(MAIN), 1055.0),
+        kubelet_event("u1", "vllm-0", "Created", "Created container: vllm", Some(MAIN), 1058.0),
+        kubelet_event("u1", "vllm-0", "Started", "Started container vllm", Some(MAIN), 1060.0),
+    ];
+    let (pod, events) = typed(pod, events);
+    let s = compute(&pod, &events, Some("llama".into()), Some(1150.0)).unwrap();
+    assert_eq!(s.phases[&Phase::Scheduling], 2.0);
+    assert_eq!(s.phases[&Phase::ImagePull], 52.3);
+    assert_eq!(s.phases[&Phase::ContainerStart], 5.0);
+    assert_eq!(s.phases[&Phase::ModelLoad], 90.0);
+    assert_eq!(s.phases[&Phase::Readiness], 50.0);
+    assert_eq!(s.total_seconds, 200.0);
+    assert_eq!(s.pulls[0].size_bytes, Some(10234567890));
+}
+
+#[test]
+fn a_cached_image_an_old_kubelet_and_a_failed_pull() {
+    let cached = vec![kubelet_event(
+        "u1",
+        "p",
+        "Pulled",
+        "Container image \"vllm/vllm-openai:v0.11.0\" already present on machine",
+        Some(MAIN),
+        1004.0,
+    )];
+    let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(Some(1200.0))), cached);
+    let s = compute(&pod, &events, None, None).unwrap();
+    assert_eq!(s.phases[&Phase::ImagePull], 0.0);
+    assert!(s.pulls[0].cache_hit);
+    assert_eq!(s.phases[&Phase::ContainerStart], 56.0);
+    assert!(
+        !s.phases.contains_key(&Phase::ModelLoad) && !s.phases.contains_key(&Phase::Readiness),
+        "no load source: unknown, not 0"
+    );
+
+    let retried = vec![
+        kubelet_event(
+            "u1",
+            "p",
+            "Failed",
+            "Failed to pull image \"vllm/vllm-openai:v0.11.0\": rpc error: code = DeadlineExceeded",
+            Some(MAIN),
+            1010.0,
+        ),
+        kubelet_event(
+            "u1",
+            "p",
+            "BackOff",
+            "Back-off pulling image \"vllm/vllm-openai:v0.11.0\"",
+            Some(MAIN),
+            1011.0,
+        ),
+        kubelet_event(
+            "u1",
+            "p",
+            "Pulled",
+            "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 40s",
+            Some(MAIN),
+            1055.0,
+        ),
+    ];
+    let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(Some(1200.0))), retried);
+    let s = compute(&pod, &events, None, None).unwrap();
+    assert_eq!(
+        s.phases[&Phase::ImagePull],
+        40.0,
+        "the successful pull's own duration (kubelet <1.30 message, no size)"
+    );
+    assert_eq!(s.pulls[0].size_bytes, None);
+}
+
+#[test]
+fn init_containers_pulls_count_and_the_main_container_starts_after_its_own_pull() {
+    let events = vec![
+        kubelet_event("u1", "p", "Pulled", "Successfully pulled image \"ghcr.io/mlnode/mlnode-agent:0.1.0\" in 2.5s (2.5s including waiting). Image size: 9000000 bytes.", Some("spec.initContainers{verify-model-cache}"), 1006.0),
+        kubelet_event("u1", "p", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 30s (30s including waiting). Image size: 10234567890 bytes.", Some(MAIN), 1050.0),
+    ];
+    let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(Some(1200.0))), events);
+    let s = compute(&pod, &events, None, None).unwrap();
+    assert_eq!(s.phases[&Phase::ImagePull], 32.5);
+    assert_eq!(
+        s.phases[&Phase::ContainerStart],
+        10.0,
+        "from the main container's pull, not the init container's"
+    );
+}
+
+#[test]
+fn a_restart_is_measured_from_the_previous_exit() {
+    let t = PodTimes {
+        created: 1000.0,
+        scheduled: 1002.0,
+        started: 2010.0,
+        ready: Some(2100.0),
+        restart_count: 1,
+        last_finished: Some(2000.0),
+    };
+    let events = vec![
+        kubelet_event(
+            "u1",
+            "p",
+            "Pulled",
+            "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 52.3s",
+            Some(MAIN),
+            1055.0,
+        ),
+        kubelet_event(
+            "u1",
+            "p",
+            "Pulled",
+            "Container image \"vllm/vllm-openai:v0.11.0\" already present on machine",
+            Some(MAIN),
+            2005.0,
+        ),
+    ];
+    let (pod, events) = typed(vllm_pod("u1", "p", "/m", &t), events);
+    let s = compute(&pod, &events, None, Some(2060.0)).unwrap();
+    assert_eq!(s.total_seconds, 100.0);
+    assert!(
+        !s.phases.contains_key(&Phase::Scheduling),
+        "a restart is not scheduled again"
+    );
+    assert_eq!(
+        s.phases[&Phase::ImagePull],
+        0.0,
+        "only the restart's cache hit, not the first pull"
+    );
+    assert_eq!(s.phases[&Phase::ModelLoad], 50.0);
+    assert_eq!(s.restarts, 1);
+}
+
+#[test]
+fn clock_skew_makes_a_phase_unknown_and_not_ready_is_no_startup() {
+    // The Scheduled condition predates creation by 30 s: a skewed clock, not a negative duration.
+    let skewed = PodTimes {
+        created: 1000.0,
+        scheduled: 970.0,
+        started: 1060.0,
+        ready: Some(1200.0),
+        restart_count: 0,
+        last_finished: None,
+    };
+    let (pod, events) = typed(vllm_pod("u1", "p", "/m", &skewed), vec![]);
+    let s = compute(&pod, &events, None, None).unwrap();
+    assert!(!s.phases.contains_key(&Phase::Scheduling));
+    assert_eq!(s.total_seconds, 200.0, "the total is always known");
+    let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(None)), vec![]);
+    assert!(compute(&pod, &events, None, None).is_none());
+}
+
+#[test]
+fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let now = common::pods::unix_now().floor();
+    let root = model.root().display().to_string();
+    let t = PodTimes {
+        created: now - 40.0,
+        scheduled: now - 38.0,
+        started: now - 3.0,
+        ready: None,
+        restart_count: 0,
+        last_finished: None,
+    };
+    api.put_pod(vllm_pod("uid-1", "vllm-llama-0", &root, &t));
+    api.add_event(kubelet_event("uid-1", "vllm-llama-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 20.5s (20.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), now - 15.0));
+    // A second pod that is deleted before it is ever Ready.
+    api.put_pod(vllm_pod(
+        "uid-2",
+        "vllm-llama-1",
+        &root,
+        &PodTimes { ready: None, ..t },
+    ));
+
+    let config = format!(
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n{}",
+        common::agent::model_config("llama", model.root(), &manifest)
+    );
+    let agent = Agent::start_with_env(
+        &config,
+        &[
+            ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(NODE)),
+        ],
+    );
+    agent.wait_for("cache verified", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // past the agent's own reads
+
+    // The "server" loads the weights: a real process opens each shard.
+    for shard in [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ] {
+        let status = std::process::Command::new("cat")
+            .arg(model.path(shard))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    api.delete_pod("uid-2");
+    api.put_pod(vllm_pod(
+        "uid-1",
+        "vllm-llama-0",
+        &root,
+        &PodTimes {
+            ready: Some(common::pods::unix_now().ceil() + 1.0),
+            ..t
+        },
+    ));
+
+    agent.wait_for("startup measured", Duration::from_secs(10), |m| {
+        sample(
+            m,
+            "mlnode_pod_startup_total_seconds_count",
+            &[("model_name", "llama"), ("namespace", "inference")],
+        ) == Some(1.0)
+    });
+    let m = agent.metrics();
+    let last = |phase: &str| {
+        sample(
+            &m,
+            "mlnode_pod_startup_last_phase_seconds",
+            &[("pod", "vllm-llama-0"), ("phase", phase)],
+        )
+    };
+    assert_eq!(last("scheduling"), Some(2.0));
+    assert_eq!(last("image_pull"), Some(20.5));
+    assert_eq!(last("container_start"), Some(12.0));
+    let load = last("model_load").expect("model load seen from the weight opens");
+    assert!((2.0..=6.0).contains(&load), "model load {load}");
+    assert!(last("readiness").is_some());
+    assert_eq!(
+        sample(
+            &m,
+            "mlnode_image_pull_bytes_count",
+            &[("namespace", "inference")]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        !m.contains("vllm-llama-1"),
+        "a pod deleted before Ready has no startup"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("\"message\":\"pod startup\"") && log.contains("model_load"),
+        "one JSON line with the breakdown"
+    );
+
+    // One events list for the startup, and no polling.
+    let lists = |api: &FakeApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.path.starts_with("/api/v1/namespaces/inference/events?"))
+            .count()
+    };
+    assert_eq!(lists(&api), 1);
+    // A 410 Gone makes the watcher list again; the startup is not reported twice.
+    let pod_lists = |api: &FakeApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.path.starts_with("/api/v1/pods?") && !r.path.contains("watch="))
+            .count()
+    };
+    let before = pod_lists(&api);
+    api.expire_watches();
+    common::kube::wait(|| pod_lists(&api) > before, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lists(&api), 1);
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_pod_startup_total_seconds_count",
+            &[("model_name", "llama")]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        api.requests()
+            .iter()
+            .all(|r| r.path.contains("spec.nodeName%3D") || !r.path.starts_with("/api/v1/pods")),
+        "only this node's pods"
+    );
+}
+
+#[test]
+fn startup_report_prints_the_phases_from_the_api() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    let t = PodTimes {
+        created: 1000.0,
+        scheduled: 1002.0,
+        started: 1060.0,
+        ready: Some(1200.0),
+        restart_count: 0,
+        last_finished: None,
+    };
+    api.put_pod(vllm_pod(
+        "uid-9",
+        "vllm-mistral-0",
+        "/var/lib/models/mistral",
+        &t,
+    ));
+    api.add_event(kubelet_event("uid-9", "vllm-mistral-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 20.5s (20.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), 1040.0));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_mlnode-agent"))
+        .args(["startup-report", "--node", NODE])
+        .env("KUBECONFIG", api.kubeconfig())
+        .env_remove("MLNODE_CONFIG")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let row = table
+        .lines()
+        .find(|l| l.contains("vllm-mistral-0"))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        [
+            "inference",
+            "vllm-mistral-0",
+            "-",
+            "2.0s",
+            "20.5s",
+            "20.0s",
+            "-",
+            "-",
+            "200.0s"
+        ],
+        "{table}"
+    );
+}
