@@ -95,3 +95,200 @@ fn the_init_container_gate_blocks_a_corrupt_cache() {
         "--fail-on-extra: an unexpected file fails too"
     );
 }
+
+/// `scripts/render_kustomize.py DIR` (the tests have no kustomize binary): the objects as JSON values.
+fn render(dir: &Path) -> Vec<serde_json::Value> {
+    let script = deploy_dir().join("../scripts/render_kustomize.py");
+    let output = Command::new("python3")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    text.split("\n---\n")
+        .map(|doc| serde_saphyr::from_str(doc).unwrap())
+        .collect()
+}
+
+fn validate(objects: &[serde_json::Value]) {
+    // One file per object, as JSON (a subset of the YAML kubernetes-validate reads).
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<PathBuf> = objects
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let path = dir.path().join(format!("{i}.json"));
+            std::fs::write(&path, o.to_string()).unwrap();
+            path
+        })
+        .collect();
+    let output = Command::new("kubernetes-validate")
+        .args(["--kubernetes-version", "1.33.0", "--strict", "--no-warn"])
+        .args(&files)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && !report.contains("ERROR"),
+        "{report}"
+    );
+}
+
+fn daemonset(objects: &[serde_json::Value]) -> &serde_json::Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .expect("a DaemonSet")
+}
+
+/// The privilege-minimised container the issue and docs/security.md promise.
+fn assert_locked_down(ds: &serde_json::Value) {
+    let pod = &ds["spec"]["template"]["spec"];
+    for key in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert_ne!(pod[key], true, "{key}");
+    }
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert!(
+        sc["runAsUser"].as_u64().unwrap() > 0,
+        "a fixed non-root UID"
+    );
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert!(sc["capabilities"].get("add").is_none());
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(
+        c["resources"]["requests"]["cpu"].is_string()
+            && c["resources"]["requests"]["memory"].is_string()
+            && c["resources"]["limits"]["memory"].is_string()
+    );
+    let env = c["env"].as_array().unwrap();
+    assert!(env
+        .iter()
+        .any(|e| e["name"] == "NODE_NAME"
+            && e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"));
+    assert!(
+        c["resources"]["limits"].get("nvidia.com/gpu").is_none(),
+        "the agent takes no GPU from the scheduler"
+    );
+    // hostPath mounts: the model caches and the pod-resources socket directory, read-only; nothing else.
+    let host_paths: Vec<(&str, &str)> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
+        .collect();
+    assert_eq!(
+        host_paths,
+        [
+            ("models", "/var/lib/models"),
+            ("pod-resources", "/var/lib/kubelet/pod-resources")
+        ]
+    );
+    for mount in c["volumeMounts"].as_array().unwrap() {
+        assert_eq!(mount["readOnly"], true, "{mount}");
+    }
+    assert!(
+        !host_paths.iter().any(|(_, p)| p.contains("containerd")
+            || p.contains("docker.sock")
+            || p.contains("crio")),
+        "no container runtime socket"
+    );
+}
+
+#[test]
+fn rendered_overlays_validate_and_are_privilege_minimised() {
+    let gpu = render(&deploy_dir().join("daemonset/overlays/gpu"));
+    validate(&gpu);
+    let ds = daemonset(&gpu);
+    assert_locked_down(ds);
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["runtimeClassName"], "nvidia");
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    let var = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(var("NVIDIA_VISIBLE_DEVICES"), Some("all".into()));
+    assert_eq!(var("NVIDIA_DRIVER_CAPABILITIES"), Some("utility".into()));
+    assert!(pod["affinity"]["nodeAffinity"].is_object());
+    assert!(gpu.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
+    assert!(
+        gpu.iter().any(|o| o["kind"] == "PrometheusRule")
+            && gpu.iter().any(|o| o["kind"] == "PodMonitor")
+    );
+
+    let neuron = render(&deploy_dir().join("daemonset/overlays/neuron"));
+    validate(&neuron);
+    assert_locked_down(daemonset(&neuron));
+}
+
+#[test]
+fn the_startup_taint_component_adds_its_rbac_and_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let overlay = deploy_dir()
+        .join("daemonset/overlays/gpu")
+        .canonicalize()
+        .unwrap();
+    let component = deploy_dir()
+        .join("daemonset/components/startup-taint")
+        .canonicalize()
+        .unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n", overlay.display(), component.display()),
+    )
+    .unwrap();
+    let objects = render(dir.path());
+    validate(&objects);
+    let role = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == "ClusterRole" && o["metadata"]["name"] == "mlnode-agent-startup-taint"
+        })
+        .unwrap();
+    assert_eq!(role["rules"][0]["verbs"], serde_json::json!(["patch"]));
+    let env = daemonset(&objects)["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(env
+        .iter()
+        .any(|e| e["name"] == "MLNODE_READINESS__STARTUP_TAINT"
+            && e["value"] == "mlnode.dev/not-ready:NoSchedule"));
+}
+
+#[test]
+fn the_shipped_config_is_valid_for_the_agent() {
+    let objects = render(&deploy_dir().join("daemonset/base"));
+    let config = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-agent-config")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        config["data"]["config.yaml"].as_str().unwrap(),
+    )
+    .unwrap();
+    mlnode_agent::config::load(Some(&dir.path().join("config.yaml")), &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+}
