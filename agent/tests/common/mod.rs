@@ -5,7 +5,9 @@ pub mod agent;
 pub mod kube;
 pub mod kubelet;
 pub mod neuron;
+pub mod nvml;
 pub mod pods;
+pub mod prometheus;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

@@ -1,0 +1,98 @@
+//! A real Prometheus (Debian's package, installed by the test command) on loopback, scraping the
+//! given targets every second, and its query API.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::agent::{free_port, http_get};
+
+pub struct Prometheus {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts Prometheus with one scrape job per (job name, port on 127.0.0.1).
+pub fn start_prometheus(jobs: &[(&str, u16)]) -> Prometheus {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    let mut text =
+        String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+    for (job, port) in jobs {
+        text.push_str(&format!(
+            "  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ));
+    }
+    std::fs::write(&config, text).unwrap();
+    let port = free_port();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus is installed by the test command (apt-get install prometheus)");
+    Prometheus {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+fn encode(promql: &str) -> String {
+    promql
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// An instant query's whole answer: Err carries Prometheus's error (a parse error, say).
+pub fn query_raw(port: u16, promql: &str) -> Result<serde_json::Value, String> {
+    let (status, body) = http_get(port, &format!("/api/v1/query?query={}", encode(promql)))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("{status}: {e}: {body}"))?;
+    if value["status"] != "success" {
+        return Err(format!(
+            "{promql}: {} {}",
+            value["errorType"], value["error"]
+        ));
+    }
+    Ok(value["data"]["result"].clone())
+}
+
+/// Runs an instant query; returns the result vector once it is non-empty.
+pub fn query(port: u16, promql: &str) -> Option<serde_json::Value> {
+    let result = query_raw(port, promql).ok()?;
+    (result.as_array().is_some_and(|r| !r.is_empty())).then_some(result)
+}
+
+pub fn wait_query(port: u16, promql: &str) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        if let Some(result) = query(port, promql) {
+            return result;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no result for {promql} within 30s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

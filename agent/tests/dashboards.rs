@@ -1,0 +1,238 @@
+//! The Grafana dashboards in dashboards/: current schema with `datasource`, `Hostname` and
+//! `model_name` variables; every PromQL expression parses and runs in a real Prometheus that scrapes
+//! the agent (fake NVML with DCGM names, a Neuron tree, an example model) and a vLLM exposition
+//! fixture; every series named is one the agent exports or a known DCGM/vLLM series; every join
+//! returns a non-empty result.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::agent::{sample, Agent};
+use common::prometheus::{query, query_raw, start_prometheus};
+use common::PlainModel;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn dashboards() -> Vec<(String, Value)> {
+    let mut found: Vec<(String, Value)> = std::fs::read_dir(repo().join("dashboards"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap(),
+            )
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+}
+
+fn expressions(dashboard: &Value) -> Vec<String> {
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .collect();
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = variable["query"]["query"].as_str() {
+            // label_values(<selector>, label) → the selector.
+            if let Some(inner) = q
+                .strip_prefix("label_values(")
+                .and_then(|r| r.rsplit_once(','))
+                .map(|(s, _)| s.to_string())
+            {
+                exprs.push(inner);
+            }
+        }
+    }
+    exprs
+}
+
+/// Grafana's variables as the dashboards' defaults ("All") resolve them.
+fn resolve(expr: &str) -> String {
+    expr.replace("$Hostname", ".*")
+        .replace("$model_name", ".*")
+        .replace("$__rate_interval", "1m")
+        .replace("$__range", "5m")
+}
+
+/// Metric names an expression uses: identifiers of our, DCGM's and vLLM's series.
+fn series_names(expr: &str) -> BTreeSet<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| t.starts_with("mlnode_") || t.starts_with("DCGM_FI_") || t.starts_with("vllm:"))
+        .map(|t| {
+            t.trim_end_matches("_bucket")
+                .trim_end_matches("_count")
+                .trim_end_matches("_sum")
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn dashboards_use_the_current_schema_and_variables() {
+    let all = dashboards();
+    assert_eq!(
+        all.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        [
+            "model-caches.json",
+            "node-overview.json",
+            "startup-phases.json"
+        ]
+    );
+    for (name, d) in &all {
+        assert!(d["schemaVersion"].as_u64().unwrap() >= 39, "{name}");
+        let variables: Vec<&str> = d["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            variables.contains(&"datasource") && variables.contains(&"Hostname"),
+            "{name}: {variables:?}"
+        );
+        for panel in d["panels"].as_array().unwrap() {
+            assert_eq!(
+                panel["datasource"]["uid"], "${datasource}",
+                "{name}: {}",
+                panel["title"]
+            );
+        }
+    }
+    assert!(all
+        .iter()
+        .filter(|(n, _)| n != "node-overview.json")
+        .all(|(_, d)| d["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "model_name")));
+}
+
+/// Serves tests/fixtures/vllm-metrics.txt on a loopback port, as vLLM's /metrics.
+fn serve_vllm_fixture() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt")).unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+        }
+    });
+    port
+}
+
+#[test]
+fn every_query_runs_names_real_series_and_every_join_has_data() {
+    let model = PlainModel::new();
+    let (_m, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let tree = common::neuron::NeuronTree::new("inf2.48xlarge", 2, 2);
+    let scenario_dir = tempfile::tempdir().unwrap();
+    let scenario = scenario_dir.path().join("scenario.json");
+    let device = |i: usize| {
+        serde_json::json!({"uuid": format!("GPU-{i}"), "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": format!("00000000:0{i}:00.0"),
+        "memory": {"total": 85520809984u64, "used": 1048576000u64, "free": 83935952896u64, "reserved": 536281088u64},
+        "clocks_event_reasons": 4, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 45, "power_mw": 312500,
+        "utilization": {"gpu": 87, "memory": 40}, "energy_mj": 123456789u64, "xid_events": [79]})
+    };
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"driver_version": "580.95.05", "devices": [device(0), device(1)]})
+            .to_string(),
+    )
+    .unwrap();
+    let config = format!(
+        "nvml:\n  library: {:?}\n  sample_interval: 200ms\n  dcgm_names: true\nneuron:\n  sysfs_root: {:?}\n{}",
+        common::nvml::fake_nvml().display().to_string(),
+        tree.root().display().to_string(),
+        common::agent::model_config("tiny-model", model.root(), &manifest)
+    );
+    let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario)]);
+    agent.wait_for("all collectors", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_model_cache_verified",
+            &[("model_name", "tiny-model")],
+        ) == Some(1.0)
+            && sample(m, "mlnode_gpu_count", &[]) == Some(2.0)
+    });
+    let exposed: BTreeSet<String> = agent
+        .metrics()
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("# TYPE ")?
+                .split_whitespace()
+                .next()
+                .map(str::to_string)
+        })
+        .collect();
+    let vllm_port = serve_vllm_fixture();
+    let vllm_series: BTreeSet<String> =
+        std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("# TYPE ")?
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_string)
+            })
+            .collect();
+    // Every series an mlnode panel names must be one the agent exports; the startup series come from
+    // a cluster (the tracker), so they are checked against docs/metrics.md instead.
+    let documented = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
+
+    let prometheus = start_prometheus(&[("mlnode", agent.port), ("vllm", vllm_port)]);
+    common::prometheus::wait_query(prometheus.port, "up{job=\"vllm\"} == 1");
+    common::prometheus::wait_query(
+        prometheus.port,
+        "count(rate(mlnode_gpu_clock_event_reason_seconds_total[1m]) > 0)",
+    );
+
+    for (name, dashboard) in dashboards() {
+        for expr in expressions(&dashboard) {
+            for series in series_names(&expr) {
+                let known = if series.starts_with("vllm:") {
+                    vllm_series.contains(&series)
+                } else if series.starts_with("mlnode_pod_startup")
+                    || series.starts_with("mlnode_image_pull")
+                {
+                    documented.contains(&format!("`{series}`"))
+                } else {
+                    exposed.contains(&series)
+                };
+                assert!(
+                    known,
+                    "{name}: {series} in {expr} is not a series the agent, DCGM or vLLM exports"
+                );
+            }
+            let resolved = resolve(&expr);
+            query_raw(prometheus.port, &resolved).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if resolved.contains(" on (") {
+                let started = Instant::now();
+                while query(prometheus.port, &resolved).is_none() {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(20),
+                        "{name}: the join {resolved} returns nothing"
+                    );
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
+        }
+    }
+}
