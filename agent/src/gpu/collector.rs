@@ -11,7 +11,7 @@ use prometheus::proto::{MetricFamily, MetricType};
 use super::state::{GpuEntry, GpuState};
 use super::{GpuIdentity, CLOCK_EVENT_REASONS};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
-use crate::metrics::family::{with_label, Families};
+use crate::metrics::family::{descs, with_label, Families, FamilySpec};
 
 const MIB: u64 = 1 << 20;
 
@@ -36,7 +36,7 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [(&str, &str, MetricType); 16] = [
+const FAMILIES: [FamilySpec; 16] = [
     (
         "mlnode_gpu_memory_free_bytes",
         "Framebuffer memory free.",
@@ -116,7 +116,7 @@ const FAMILIES: [(&str, &str, MetricType); 16] = [
 ];
 
 /// dcgm-exporter's names, units and help texts (its default counters), for nodes without it.
-const DCGM_FAMILIES: [(&str, &str, MetricType); 11] = [
+const DCGM_FAMILIES: [FamilySpec; 11] = [
     (
         "DCGM_FI_DEV_FB_FREE",
         "Frame buffer memory free (in MiB).",
@@ -187,16 +187,7 @@ impl GpuCollector {
         } else {
             [].iter()
         });
-        let descs = families
-            .map(|(name, help, _)| {
-                Desc::new(
-                    name.to_string(),
-                    help.to_string(),
-                    Vec::new(),
-                    Default::default(),
-                )
-            })
-            .collect::<prometheus::Result<_>>()?;
+        let descs = descs(families)?;
         Ok(GpuCollector {
             state,
             assignments,

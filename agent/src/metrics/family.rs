@@ -6,6 +6,26 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
+/// (name, help, type) of one family a hand-built collector can produce.
+pub type FamilySpec = (&'static str, &'static str, MetricType);
+
+/// The registry's descriptors for `families`, so it can check names for clashes at registration.
+pub fn descs<'a>(
+    families: impl IntoIterator<Item = &'a FamilySpec>,
+) -> prometheus::Result<Vec<prometheus::core::Desc>> {
+    families
+        .into_iter()
+        .map(|(name, help, _)| {
+            prometheus::core::Desc::new(
+                name.to_string(),
+                help.to_string(),
+                Vec::new(),
+                Default::default(),
+            )
+        })
+        .collect()
+}
+
 /// Label name and value pairs of one series.
 pub type Labels = Vec<(&'static str, String)>;
 

@@ -12,9 +12,9 @@ use super::counters::MonotonicCounters;
 use super::sysfs::{self, DeviceSnapshot};
 use crate::config::NeuronSettings;
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
-use crate::metrics::family::{with_label, Families, Labels};
+use crate::metrics::family::{descs, with_label, Families, FamilySpec, Labels};
 
-const FAMILIES: [(&str, &str, MetricType); 14] = [
+const FAMILIES: [FamilySpec; 14] = [
     ("mlnode_neuron_device_info", "A Neuron device the driver reports; always 1.", MetricType::GAUGE),
     ("mlnode_neuron_device_memory_bytes", "NeuronCore device memory in use, per category.", MetricType::GAUGE),
     ("mlnode_neuron_device_memory_peak_bytes", "Peak NeuronCore device memory use, per category.", MetricType::GAUGE),
@@ -58,17 +58,7 @@ impl NeuronCollector {
         device_resources: Vec<String>,
         core_resources: Vec<String>,
     ) -> prometheus::Result<NeuronCollector> {
-        let descs = FAMILIES
-            .iter()
-            .map(|(name, help, _)| {
-                Desc::new(
-                    name.to_string(),
-                    help.to_string(),
-                    Vec::new(),
-                    Default::default(),
-                )
-            })
-            .collect::<prometheus::Result<_>>()?;
+        let descs = descs(&FAMILIES)?;
         Ok(NeuronCollector {
             settings,
             assignments,

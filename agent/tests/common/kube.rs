@@ -112,6 +112,17 @@ fn record(
     value
 }
 
+/// 503 while the server is "down", as an API server behind its load balancer answers.
+fn unavailable(state: &ApiState) -> Option<Response> {
+    state.down.load(Ordering::Relaxed).then(|| {
+        status(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        )
+    })
+}
+
 fn content_type_is(headers: &HeaderMap, expected: &str) -> bool {
     headers.get("content-type").and_then(|v| v.to_str().ok()) == Some(expected)
 }
@@ -126,12 +137,8 @@ fn bump(node: &mut Value) {
 }
 
 async fn get_node(State(state): State<Arc<ApiState>>, Path(name): Path<String>) -> Response {
-    if state.down.load(Ordering::Relaxed) {
-        return status(
-            503,
-            "ServiceUnavailable",
-            "the server is currently unable to handle the request",
-        );
+    if let Some(unavailable) = unavailable(&state) {
+        return unavailable;
     }
     state.requests.lock().unwrap().push(Recorded {
         method: "GET",
@@ -152,12 +159,8 @@ async fn patch_status(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if state.down.load(Ordering::Relaxed) {
-        return status(
-            503,
-            "ServiceUnavailable",
-            "the server is currently unable to handle the request",
-        );
+    if let Some(unavailable) = unavailable(&state) {
+        return unavailable;
     }
     let patch = record(
         &state,
@@ -196,12 +199,8 @@ async fn patch_node(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if state.down.load(Ordering::Relaxed) {
-        return status(
-            503,
-            "ServiceUnavailable",
-            "the server is currently unable to handle the request",
-        );
+    if let Some(unavailable) = unavailable(&state) {
+        return unavailable;
     }
     let patch = record(
         &state,
@@ -244,12 +243,8 @@ async fn create_event(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if state.down.load(Ordering::Relaxed) {
-        return status(
-            503,
-            "ServiceUnavailable",
-            "the server is currently unable to handle the request",
-        );
+    if let Some(unavailable) = unavailable(&state) {
+        return unavailable;
     }
     let mut event = record(
         &state,
