@@ -153,7 +153,7 @@ pub struct Monitor {
     loads: LoadActivity,
 }
 
-/// The model's manifest as last loaded, and how its files map to events.
+/// The model's manifest as last loaded, with its bytes to tell a real change from a touch.
 struct Loaded {
     manifest: Arc<Manifest>,
     bytes: Vec<u8>,
