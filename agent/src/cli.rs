@@ -83,9 +83,10 @@ pub struct HashingArgs {
 pub struct VerifyArgs {
     /// The model directory, or a Hugging Face repo cache folder (models--org--name).
     pub root: PathBuf,
-    /// Native JSON manifest or OpenSSF model_signing bundle.
+    /// Native JSON manifest or OpenSSF model_signing bundle. Without one, a Hugging Face cache is
+    /// checked against its own blob names (integrity only: docs/cache-verification.md).
     #[arg(long)]
-    pub manifest: PathBuf,
+    pub manifest: Option<PathBuf>,
     /// Expected revision: a commit, or a ref name such as `main` in a Hugging Face cache.
     #[arg(long)]
     pub revision: Option<String>,
@@ -183,14 +184,18 @@ fn verify(args: VerifyArgs) -> ExitCode {
         (None, true) => TrustPolicy::AllowUnsigned,
         (None, false) => TrustPolicy::RequireKey,
     };
-    let manifest = match manifest::load(&args.manifest, &trust) {
+    let loaded = match &args.manifest {
+        Some(path) => manifest::load(path, &trust),
+        None => manifest::hub::from_blob_names(&args.root, args.revision.as_deref()),
+    };
+    let manifest = match loaded {
         Ok(manifest) => manifest,
         Err(e) => return usage_error(e),
     };
     let options = VerifyOptions {
         revision: args.revision.clone(),
         fail_on_extra: args.fail_on_extra,
-        manifest_path: Some(args.manifest.clone()),
+        manifest_path: args.manifest.clone(),
         ..VerifyOptions::default()
     };
     let outcome = with_pool(args.hashing.threads, |control| {

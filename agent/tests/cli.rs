@@ -370,3 +370,77 @@ fn model_signing_bundle_checked_with_another_key_is_refused() {
     assert_eq!(out.code, 2);
     assert!(out.stderr.contains("another key"), "{}", out.stderr);
 }
+
+fn verify_without_manifest(root: &Path, extra: &[&str]) -> Outcome {
+    let output = agent()
+        .arg("verify")
+        .args(extra)
+        .arg(root)
+        .output()
+        .unwrap();
+    Outcome {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn a_hub_cache_without_a_manifest_is_checked_against_its_blob_names() {
+    let cache = common::HfCache::new();
+    // git blob ids (SHA-1) name the small files the hub keeps in git; git hashes "hello\n" this way too.
+    cache.add_git_entry(common::COMMIT, "README.md", b"hello\n");
+    assert!(
+        cache
+            .root()
+            .join("blobs/ce013625030ba8dba906f756967f9e9ca394464a")
+            .exists(),
+        "git's own id of \"hello\\n\""
+    );
+    let out = verify_without_manifest(&cache.root(), &["--json"]);
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    let report = json(&out);
+    assert_eq!(report["revision"], common::COMMIT);
+    assert_eq!(report["files"].as_array().unwrap().len(), 4);
+
+    std::fs::write(
+        cache
+            .root()
+            .join("blobs/ce013625030ba8dba906f756967f9e9ca394464a"),
+        b"hellO\n",
+    )
+    .unwrap();
+    let blob = common::sha256_hex(&cache.files["model.safetensors"]);
+    std::fs::write(cache.root().join("blobs").join(&blob), b"truncated").unwrap();
+    let out = verify_without_manifest(&cache.root(), &["--json"]);
+    assert_eq!(out.code, 1);
+    let report = json(&out);
+    assert_eq!(file_status(&report, "README.md"), "digest_mismatch");
+    assert_eq!(file_status(&report, "model.safetensors"), "digest_mismatch");
+    let error = report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "README.md")
+        .unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        error.contains("git blob id ce013625030ba8dba906f756967f9e9ca394464a"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_plain_directory_needs_a_manifest() {
+    let model = PlainModel::new();
+    let out = verify_without_manifest(model.root(), &[]);
+    assert_eq!(out.code, 2);
+    assert!(
+        out.stderr.contains("cannot be verified without --manifest")
+            && out.stderr.contains("not a Hugging Face cache"),
+        "{}",
+        out.stderr
+    );
+}

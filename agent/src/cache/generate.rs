@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::hasher::{self, Control, Job, JobResult};
+use super::hasher::{self, Algorithm, Control, Job, JobResult};
 use super::layout::{self, Layout};
 use super::manifest::native::{NativeEntryOut, NativeManifestOut};
 use super::safe_open::{OpenFailure, Root};
@@ -63,6 +63,7 @@ pub fn generate(
                 len: None,
                 weight,
                 expected: None,
+                algorithm: Algorithm::Sha256,
             }
         })
         .collect();
@@ -72,11 +73,11 @@ pub fn generate(
     let mut problems = Vec::new();
     for (path, result) in files.into_iter().zip(results) {
         match result {
-            JobResult::Hashed { sha256, bytes, .. } => {
+            JobResult::Hashed { digest, bytes, .. } => {
                 entries.insert(
                     path,
                     NativeEntryOut {
-                        sha256: sha256.to_hex(),
+                        sha256: hex::encode(digest),
                         size: bytes,
                     },
                 );

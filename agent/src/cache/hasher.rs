@@ -13,7 +13,6 @@ use std::sync::Mutex;
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use sha2::Digest as _;
 
-use super::manifest::Sha256;
 use super::safe_open::{OpenFailure, OpenedFile, Root, Snapshot};
 
 /// Small enough that what a read copies in is still in the core's L2 when SHA-256 reads it back,
@@ -41,6 +40,48 @@ impl Control {
     }
 }
 
+/// How a job's bytes are digested.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    Sha256,
+    /// Git's blob id: SHA-1 of `blob <size>\0` and the content. The Hugging Face hub names the
+    /// cached copies of files it keeps in git (not LFS) by it.
+    GitBlob,
+}
+
+/// An incremental digest of either kind.
+enum Running {
+    Sha256(sha2::Sha256),
+    Sha1(sha1::Sha1),
+}
+
+impl Running {
+    fn new(algorithm: Algorithm, size: u64) -> Running {
+        match algorithm {
+            Algorithm::Sha256 => Running::Sha256(sha2::Sha256::new()),
+            Algorithm::GitBlob => {
+                let mut sha1 = sha1::Sha1::new();
+                sha1.update(format!("blob {size}\0").as_bytes());
+                Running::Sha1(sha1)
+            }
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Running::Sha256(h) => h.update(bytes),
+            Running::Sha1(h) => h.update(bytes),
+        }
+    }
+
+    fn finish(self) -> Vec<u8> {
+        match self {
+            Running::Sha256(h) => h.finalize().to_vec(),
+            Running::Sha1(h) => h.finalize().to_vec(),
+        }
+    }
+}
+
 /// Hash `len` bytes of `path` from `start`; `len: None` means to the end of the file.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -51,12 +92,14 @@ pub struct Job {
     pub weight: u64,
     /// The file as first seen; a job that finds another file (or the same one changed) retries.
     pub expected: Option<Snapshot>,
+    pub algorithm: Algorithm,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobResult {
     Hashed {
-        sha256: Sha256,
+        /// The digest's bytes: 32 for SHA-256, 20 for a git blob id.
+        digest: Vec<u8>,
         bytes: u64,
         snapshot: Snapshot,
     },
@@ -118,7 +161,8 @@ fn run_job(root: &Root, job: &Job, buffer: &mut [u8], control: &Control) -> JobR
                 continue;
             }
         }
-        let (sha256, bytes) = match hash_range(&file, job.start, job.len, buffer, control) {
+        let digest = Running::new(job.algorithm, before.size);
+        let (digest, bytes) = match hash_range(&file, job.start, job.len, digest, buffer, control) {
             Ok(Some(done)) => done,
             Ok(None) => return JobResult::Cancelled,
             Err(e) => return JobResult::Io(e.to_string()),
@@ -140,7 +184,7 @@ fn run_job(root: &Root, job: &Job, buffer: &mut [u8], control: &Control) -> JobR
             continue;
         }
         return JobResult::Hashed {
-            sha256,
+            digest,
             bytes,
             snapshot: after,
         };
@@ -164,9 +208,10 @@ fn hash_range(
     file: &File,
     start: u64,
     len: Option<u64>,
+    mut hasher: Running,
     buffer: &mut [u8],
     control: &Control,
-) -> std::io::Result<Option<(Sha256, u64)>> {
+) -> std::io::Result<Option<(Vec<u8>, u64)>> {
     // Advice only: a failure changes nothing but speed.
     let advice_len = len.unwrap_or(0).try_into().unwrap_or(0);
     let _ = posix_fadvise(
@@ -175,7 +220,6 @@ fn hash_range(
         advice_len,
         PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL,
     );
-    let mut hasher = sha2::Sha256::new();
     let mut offset = start;
     let end = len.map(|len| start + len);
     loop {
@@ -199,5 +243,5 @@ fn hash_range(
         offset += n as u64;
         control.hashed_bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
-    Ok(Some((Sha256(hasher.finalize().into()), offset - start)))
+    Ok(Some((hasher.finish(), offset - start)))
 }

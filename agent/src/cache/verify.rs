@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::hasher::{self, Control, Job, JobResult};
+use super::hasher::{self, Algorithm, Control, Job, JobResult};
 use super::layout::{self, Layout};
 use super::manifest::{Digest, ExpectedFile, Manifest};
 use super::report::{FileReport, FileStatus, Report, Verdict};
@@ -153,12 +153,17 @@ pub fn verify(
         let first_job = jobs.len();
         let located = layout.locate(&expected.path);
         match &expected.digest {
-            Digest::Whole(_) => jobs.push(Job {
+            Digest::Whole(_) | Digest::GitBlob(_) => jobs.push(Job {
                 path: located,
                 start: 0,
                 len: None,
                 weight: snapshot.size,
                 expected: Some(snapshot),
+                algorithm: if matches!(expected.digest, Digest::GitBlob(_)) {
+                    Algorithm::GitBlob
+                } else {
+                    Algorithm::Sha256
+                },
             }),
             Digest::Shards(shards) => jobs.extend(shards.iter().map(|shard| Job {
                 path: located.clone(),
@@ -166,6 +171,7 @@ pub fn verify(
                 len: Some(shard.end - shard.start),
                 weight: shard.end - shard.start,
                 expected: Some(snapshot),
+                algorithm: Algorithm::Sha256,
             })),
         }
         plans.push(Plan::Hash {
@@ -319,7 +325,7 @@ fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> 
     let mut digests = Vec::with_capacity(results.len());
     for result in results {
         match result {
-            JobResult::Hashed { sha256, .. } => digests.push(*sha256),
+            JobResult::Hashed { digest, .. } => digests.push(digest.as_slice()),
             JobResult::Open(failure) => {
                 let (status, reason) = status_of(failure.clone());
                 return FileReport { status, ..base }
@@ -348,28 +354,35 @@ fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> 
             }
         }
     }
-    match &expected.digest {
-        Digest::Whole(want) => {
-            let got = digests[0];
-            let report = FileReport {
-                sha256: Some(got.to_hex()),
-                ..base
-            };
-            if got == *want {
-                report
-            } else {
-                FileReport {
-                    status: FileStatus::DigestMismatch,
-                    ..report
-                }
-                .with_error(format!("expected sha256 {}", want.to_hex()))
+    // A whole-file digest: the report carries what was computed; a mismatch names what was wanted.
+    let whole = |want: &[u8], field: &str| {
+        let got = digests[0];
+        let computed = hex::encode(got);
+        let report = FileReport {
+            sha256: (field == "sha256").then(|| computed.clone()),
+            ..base.clone()
+        };
+        if got == want {
+            report
+        } else {
+            FileReport {
+                status: FileStatus::DigestMismatch,
+                ..report
             }
+            .with_error(format!(
+                "expected {field} {}, found {computed}",
+                hex::encode(want)
+            ))
         }
+    };
+    match &expected.digest {
+        Digest::Whole(want) => whole(&want.0, "sha256"),
+        Digest::GitBlob(want) => whole(want, "git blob id"),
         Digest::Shards(shards) => {
             let bad: Vec<String> = shards
                 .iter()
                 .zip(&digests)
-                .filter(|(shard, got)| shard.sha256 != **got)
+                .filter(|(shard, got)| shard.sha256.0.as_slice() != **got)
                 .map(|(shard, _)| format!("{}..{}", shard.start, shard.end))
                 .collect();
             if bad.is_empty() {

@@ -143,6 +143,21 @@ impl HfCache {
         symlink(format!("{}blobs/{blob}", "../".repeat(depth)), entry).unwrap();
     }
 
+    /// A file the hub keeps in git rather than LFS: its blob is named by its git blob id (SHA-1 of
+    /// `blob <size>\0` and the content).
+    pub fn add_git_entry(&self, commit: &str, path: &str, bytes: &[u8]) {
+        use sha1::Digest as _;
+        let mut sha1 = sha1::Sha1::new();
+        sha1.update(format!("blob {}\0", bytes.len()).as_bytes());
+        sha1.update(bytes);
+        let blob = hex::encode(sha1.finalize());
+        std::fs::write(self.root().join("blobs").join(&blob), bytes).unwrap();
+        let entry = self.snapshot(commit).join(path);
+        std::fs::create_dir_all(entry.parent().unwrap()).unwrap();
+        let depth = path.matches('/').count() + 2;
+        symlink(format!("{}blobs/{blob}", "../".repeat(depth)), entry).unwrap();
+    }
+
     pub fn manifest_json(&self, revision: &str) -> String {
         let entries: BTreeMap<&str, String> = self
             .files

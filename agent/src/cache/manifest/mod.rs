@@ -5,6 +5,7 @@
 //! ([`model_signing`], `{"mediaType", "dsseEnvelope"}`). Both become one [`Manifest`], so the
 //! verifier never knows which it was given.
 
+pub mod hub;
 pub mod model_signing;
 pub mod native;
 
@@ -71,6 +72,8 @@ pub enum Digest {
     /// Contiguous ranges from offset 0 to the file's size, in order. Each is hashed on its own, so
     /// one large file can keep every core busy.
     Shards(Vec<Shard>),
+    /// A git blob id (SHA-1): only from a Hugging Face cache's own blob names, never a manifest.
+    GitBlob([u8; 20]),
 }
 
 /// One file the manifest requires.
@@ -91,6 +94,8 @@ pub enum ManifestFormat {
     Native,
     ModelSigningFiles,
     ModelSigningShards,
+    /// No manifest: a hub cache checked against the content addresses its blobs are named by.
+    HubBlobNames,
 }
 
 /// The trusted description of a model release.
@@ -141,6 +146,8 @@ pub enum ManifestError {
         key: PathBuf,
         reason: String,
     },
+    #[error("{path} cannot be verified without --manifest: {reason}")]
+    NoManifest { path: PathBuf, reason: String },
     #[error("public key {path}: {reason}")]
     BadKey { path: PathBuf, reason: String },
 }
