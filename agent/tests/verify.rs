@@ -503,6 +503,7 @@ fn file_changed_while_hashing_is_retried_then_reported() {
         len: None,
         weight: first.size,
         expected: Some(first),
+        algorithm: mlnode_agent::cache::hasher::Algorithm::Sha256,
     };
     let results = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
