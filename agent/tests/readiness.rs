@@ -73,6 +73,12 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
             .iter()
             .all(|t| t["key"] != "mlnode.dev/not-ready")
     });
+    // The event follows the patch: wait for it too before reading the record.
+    wait_until("taint event", Duration::from_secs(10), || {
+        api.requests()
+            .iter()
+            .any(|r| r.method == "POST" && r.body["reason"] == "StartupTaintRemoved")
+    });
     let requests = api.requests();
 
     // Conditions: a strategic-merge patch of nodes/<name>/status with only the agent's types.
