@@ -381,6 +381,17 @@ fn scrapes_racing_a_writer_never_see_a_torn_or_falling_value() {
             value
         })
     };
+    // Let the writer get going, so the scrapes below race it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        < 1_000_010
+    {
+        assert!(std::time::Instant::now() < deadline, "the writer never ran");
+        std::thread::yield_now();
+    }
     let scrape = scraper(&tree);
     let mut last = 0.0;
     for _ in 0..300 {
@@ -396,7 +407,10 @@ fn scrapes_racing_a_writer_never_see_a_torn_or_falling_value() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let written = writer.join().unwrap();
-    assert!(last > 1_000_000.0 && last < written as f64);
+    assert!(
+        last >= 1_000_000.0 && last < written as f64,
+        "last seen {last}, written up to {written}"
+    );
 }
 
 #[test]
