@@ -20,14 +20,14 @@ struct Outcome {
 }
 
 fn verify(root: &Path, manifest: &Path, extra: &[&str]) -> Outcome {
-    let output = agent()
-        .arg("verify")
-        .arg("--manifest")
-        .arg(manifest)
-        .args(extra)
-        .arg(root)
-        .output()
-        .unwrap();
+    let mut args = vec![std::ffi::OsStr::new("--manifest"), manifest.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    run_verify(root, &args)
+}
+
+/// `mlnode-agent verify ARGS ROOT`.
+fn run_verify(root: &Path, args: &[&std::ffi::OsStr]) -> Outcome {
+    let output = agent().arg("verify").args(args).arg(root).output().unwrap();
     Outcome {
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -372,17 +372,8 @@ fn model_signing_bundle_checked_with_another_key_is_refused() {
 }
 
 fn verify_without_manifest(root: &Path, extra: &[&str]) -> Outcome {
-    let output = agent()
-        .arg("verify")
-        .args(extra)
-        .arg(root)
-        .output()
-        .unwrap();
-    Outcome {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    let args: Vec<&std::ffi::OsStr> = extra.iter().map(std::ffi::OsStr::new).collect();
+    run_verify(root, &args)
 }
 
 #[test]

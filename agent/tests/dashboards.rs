@@ -122,6 +122,19 @@ fn dashboards_use_the_current_schema_and_variables() {
             .any(|v| v["name"] == "model_name")));
 }
 
+/// The series names an exposition declares (its `# TYPE` lines).
+fn type_names(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("# TYPE ")?
+                .split_whitespace()
+                .next()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
 /// Serves tests/fixtures/vllm-metrics.txt on a loopback port, as vLLM's /metrics.
 fn serve_vllm_fixture() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -171,28 +184,11 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
         ) == Some(1.0)
             && sample(m, "mlnode_gpu_count", &[]) == Some(2.0)
     });
-    let exposed: BTreeSet<String> = agent
-        .metrics()
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("# TYPE ")?
-                .split_whitespace()
-                .next()
-                .map(str::to_string)
-        })
-        .collect();
+    let exposed = type_names(&agent.metrics());
     let vllm_port = serve_vllm_fixture();
-    let vllm_series: BTreeSet<String> =
-        std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| {
-                l.strip_prefix("# TYPE ")?
-                    .split_whitespace()
-                    .next()
-                    .map(str::to_string)
-            })
-            .collect();
+    let vllm_series = type_names(
+        &std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt")).unwrap(),
+    );
     // Every series an mlnode panel names must be one the agent exports; the startup series come from
     // a cluster (the tracker), so they are checked against docs/metrics.md instead.
     let documented = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();

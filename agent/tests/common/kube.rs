@@ -123,6 +123,26 @@ fn unavailable(state: &ApiState) -> Option<Response> {
     })
 }
 
+/// What every PATCH goes through: the server's availability, the record, and the content type the
+/// API server requires for that kind of patch.
+fn accept(
+    state: &ApiState,
+    path: String,
+    headers: &HeaderMap,
+    body: &Bytes,
+    content_type: &str,
+    refusal: &str,
+) -> Result<Value, Box<Response>> {
+    if let Some(unavailable) = unavailable(state) {
+        return Err(Box::new(unavailable));
+    }
+    let patch = record(state, "PATCH", path, headers, body);
+    if !content_type_is(headers, content_type) {
+        return Err(Box::new(status(415, "UnsupportedMediaType", refusal)));
+    }
+    Ok(patch)
+}
+
 fn content_type_is(headers: &HeaderMap, expected: &str) -> bool {
     headers.get("content-type").and_then(|v| v.to_str().ok()) == Some(expected)
 }
@@ -159,23 +179,17 @@ async fn patch_status(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(unavailable) = unavailable(&state) {
-        return unavailable;
-    }
-    let patch = record(
+    let patch = match accept(
         &state,
-        "PATCH",
         format!("/api/v1/nodes/{name}/status"),
         &headers,
         &body,
-    );
-    if !content_type_is(&headers, "application/strategic-merge-patch+json") {
-        return status(
-            415,
-            "UnsupportedMediaType",
-            "expected a strategic merge patch",
-        );
-    }
+        "application/strategic-merge-patch+json",
+        "expected a strategic merge patch",
+    ) {
+        Ok(patch) => patch,
+        Err(refused) => return *refused,
+    };
     let mut node = state.node.lock().unwrap();
     // Strategic merge of conditions: patchMergeKey "type".
     let conditions = node["status"]["conditions"].as_array_mut().unwrap();
@@ -199,19 +213,17 @@ async fn patch_node(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(unavailable) = unavailable(&state) {
-        return unavailable;
-    }
-    let patch = record(
+    let patch = match accept(
         &state,
-        "PATCH",
         format!("/api/v1/nodes/{name}"),
         &headers,
         &body,
-    );
-    if !content_type_is(&headers, "application/json-patch+json") {
-        return status(415, "UnsupportedMediaType", "expected a JSON patch");
-    }
+        "application/json-patch+json",
+        "expected a JSON patch",
+    ) {
+        Ok(patch) => patch,
+        Err(refused) => return *refused,
+    };
     let mut node = state.node.lock().unwrap();
     if state.race_next_taint_patch.swap(false, Ordering::Relaxed) {
         node["spec"]["taints"]
