@@ -17,6 +17,15 @@ if ! command -v prometheus >/dev/null 2>&1; then
     apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
+# The manifests are tested as real kustomize renders them: kubectl's built-in kustomize (on the
+# machine image; Debian's package where an apt source provides it), else a kustomize binary. The
+# tests that need one say so and skip where neither can be had.
+if ! command -v kubectl >/dev/null 2>&1 && ! command -v kustomize >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends kubectl >/dev/null 2>&1 \
+        || echo "scripts/test.sh: no kubectl or kustomize to be had; the manifest tests will be skipped" >&2
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

@@ -5,11 +5,17 @@
 //! `cargo bench --bench startup_churn -- [ROUNDS]`
 
 #[allow(dead_code)]
+#[path = "../tests/common/admission.rs"]
+mod admission;
+#[allow(dead_code)]
 #[path = "../tests/common/kube.rs"]
 mod kube;
 #[allow(dead_code)]
 #[path = "../tests/common/pods.rs"]
 mod pods;
+#[path = "../tests/common/rbac.rs"]
+#[allow(dead_code)]
+mod rbac;
 
 use std::time::{Duration, Instant};
 

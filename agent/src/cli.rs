@@ -38,6 +38,9 @@ pub enum Command {
     Manifest(ManifestArgs),
     /// Run the agent: keep the configured model caches verified and serve /metrics, /healthz, /readyz.
     Serve(ServeArgs),
+    /// Print the configuration `serve` would run with (same flags and variables), and where each
+    /// value that differs from the default came from: file, variable or flag.
+    Config(ServeArgs),
     /// Print the startup phases of the Ready pods on this node (or the ones named), from the API server.
     StartupReport(StartupReportArgs),
 }
@@ -122,6 +125,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Verify(args) => verify(args),
         Command::Manifest(args) => write_manifest(args),
         Command::Serve(args) => serve(args),
+        Command::Config(args) => print_config(args),
         Command::StartupReport(args) => startup_report(args),
     }
 }
@@ -293,13 +297,11 @@ fn write_manifest(args: ManifestArgs) -> ExitCode {
     }
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
-    let mut overrides = Override::from_env();
+/// The config `serve` runs with: the file, then `MLNODE_*` variables, `--set` flags and `--listen`.
+fn serve_config(args: &ServeArgs) -> Result<(config::Config, config::Sources), ExitCode> {
+    let mut overrides = Override::from_env().map_err(usage_error)?;
     for text in &args.set {
-        match Override::from_flag(text) {
-            Ok(o) => overrides.push(o),
-            Err(e) => return usage_error(e),
-        }
+        overrides.push(Override::from_flag(text).map_err(usage_error)?);
     }
     if let Some(listen) = &args.listen {
         overrides.push(Override {
@@ -308,11 +310,26 @@ fn serve(args: ServeArgs) -> ExitCode {
             value: listen.clone(),
         });
     }
-    let config = match config::load(args.config.as_deref(), &overrides) {
-        Ok(config) => config,
-        Err(e) => return usage_error(e),
+    config::load_with_sources(args.config.as_deref(), &overrides).map_err(usage_error)
+}
+
+fn print_config(args: ServeArgs) -> ExitCode {
+    match serve_config(&args) {
+        Ok((config, sources)) => {
+            print!("{}", config::describe(&config, &sources));
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let (config, sources) = match serve_config(&args) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
     };
     init_logging(config.log_format);
+    tracing::debug!(config = %config::describe(&config, &sources), "effective configuration");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("mlnode-agent")

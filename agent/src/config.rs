@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 /// Used when `serve` is started without a config: the example model shipped in the repository,
@@ -24,18 +24,7 @@ pub fn embedded_default_yaml() -> String {
     )
 }
 
-/// The keys of [`Config`], for telling config variables from other `MLNODE_*` variables.
-const TOP_LEVEL_KEYS: [&str; 7] = [
-    "listen",
-    "node_name",
-    "log_format",
-    "models",
-    "verify",
-    "nvml",
-    "kubelet",
-];
-
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address of the HTTP server (/metrics, /healthz, /readyz).
@@ -69,7 +58,7 @@ impl Default for Config {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     /// JSON when standard error is not a terminal (a container's log), text otherwise.
@@ -78,7 +67,7 @@ pub enum LogFormat {
     Text,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The served model name (vLLM's `--served-model-name`), exported as `model_name`.
@@ -105,19 +94,19 @@ pub struct ModelConfig {
     pub pvc: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifySettings {
     /// Hashing threads shared by all models; 0 = one per core.
     pub threads: usize,
     /// Full re-verification, for what no file event reports (bit rot, a missed event).
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub full_rescan_interval: Duration,
     /// How long file events are collected before the files they name are re-verified.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub debounce: Duration,
     /// A verification whose hashed byte count does not move for this long makes /healthz fail.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub stall_timeout: Duration,
 }
 
@@ -140,6 +129,16 @@ pub enum Toggle {
     Off,
 }
 
+impl Serialize for Toggle {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Toggle::Auto => serializer.serialize_str("auto"),
+            Toggle::On => serializer.serialize_bool(true),
+            Toggle::Off => serializer.serialize_bool(false),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Toggle {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -159,14 +158,14 @@ impl<'de> Deserialize<'de> for Toggle {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NvmlSettings {
     pub enabled: Toggle,
     /// The NVML library: a name the dynamic loader finds, or a path.
     pub library: PathBuf,
     /// How often every GPU is read (also the resolution of the clock-event-reason seconds).
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub sample_interval: Duration,
     /// Also export dcgm-exporter's DCGM_FI_* series, for nodes that run no dcgm-exporter.
     pub dcgm_names: bool,
@@ -191,7 +190,7 @@ impl Default for NvmlSettings {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NeuronSettings {
     /// `auto`: on where `sysfs_root` exists.
@@ -216,7 +215,7 @@ impl Default for NeuronSettings {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubeletSettings {
     /// The kubelet pod-resources API (read-only), for the pod/namespace/container of each device.
@@ -228,7 +227,7 @@ pub struct KubeletSettings {
     /// Extended resources whose device ids are global NeuronCore indexes.
     pub neuron_core_resource_names: Vec<String>,
     /// How often the assignments are listed again.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub pod_resources_interval: Duration,
 }
 
@@ -247,7 +246,7 @@ impl Default for KubeletSettings {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TaintMode {
     /// Remove the taint once, the first time every gate passes; never add it back.
@@ -256,7 +255,7 @@ pub enum TaintMode {
     Continuous,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadinessSettings {
     /// `auto`: on where a Kubernetes config is found (in-cluster or KUBECONFIG).
@@ -267,10 +266,10 @@ pub struct ReadinessSettings {
     /// XIDs that fail `AcceleratorHealthy` (NVIDIA's "reset the GPU or drain the node" list).
     pub fatal_xids: Vec<u64>,
     /// How often the gates are evaluated.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub interval: Duration,
     /// Conditions are rewritten at least this often even when unchanged.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub heartbeat: Duration,
 }
 
@@ -287,7 +286,7 @@ impl Default for ReadinessSettings {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StartupSettings {
     /// `auto`: only inside a cluster; `true`: also with a KUBECONFIG.
@@ -295,7 +294,7 @@ pub struct StartupSettings {
     /// `mlnode_pod_startup_last_phase_seconds` keeps this many most recent pods...
     pub recent_pods: usize,
     /// ...and none older than this.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "duration_text")]
     pub recent_max_age: Duration,
 }
 
@@ -309,13 +308,24 @@ impl Default for StartupSettings {
     }
 }
 
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    humantime::parse_duration(&text).map_err(|e| {
-        serde::de::Error::custom(format!(
-            "{text:?} is not a duration such as \"500ms\", \"30s\" or \"24h\": {e}"
-        ))
-    })
+/// Durations as people write them in YAML: "500ms", "30s", "24h".
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&humantime::format_duration(*value).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not a duration such as \"500ms\", \"30s\" or \"24h\": {e}"
+            ))
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -335,34 +345,58 @@ pub enum ConfigError {
     },
 }
 
-/// Where an override came from, so an error can name it.
+/// One value set from outside the config file, with where it came from, so an error or
+/// `mlnode-agent config` can name it.
+#[derive(Clone, Debug)]
 pub struct Override {
     pub origin: String,
     pub key: String,
     pub value: String,
 }
 
+/// The config's top-level keys, read off the type itself: a section added to [`Config`] is
+/// addressable by a variable without anyone remembering to list it.
+pub fn top_level_keys() -> Vec<String> {
+    match serde_json::to_value(Config::default()) {
+        Ok(Value::Object(map)) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
 impl Override {
     /// `MLNODE_VERIFY__THREADS=4` → `verify.threads`. Only variables that address one of the
     /// config's top-level keys count: Kubernetes injects `MLNODE_AGENT_SERVICE_HOST` and the like
-    /// for a Service named mlnode-agent, and those must not stop the agent.
-    pub fn from_env() -> Vec<Override> {
-        let mut overrides: Vec<Override> = std::env::vars()
-            .filter_map(|(name, value)| {
-                let key = name
-                    .strip_prefix("MLNODE_")?
-                    .to_ascii_lowercase()
-                    .replace("__", ".");
-                let top = key.split('.').next().unwrap_or_default();
-                TOP_LEVEL_KEYS.contains(&top).then(|| Override {
-                    origin: format!("variable {name}"),
-                    key,
-                    value,
-                })
-            })
-            .collect();
+    /// for a Service named mlnode-agent, and those must not stop the agent. A config variable whose
+    /// value is not UTF-8 is an error naming it; any other variable is none of the agent's business.
+    pub fn from_env() -> Result<Vec<Override>, ConfigError> {
+        Override::from_vars(std::env::vars_os())
+    }
+
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<Vec<Override>, ConfigError> {
+        let keys = top_level_keys();
+        let mut overrides = Vec::new();
+        for (name, value) in vars {
+            let Some(name) = name.to_str() else { continue };
+            let Some(path) = name.strip_prefix("MLNODE_") else {
+                continue;
+            };
+            let key = path.to_ascii_lowercase().replace("__", ".");
+            let top = key.split('.').next().unwrap_or_default();
+            if !keys.iter().any(|k| k == top) {
+                continue;
+            }
+            let origin = format!("variable {name}");
+            let value = value.into_string().map_err(|raw| ConfigError::Invalid {
+                origin: origin.clone(),
+                key: key.clone(),
+                reason: format!("the value {:?} is not UTF-8 text", raw.to_string_lossy()),
+            })?;
+            overrides.push(Override { origin, key, value });
+        }
         overrides.sort_by(|a, b| a.key.cmp(&b.key));
-        overrides
+        Ok(overrides)
     }
 
     /// `--set verify.threads=4`.
@@ -380,17 +414,75 @@ impl Override {
     }
 }
 
+/// Where the values of a loaded config came from: the file (or the embedded default), then each
+/// override in the order applied.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    base: String,
+    overrides: Vec<(String, String)>,
+    /// Where `node_name` came from when neither the file nor an override set it.
+    node_name: Option<String>,
+}
+
+impl Sources {
+    /// The origin of the value at `path` (`readiness.startup_taint`, `models[0].root`): the last
+    /// override that set it or a key above it, else the file. `detail` is the error text: serde
+    /// reports an unknown field at its parent's path and names the field only there.
+    pub fn origin_of(&self, path: &str, detail: &str) -> String {
+        let path = path.trim_start_matches('.');
+        let covers = |key: &str| {
+            path == key
+                || path.starts_with(&format!("{key}."))
+                || path.starts_with(&format!("{key}["))
+        };
+        let names_field_below = |key: &str| {
+            let below = if path.is_empty() {
+                Some(key)
+            } else {
+                key.strip_prefix(path)
+                    .and_then(|rest| rest.strip_prefix('.'))
+            };
+            below.is_some_and(|rest| {
+                let field = rest.split('.').next().unwrap_or(rest);
+                detail.contains(&format!("`{field}`"))
+            })
+        };
+        if let Some((_, origin)) = self
+            .overrides
+            .iter()
+            .rev()
+            .find(|(key, _)| covers(key) || names_field_below(key))
+        {
+            return origin.clone();
+        }
+        match (&self.node_name, path) {
+            (Some(origin), "node_name") => origin.clone(),
+            _ => self.base.clone(),
+        }
+    }
+}
+
 /// Builds the configuration from an optional YAML file and overrides, and checks it.
 pub fn load(file: Option<&Path>, overrides: &[Override]) -> Result<Config, ConfigError> {
-    let (origin, text) = match file {
+    load_with_sources(file, overrides).map(|(config, _)| config)
+}
+
+/// [`load`], and where each value came from.
+pub fn load_with_sources(
+    file: Option<&Path>,
+    overrides: &[Override],
+) -> Result<(Config, Sources), ConfigError> {
+    let (base, text) = match file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            let text = read_config_file(path)?;
             (format!("file {}", path.display()), text)
         }
         None => ("embedded default".to_string(), embedded_default_yaml()),
+    };
+    let mut sources = Sources {
+        base: base.clone(),
+        overrides: Vec::new(),
+        node_name: None,
     };
     let mut tree: Value = if text.trim().is_empty() {
         Value::Object(Default::default())
@@ -404,29 +496,67 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> Result<Config, Confi
     };
     if !tree.is_object() {
         return Err(ConfigError::Invalid {
-            origin,
+            origin: base,
             key: "$".into(),
             reason: "the top level must be a mapping of keys".into(),
         });
     }
     for o in overrides {
         apply(&mut tree, o)?;
+        sources.overrides.push((o.key.clone(), o.origin.clone()));
     }
-    let mut config: Config =
-        serde_path_to_error::deserialize(tree).map_err(|e| ConfigError::Invalid {
-            origin: origin.clone(),
-            key: e.path().to_string(),
-            reason: e.into_inner().to_string(),
-        })?;
+    let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|e| {
+        let key = e.path().to_string();
+        let reason = e.into_inner().to_string();
+        ConfigError::Invalid {
+            origin: sources.origin_of(&key, &reason),
+            key,
+            reason,
+        }
+    })?;
     if config.node_name.is_empty() {
-        config.node_name = default_node_name();
+        let (name, origin) = default_node_name();
+        config.node_name = name;
+        sources.node_name = Some(origin);
     }
     validate(&config).map_err(|(key, reason)| ConfigError::Invalid {
-        origin,
+        origin: sources.origin_of(&key, &reason),
         key,
         reason,
     })?;
-    Ok(config)
+    Ok((config, sources))
+}
+
+/// A config file is small and must be a regular file: a FIFO or a device would block or never end.
+const CONFIG_FILE_LIMIT: u64 = 4 << 20;
+
+fn read_config_file(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |source: std::io::Error| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(fail)?;
+    let meta = file.metadata().map_err(fail)?;
+    if !meta.is_file() {
+        return Err(fail(std::io::Error::other("not a regular file")));
+    }
+    let mut text = String::new();
+    file.take(CONFIG_FILE_LIMIT + 1)
+        .read_to_string(&mut text)
+        .map_err(fail)?;
+    if text.len() as u64 > CONFIG_FILE_LIMIT {
+        return Err(fail(std::io::Error::other(format!(
+            "larger than {} MiB",
+            CONFIG_FILE_LIMIT >> 20
+        ))));
+    }
+    Ok(text)
 }
 
 fn apply(tree: &mut Value, o: &Override) -> Result<(), ConfigError> {
@@ -470,17 +600,61 @@ fn apply(tree: &mut Value, o: &Override) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn default_node_name() -> String {
-    if let Ok(name) = std::env::var("NODE_NAME") {
+/// The node's name and where it came from: `$NODE_NAME` (the DaemonSet sets it from
+/// `spec.nodeName`), else the hostname.
+fn default_node_name() -> (String, String) {
+    if let Some(name) = std::env::var_os("NODE_NAME").and_then(|n| n.into_string().ok()) {
         if !name.is_empty() {
-            return name;
+            return (name, "variable NODE_NAME".into());
         }
     }
-    nix::unistd::gethostname()
+    let host = nix::unistd::gethostname()
         .ok()
         .and_then(|name| name.into_string().ok())
-        .unwrap_or_else(|| "unknown".into())
+        .unwrap_or_else(|| "unknown".into());
+    (host, "the host name".into())
 }
+
+/// Inclusive bounds of a duration setting, with the reason a user is told.
+fn check_duration(
+    key: &str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), (String, String)> {
+    if value < min || value > max {
+        return Err((
+            key.to_string(),
+            format!(
+                "{} is out of bounds: must be between {} and {}",
+                humantime::format_duration(value),
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_count(key: &str, value: usize, min: usize, max: usize) -> Result<(), (String, String)> {
+    if value < min || value > max {
+        return Err((
+            key.to_string(),
+            format!("{value} is out of bounds: must be between {min} and {max}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Hashing threads beyond this only cost memory and start-up time: hashing is bound by cores and
+/// storage long before.
+pub const MAX_THREADS: usize = 256;
+
+const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
+const MINUTE: Duration = Duration::from_secs(60);
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
 
 fn validate(config: &Config) -> Result<(), (String, String)> {
     let mut names = std::collections::HashSet::new();
@@ -512,32 +686,44 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         }
     }
     let verify = &config.verify;
-    if verify.full_rescan_interval < Duration::from_secs(60) {
-        return Err((
-            "verify.full_rescan_interval".into(),
-            "must be at least 1m".into(),
-        ));
-    }
-    if verify.debounce > Duration::from_secs(30) {
-        return Err((
-            "verify.debounce".into(),
-            "must be at most 30s, or a corrupted file goes unreported for that long".into(),
-        ));
-    }
-    if verify.stall_timeout < Duration::from_secs(10) {
-        return Err(("verify.stall_timeout".into(), "must be at least 10s".into()));
-    }
+    check_count("verify.threads", verify.threads, 0, MAX_THREADS)?;
+    // Past 30 days a "periodic" rescan is no rescan, and far beyond it the monitor's clock overflows.
+    check_duration(
+        "verify.full_rescan_interval",
+        verify.full_rescan_interval,
+        MINUTE,
+        30 * DAY,
+    )?;
+    check_duration(
+        "verify.debounce",
+        verify.debounce,
+        Duration::ZERO,
+        30 * SECOND,
+    )
+    .map_err(|(key, reason)| {
+        (
+            key,
+            format!("{reason}: a longer debounce leaves a corrupted file unreported for that long"),
+        )
+    })?;
+    check_duration(
+        "verify.stall_timeout",
+        verify.stall_timeout,
+        10 * SECOND,
+        DAY,
+    )?;
     let readiness = &config.readiness;
     if !readiness.startup_taint.is_empty() {
         crate::readiness::node::parse_taint(&readiness.startup_taint)
             .map_err(|reason| ("readiness.startup_taint".to_string(), reason))?;
     }
-    if readiness.interval < Duration::from_millis(100) || readiness.heartbeat < readiness.interval {
-        return Err((
-            "readiness.interval".into(),
-            "must be at least 100ms and at most readiness.heartbeat".into(),
-        ));
-    }
+    check_duration("readiness.heartbeat", readiness.heartbeat, SECOND, HOUR)?;
+    check_duration(
+        "readiness.interval",
+        readiness.interval,
+        100 * MS,
+        readiness.heartbeat,
+    )?;
     let nvml = &config.nvml;
     if !["Hostname", "hostname"].contains(&nvml.hostname_label.as_str()) {
         return Err((
@@ -551,15 +737,69 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
             format!("{:?}: expected current or legacy", nvml.pod_labels),
         ));
     }
-    if nvml.sample_interval < Duration::from_millis(100)
-        || nvml.sample_interval > Duration::from_secs(60)
-    {
-        return Err((
-            "nvml.sample_interval".into(),
-            "must be between 100ms and 60s".into(),
-        ));
-    }
+    check_duration(
+        "nvml.sample_interval",
+        nvml.sample_interval,
+        100 * MS,
+        MINUTE,
+    )?;
+    check_duration(
+        "kubelet.pod_resources_interval",
+        config.kubelet.pod_resources_interval,
+        100 * MS,
+        HOUR,
+    )?;
+    let startup = &config.startup;
+    check_count("startup.recent_pods", startup.recent_pods, 1, 10_000)?;
+    check_duration(
+        "startup.recent_max_age",
+        startup.recent_max_age,
+        MINUTE,
+        7 * DAY,
+    )?;
     Ok(())
+}
+
+/// What `mlnode-agent config` prints: the effective configuration as YAML, then every value that
+/// differs from the built-in default with where it came from.
+pub fn describe(config: &Config, sources: &Sources) -> String {
+    let mut out = String::from("# The effective configuration of mlnode-agent serve.\n");
+    match serde_saphyr::to_string(config) {
+        Ok(yaml) => out.push_str(&yaml),
+        Err(e) => out.push_str(&format!("# cannot render as YAML: {e}\n")),
+    }
+    let effective = serde_json::to_value(config).unwrap_or(Value::Null);
+    let default = serde_json::to_value(Config::default()).unwrap_or(Value::Null);
+    let mut changed = Vec::new();
+    changed_leaves("", &effective, &default, &mut changed);
+    out.push_str("# Values that differ from the built-in default, and where they came from:\n");
+    if changed.is_empty() {
+        out.push_str("#   (none)\n");
+    }
+    let width = changed.iter().map(String::len).max().unwrap_or(0);
+    for key in changed {
+        let origin = sources.origin_of(&key, "");
+        out.push_str(&format!("#   {key:<width$}  {origin}\n"));
+    }
+    out
+}
+
+/// Paths of the leaves (scalars and lists, taken whole) where `a` differs from `b`.
+fn changed_leaves(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in a {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                changed_leaves(&path, value, b.get(key).unwrap_or(&Value::Null), out);
+            }
+        }
+        (a, b) if a != b => out.push(prefix.to_string()),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -634,7 +874,7 @@ mod tests {
             (
                 "verify:\n  full_rescan_interval: 1s\n",
                 "verify.full_rescan_interval",
-                "at least 1m",
+                "must be between 1m and 30days",
             ),
         ];
         for (yaml, key, reason) in cases {
@@ -659,28 +899,204 @@ mod tests {
         assert!(Override::from_flag("no-equals-sign").is_err());
     }
 
+    fn env(vars: &[(&str, &str)]) -> Result<Vec<Override>, ConfigError> {
+        Override::from_vars(vars.iter().map(|(k, v)| (k.into(), v.into())))
+    }
+
     #[test]
-    fn every_top_level_key_is_addressable_by_a_variable() {
-        for key in TOP_LEVEL_KEYS {
-            let value = match key {
-                "listen" => "127.0.0.1:1",
-                "models" => "[]",
-                "verify" => "{threads: 1}",
-                "log_format" => "json",
-                "nvml" => "{enabled: false}",
-                "neuron" => "{enabled: false}",
-                "readiness" => "{taint_mode: continuous}",
-                "startup" => "{recent_pods: 10}",
-                "kubelet" => "{gpu_resource_names: [nvidia.com/gpu]}",
-                _ => "x",
-            };
-            let o = Override {
-                origin: "test".into(),
-                key: key.into(),
-                value: value.into(),
-            };
-            from_yaml("", &[o]).unwrap_or_else(|e| panic!("{key}: {e}"));
+    fn every_section_is_addressable_by_a_variable() {
+        // Read off the type, not a list kept beside it: every field of Config has a key.
+        let keys = top_level_keys();
+        assert_eq!(keys.len(), 10, "{keys:?}");
+        let values = [
+            ("MLNODE_LISTEN", "127.0.0.1:1"),
+            ("MLNODE_NODE_NAME", "gpu-7"),
+            ("MLNODE_LOG_FORMAT", "json"),
+            ("MLNODE_MODELS", "[{name: a, root: /a, manifest: /a.json}]"),
+            ("MLNODE_VERIFY__THREADS", "3"),
+            ("MLNODE_NVML__ENABLED", "false"),
+            ("MLNODE_NEURON__ENABLED", "true"),
+            ("MLNODE_KUBELET__GPU_RESOURCE_NAMES", "[example.com/gpu]"),
+            (
+                "MLNODE_READINESS__STARTUP_TAINT",
+                "mlnode.dev/not-ready:NoSchedule",
+            ),
+            ("MLNODE_STARTUP__RECENT_PODS", "10"),
+        ];
+        let overrides = env(&values).unwrap();
+        assert_eq!(overrides.len(), keys.len(), "one variable per section");
+        for key in &keys {
+            assert!(
+                overrides
+                    .iter()
+                    .any(|o| o.key.split('.').next() == Some(key)),
+                "{key} has no variable in this test"
+            );
         }
+        let config = from_yaml("", &overrides).unwrap();
+        assert_eq!(config.listen.port(), 1);
+        assert_eq!(config.node_name, "gpu-7");
+        assert_eq!(config.log_format, LogFormat::Json);
+        assert_eq!(config.models[0].name, "a");
+        assert_eq!(config.verify.threads, 3);
+        assert_eq!(config.nvml.enabled, Toggle::Off);
+        assert_eq!(config.neuron.enabled, Toggle::On);
+        assert_eq!(config.kubelet.gpu_resource_names, ["example.com/gpu"]);
+        assert_eq!(
+            config.readiness.startup_taint,
+            "mlnode.dev/not-ready:NoSchedule"
+        );
+        assert_eq!(config.startup.recent_pods, 10);
+    }
+
+    #[test]
+    fn variables_that_are_not_config_are_ignored_and_bad_ones_are_named() {
+        // Service links of a Service named mlnode-agent, and the config path itself.
+        let ignored = env(&[
+            ("MLNODE_AGENT_SERVICE_HOST", "10.0.0.1"),
+            ("MLNODE_AGENT_PORT_9400_TCP", "tcp://10.0.0.1:9400"),
+            ("MLNODE_CONFIG", "/etc/mlnode/config.yaml"),
+            ("PATH", "/bin"),
+        ])
+        .unwrap();
+        assert!(ignored.is_empty(), "{ignored:?}");
+
+        let cases = [
+            (
+                "MLNODE_READINESS__ENABLED",
+                "garbage",
+                "expected auto, true or false",
+            ),
+            (
+                "MLNODE_READINESS__STARTUP_TAIN",
+                "x:NoSchedule",
+                "unknown field `startup_tain`",
+            ),
+            (
+                "MLNODE_NEURON__ENABLED",
+                "maybe",
+                "expected auto, true or false",
+            ),
+            ("MLNODE_STARTUP__RECENT_PODS", "0", "out of bounds"),
+            (
+                "MLNODE_KUBELET__POD_RESOURCES_INTERVAL",
+                "0s",
+                "out of bounds",
+            ),
+        ];
+        for (name, value, reason) in cases {
+            let overrides = env(&[(name, value)]).unwrap();
+            let message = from_yaml(ONE_MODEL, &overrides).unwrap_err().to_string();
+            assert!(
+                message.contains(&format!("variable {name}")) && message.contains(reason),
+                "{name}={value}: {message}"
+            );
+            assert!(
+                !message.contains("config.yaml"),
+                "blames the file: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_non_utf8_config_variable_is_an_error_not_a_panic() {
+        use std::os::unix::ffi::OsStringExt;
+        let vars = [
+            (
+                "UNRELATED".into(),
+                std::ffi::OsString::from_vec(vec![0xff, 0xfe]),
+            ),
+            (
+                "MLNODE_NODE_NAME".into(),
+                std::ffi::OsString::from_vec(vec![b'n', 0xff]),
+            ),
+        ];
+        let message = Override::from_vars(vars).unwrap_err().to_string();
+        assert!(
+            message.contains("variable MLNODE_NODE_NAME") && message.contains("UTF-8"),
+            "{message}"
+        );
+        let unrelated = [("UNRELATED".into(), std::ffi::OsString::from_vec(vec![0xff]))];
+        assert!(Override::from_vars(unrelated).unwrap().is_empty());
+    }
+
+    #[test]
+    fn durations_and_counts_are_bounded_and_errors_say_the_bounds() {
+        let cases = [
+            ("verify.full_rescan_interval", "18446744073709551615s"),
+            ("verify.full_rescan_interval", "1s"),
+            ("verify.stall_timeout", "1s"),
+            ("verify.debounce", "1m"),
+            ("verify.threads", "100000"),
+            ("kubelet.pod_resources_interval", "0s"),
+            ("nvml.sample_interval", "10ms"),
+            ("readiness.interval", "1ms"),
+            ("readiness.heartbeat", "30d"),
+            ("startup.recent_max_age", "1s"),
+        ];
+        for (key, value) in cases {
+            let o = Override::from_flag(&format!("{key}={value}")).unwrap();
+            let message = from_yaml(ONE_MODEL, &[o]).unwrap_err().to_string();
+            assert!(
+                message.contains(&format!("flag --set {key}={value}"))
+                    && message.contains(key)
+                    && (message.contains("must be between") || message.contains("not a duration")),
+                "{key}={value}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_listen_flag_is_blamed_for_its_own_value() {
+        let o = Override {
+            origin: "flag --listen".into(),
+            key: "listen".into(),
+            value: "nowhere".into(),
+        };
+        let message = from_yaml(ONE_MODEL, &[o]).unwrap_err().to_string();
+        assert!(
+            message.starts_with("config flag --listen: listen:"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn describe_names_where_each_changed_value_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, format!("node_name: gpu-1\n{ONE_MODEL}")).unwrap();
+        let overrides = env(&[(
+            "MLNODE_READINESS__STARTUP_TAINT",
+            "mlnode.dev/not-ready:NoSchedule",
+        )])
+        .unwrap();
+        let (config, sources) = load_with_sources(Some(&path), &overrides).unwrap();
+        let text = describe(&config, &sources);
+        let line = |key: &str| {
+            text.lines()
+                .find(|l| l.starts_with("#   ") && l[4..].starts_with(&format!("{key} ")))
+                .unwrap_or_else(|| panic!("no origin line for {key}:\n{text}"))
+                .to_string()
+        };
+        assert!(
+            line("readiness.startup_taint").ends_with("variable MLNODE_READINESS__STARTUP_TAINT")
+        );
+        assert!(line("models").ends_with(&format!("file {}", path.display())));
+        assert!(line("node_name").ends_with(&format!("file {}", path.display())));
+        assert!(
+            !text.contains("#   verify.threads"),
+            "defaults are not listed:\n{text}"
+        );
+        // The YAML part is the config itself: it loads back to the same values.
+        let reloaded: Config = serde_saphyr::from_str(&text).unwrap();
+        assert_eq!(
+            reloaded.readiness.startup_taint,
+            config.readiness.startup_taint
+        );
+        assert_eq!(
+            reloaded.verify.full_rescan_interval,
+            config.verify.full_rescan_interval
+        );
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! changes pass; another node, a kubelet condition, a foreign taint, labels, capacity and cordoning
 //! are denied; requests from anyone else are not this policy's business.
 
+mod common;
+
 use std::path::Path;
 
-use cel_interpreter::{Context, Program, Value as Cel};
 use serde_json::{json, Value};
 
 const AGENT: &str = "system:serviceaccount:mlnode-system:mlnode-agent";
@@ -47,45 +48,8 @@ fn request(user: &str, claim: Option<&str>, sub_resource: &str) -> Value {
     json!({"operation": "UPDATE", "subResource": sub_resource, "userInfo": {"username": user, "extra": extra}})
 }
 
-/// Ok(true): admitted; Ok(false) with the failing validation's message: denied.
 fn admit(request: Value, old: &Value, new: &Value) -> Result<(), String> {
-    let policy = policy();
-    let spec = &policy["spec"];
-    let mut ctx = Context::default();
-    ctx.add_variable("request", cel_interpreter::to_value(&request).unwrap())
-        .unwrap();
-    ctx.add_variable("object", cel_interpreter::to_value(new).unwrap())
-        .unwrap();
-    ctx.add_variable("oldObject", cel_interpreter::to_value(old).unwrap())
-        .unwrap();
-    let eval = |ctx: &Context, expression: &str| -> Cel {
-        Program::compile(expression)
-            .unwrap_or_else(|e| panic!("{expression}: {e}"))
-            .execute(ctx)
-            .unwrap_or_else(|e| panic!("{expression}: {e}"))
-    };
-    for condition in spec["matchConditions"].as_array().unwrap() {
-        if eval(&ctx, condition["expression"].as_str().unwrap()) != Cel::Bool(true) {
-            return Ok(());
-        }
-    }
-    let mut variables = std::collections::HashMap::new();
-    for variable in spec["variables"].as_array().unwrap() {
-        let mut scope = Context::default();
-        for name in ["request", "object", "oldObject"] {
-            scope.add_variable_from_value(name, ctx.get_variable(name).unwrap());
-        }
-        scope.add_variable_from_value("variables", variables.clone());
-        let value = eval(&scope, variable["expression"].as_str().unwrap());
-        variables.insert(variable["name"].as_str().unwrap().to_string(), value);
-    }
-    ctx.add_variable_from_value("variables", variables);
-    for validation in spec["validations"].as_array().unwrap() {
-        if eval(&ctx, validation["expression"].as_str().unwrap()) != Cel::Bool(true) {
-            return Err(validation["message"].as_str().unwrap().to_string());
-        }
-    }
-    Ok(())
+    common::admission::admit(&policy(), request, old, new)
 }
 
 fn with_own_condition(mut node: Value, status: &str) -> Value {

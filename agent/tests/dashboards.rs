@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -135,21 +134,6 @@ fn type_names(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Serves tests/fixtures/vllm-metrics.txt on a loopback port, as vLLM's /metrics.
-fn serve_vllm_fixture() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let body = std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt")).unwrap();
-    std::thread::spawn(move || {
-        for mut stream in listener.incoming().flatten() {
-            let mut request = [0u8; 4096];
-            let _ = stream.read(&mut request);
-            let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-        }
-    });
-    port
-}
-
 #[test]
 fn every_query_runs_names_real_series_and_every_join_has_data() {
     let model = PlainModel::new();
@@ -185,7 +169,7 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
             && sample(m, "mlnode_gpu_count", &[]) == Some(2.0)
     });
     let exposed = type_names(&agent.metrics());
-    let vllm_port = serve_vllm_fixture();
+    let vllm_port = common::prometheus::serve_vllm_fixture();
     let vllm_series = type_names(
         &std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt")).unwrap(),
     );

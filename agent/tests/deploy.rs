@@ -96,25 +96,6 @@ fn the_init_container_gate_blocks_a_corrupt_cache() {
     );
 }
 
-/// `scripts/render_kustomize.py DIR` (the tests have no kustomize binary): the objects as JSON values.
-fn render(dir: &Path) -> Vec<serde_json::Value> {
-    let script = deploy_dir().join("../scripts/render_kustomize.py");
-    let output = Command::new("python3")
-        .arg(script)
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    text.split("\n---\n")
-        .map(|doc| serde_saphyr::from_str(doc).unwrap())
-        .collect()
-}
-
 fn validate(objects: &[serde_json::Value]) {
     // One file per object, as JSON (a subset of the YAML kubernetes-validate reads).
     let dir = tempfile::tempdir().unwrap();
@@ -153,7 +134,9 @@ fn assert_locked_down(ds: &serde_json::Value) {
     for key in ["hostNetwork", "hostPID", "hostIPC"] {
         assert_ne!(pod[key], true, "{key}");
     }
-    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    // UID 0 for the kubelet's root-only socket, with nothing else of root's (docs/security.md).
+    assert_eq!(pod["securityContext"]["runAsUser"], 0);
+    assert_ne!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(
         pod["securityContext"]["seccompProfile"]["type"],
         "RuntimeDefault"
@@ -163,11 +146,7 @@ fn assert_locked_down(ds: &serde_json::Value) {
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
     let sc = &c["securityContext"];
-    assert_eq!(sc["runAsNonRoot"], true);
-    assert!(
-        sc["runAsUser"].as_u64().unwrap() > 0,
-        "a fixed non-root UID"
-    );
+    assert_eq!(sc["runAsUser"], 0, "a fixed UID, the pod's");
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(sc["allowPrivilegeEscalation"], false);
     assert_eq!(sc["privileged"], false);
@@ -213,14 +192,26 @@ fn assert_locked_down(ds: &serde_json::Value) {
     );
 }
 
+/// The objects kustomize renders, or None (the reason printed) where no kustomize is installed.
+fn render(overlay: &str, components: &[&str]) -> Option<Vec<serde_json::Value>> {
+    common::kustomize::render_with(overlay, components)
+        .map_err(|reason| eprintln!("SKIPPED: {reason}"))
+        .ok()
+}
+
 #[test]
 fn rendered_overlays_validate_and_are_privilege_minimised() {
-    let gpu = render(&deploy_dir().join("daemonset/overlays/gpu"));
+    let Some(gpu) = render("overlays/gpu", &[]) else {
+        return;
+    };
     validate(&gpu);
     let ds = daemonset(&gpu);
     assert_locked_down(ds);
     let pod = &ds["spec"]["template"]["spec"];
-    assert_eq!(pod["runtimeClassName"], "nvidia");
+    assert!(
+        pod.get("runtimeClassName").is_none(),
+        "only components/nvidia-runtime-class sets one"
+    );
     let env = pod["containers"][0]["env"].as_array().unwrap();
     let var = |name: &str| {
         env.iter()
@@ -236,28 +227,56 @@ fn rendered_overlays_validate_and_are_privilege_minimised() {
             && gpu.iter().any(|o| o["kind"] == "PodMonitor")
     );
 
-    let neuron = render(&deploy_dir().join("daemonset/overlays/neuron"));
+    let Some(neuron) = render("overlays/neuron", &[]) else {
+        return;
+    };
     validate(&neuron);
     assert_locked_down(daemonset(&neuron));
 }
 
 #[test]
+fn every_component_renders_valid_objects() {
+    for components in [
+        &["components/startup-taint"][..],
+        &["components/nvidia-runtime-class"],
+        &["components/prometheus-release"],
+        &["components/servicemonitor", "components/prometheus-release"],
+        &["components/non-root"],
+    ] {
+        let Some(objects) = render("overlays/gpu", components) else {
+            return;
+        };
+        validate(&objects);
+    }
+    let Some(objects) = render(
+        "overlays/gpu",
+        &["components/servicemonitor", "components/prometheus-release"],
+    ) else {
+        return;
+    };
+    assert!(
+        !objects.iter().any(|o| o["kind"] == "PodMonitor"),
+        "the ServiceMonitor replaces it"
+    );
+    for kind in ["ServiceMonitor", "PrometheusRule"] {
+        let object = objects.iter().find(|o| o["kind"] == kind).unwrap();
+        assert!(
+            object["metadata"]["labels"]["release"].is_string(),
+            "{kind} selectable by a kube-prometheus-stack release"
+        );
+    }
+    let monitor = objects
+        .iter()
+        .find(|o| o["kind"] == "ServiceMonitor")
+        .unwrap();
+    assert_eq!(monitor["spec"]["endpoints"][0]["honorLabels"], true);
+}
+
+#[test]
 fn the_startup_taint_component_adds_its_rbac_and_setting() {
-    let dir = tempfile::tempdir().unwrap();
-    let overlay = deploy_dir()
-        .join("daemonset/overlays/gpu")
-        .canonicalize()
-        .unwrap();
-    let component = deploy_dir()
-        .join("daemonset/components/startup-taint")
-        .canonicalize()
-        .unwrap();
-    std::fs::write(
-        dir.path().join("kustomization.yaml"),
-        format!("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n", overlay.display(), component.display()),
-    )
-    .unwrap();
-    let objects = render(dir.path());
+    let Some(objects) = render("overlays/gpu", &["components/startup-taint"]) else {
+        return;
+    };
     validate(&objects);
     let role = objects
         .iter()
@@ -278,7 +297,9 @@ fn the_startup_taint_component_adds_its_rbac_and_setting() {
 
 #[test]
 fn the_shipped_config_is_valid_for_the_agent() {
-    let objects = render(&deploy_dir().join("daemonset/base"));
+    let Some(objects) = render("base", &[]) else {
+        return;
+    };
     let config = objects
         .iter()
         .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-agent-config")

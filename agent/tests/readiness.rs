@@ -39,16 +39,6 @@ fn wait_until(what: &str, limit: Duration, check: impl Fn() -> bool) {
     }
 }
 
-fn condition(api: &FakeApiServer, kind: &str) -> serde_json::Value {
-    api.node()["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == kind)
-        .cloned()
-        .unwrap_or_default()
-}
-
 fn patches<'a>(requests: &'a [Recorded], path_suffix: &str) -> Vec<&'a Recorded> {
     requests
         .iter()
@@ -105,12 +95,12 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
             patch.body
         );
     }
-    let verified = condition(&api, "ModelCacheVerified");
+    let verified = api.condition("ModelCacheVerified");
     assert_eq!(
         (verified["status"].as_str(), verified["reason"].as_str()),
         (Some("True"), Some("AllModelCachesVerified"))
     );
-    assert_eq!(condition(&api, "AcceleratorHealthy")["status"], "True");
+    assert_eq!(api.condition("AcceleratorHealthy")["status"], "True");
     // kubelet's conditions are exactly as they were.
     let kubelet_after: Vec<_> = api.node()["status"]["conditions"]
         .as_array()
@@ -160,9 +150,9 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
     // Bootstrap-only: corrupting the cache flips the condition but never re-adds the taint.
     std::fs::write(model.path("config.json"), b"{\"model_type\": \"evil\"}").unwrap();
     wait_until("condition False", Duration::from_secs(10), || {
-        condition(&api, "ModelCacheVerified")["status"] == "False"
+        api.condition("ModelCacheVerified")["status"] == "False"
     });
-    assert!(condition(&api, "ModelCacheVerified")["message"]
+    assert!(api.condition("ModelCacheVerified")["message"]
         .as_str()
         .unwrap()
         .contains("config.json"));
@@ -197,7 +187,7 @@ fn unchanged_conditions_are_skipped_until_the_heartbeat() {
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let agent = start(&api, &model, &manifest, "");
     wait_until("verified", Duration::from_secs(20), || {
-        condition(&api, "ModelCacheVerified")["status"] == "True"
+        api.condition("ModelCacheVerified")["status"] == "True"
     });
     let written_at = patches(&api.requests(), "/status").len();
     std::thread::sleep(Duration::from_millis(2500));
@@ -215,7 +205,7 @@ fn unchanged_conditions_are_skipped_until_the_heartbeat() {
             >= 3.0,
         "rounds with nothing to write are skipped, not written"
     );
-    let heartbeat = condition(&api, "ModelCacheVerified");
+    let heartbeat = api.condition("ModelCacheVerified");
     assert_ne!(
         heartbeat["lastHeartbeatTime"], heartbeat["lastTransitionTime"],
         "a heartbeat does not move the transition time"
@@ -274,13 +264,10 @@ fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
         api.requests().iter().all(|r| r.method == "GET"),
         "nothing written while down"
     );
-    assert_eq!(
-        condition(&api, "ModelCacheVerified"),
-        serde_json::Value::Null
-    );
+    assert_eq!(api.condition("ModelCacheVerified"), serde_json::Value::Null);
     api.state.down.store(false, Ordering::Relaxed);
     wait_until("written after recovery", Duration::from_secs(10), || {
-        condition(&api, "ModelCacheVerified")["status"] == "True"
+        api.condition("ModelCacheVerified")["status"] == "True"
     });
     assert_eq!(
         agent.log().matches("cannot sync node conditions").count(),

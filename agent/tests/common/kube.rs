@@ -1,7 +1,10 @@
 //! An in-process fake Kubernetes API server (axum on loopback) for the readiness controller: it
 //! serves one Node shaped as a real cluster returns it, applies strategic-merge patches of its status
 //! and JSON patches of the node as the API server does (conditions merge on `type`; a failed `test`
-//! is a 422 Status), accepts Events, and records every request with its content type.
+//! is a 422 Status), accepts Events, and records every request with its content type. Started with
+//! [`Access`], it serves TLS with a CA of its own, authenticates the service-account token, and
+//! authorizes every request as the real one would: RBAC from rendered Roles and bindings, then the
+//! rendered ValidatingAdmissionPolicy on node updates; refusals are 403s, recorded.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,12 +41,102 @@ pub struct ApiState {
     /// Watch event lines for open pod watches.
     pub watch: Mutex<Option<tokio::sync::broadcast::Sender<Value>>>,
     pub resource_version: std::sync::atomic::AtomicU64,
+    pub access: Option<Access>,
+    /// Requests refused by authentication, RBAC or admission, with why.
+    pub denied: Mutex<Vec<String>>,
+}
+
+/// Who may do what: the one service-account token the server accepts, the identity it stands for
+/// (with the node-name claim a bound pod token carries since Kubernetes 1.32), the RBAC rules bound
+/// to it and the admission policies in force.
+pub struct Access {
+    pub token: String,
+    pub username: String,
+    pub node_name: String,
+    pub rbac: super::rbac::Rbac,
+    pub policies: Vec<Value>,
+}
+
+impl Access {
+    fn user_info(&self) -> Value {
+        json!({"username": self.username, "extra": {
+            "authentication.kubernetes.io/node-name": [self.node_name],
+            "authentication.kubernetes.io/pod-name": ["mlnode-agent-x7k2p"]}})
+    }
+}
+
+/// Authentication and RBAC, before any handler: what the API server's filter chain does.
+async fn authorize(
+    State(state): State<Arc<ApiState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(access) = &state.access else {
+        return next.run(request).await;
+    };
+    let method = request.method().as_str().to_string();
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or("").to_string();
+    let token = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if token != Some(access.token.as_str()) {
+        state
+            .denied
+            .lock()
+            .unwrap()
+            .push(format!("{method} {path}: unauthenticated"));
+        return status(401, "Unauthorized", "Unauthorized");
+    }
+    let allowed = super::rbac::Attributes::from_request(&method, &path, &query)
+        .is_some_and(|attributes| access.rbac.allows(&attributes));
+    if !allowed {
+        let message = format!(
+            "{method} {path}?{query}: forbidden by RBAC for {}",
+            access.username
+        );
+        state.denied.lock().unwrap().push(message.clone());
+        return status(403, "Forbidden", &message);
+    }
+    next.run(request).await
+}
+
+/// The admission policies on an update of a node (a patch is an UPDATE to admission).
+fn admit_node_update(
+    state: &ApiState,
+    subresource: &str,
+    old: &Value,
+    new: &Value,
+) -> Result<(), Box<Response>> {
+    let Some(access) = &state.access else {
+        return Ok(());
+    };
+    let resource = if subresource.is_empty() {
+        "nodes".to_string()
+    } else {
+        format!("nodes/{subresource}")
+    };
+    for policy in &access.policies {
+        if !super::admission::matches(policy, "UPDATE", &resource) {
+            continue;
+        }
+        let request = json!({"operation": "UPDATE", "subResource": subresource, "userInfo": access.user_info()});
+        if let Err(message) = super::admission::admit(policy, request, old, new) {
+            let message = format!("admission webhook denied {resource}: {message}");
+            state.denied.lock().unwrap().push(message.clone());
+            return Err(Box::new(status(403, "Forbidden", &message)));
+        }
+    }
+    Ok(())
 }
 
 pub struct FakeApiServer {
     pub state: Arc<ApiState>,
     pub addr: SocketAddr,
     dir: tempfile::TempDir,
+    ca_pem: String,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -191,8 +284,9 @@ async fn patch_status(
         Err(refused) => return *refused,
     };
     let mut node = state.node.lock().unwrap();
+    let mut updated = node.clone();
     // Strategic merge of conditions: patchMergeKey "type".
-    let conditions = node["status"]["conditions"].as_array_mut().unwrap();
+    let conditions = updated["status"]["conditions"].as_array_mut().unwrap();
     for new in patch["status"]["conditions"]
         .as_array()
         .cloned()
@@ -203,6 +297,10 @@ async fn patch_status(
             None => conditions.push(new),
         }
     }
+    if let Err(refused) = admit_node_update(&state, "status", &node, &updated) {
+        return *refused;
+    }
+    *node = updated;
     bump(&mut node);
     axum::Json(node.clone()).into_response()
 }
@@ -243,6 +341,9 @@ async fn patch_node(
             "Invalid",
             &format!("the server rejected our request due to an error in our request: {e}"),
         );
+    }
+    if let Err(refused) = admit_node_update(&state, "", &node, &updated) {
+        return *refused;
     }
     bump(&mut updated);
     *node = updated;
@@ -394,17 +495,8 @@ impl FakeApiServer {
         self.state.events.lock().unwrap().push(event);
     }
 
-    pub fn start(node: Value) -> FakeApiServer {
-        let state = Arc::new(ApiState {
-            node: Mutex::new(node),
-            ..ApiState::default()
-        });
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = axum::Router::new()
+    fn router(state: Arc<ApiState>) -> axum::Router {
+        axum::Router::new()
             .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
             .route(
                 "/api/v1/nodes/{name}/status",
@@ -415,7 +507,39 @@ impl FakeApiServer {
                 post(create_event).get(list_events),
             )
             .route("/api/v1/pods", get(pods))
-            .with_state(state.clone());
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                authorize,
+            ))
+            .with_state(state)
+    }
+
+    /// A runtime, a loopback listener and the app serving `state`.
+    fn bind(
+        state: ApiState,
+    ) -> (
+        Arc<ApiState>,
+        tokio::runtime::Runtime,
+        tokio::net::TcpListener,
+        SocketAddr,
+        axum::Router,
+    ) {
+        let state = Arc::new(state);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = FakeApiServer::router(state.clone());
+        (state, runtime, listener, addr, app)
+    }
+
+    /// Plain HTTP, no authentication: a kubeconfig (see [`FakeApiServer::kubeconfig`]) points at it.
+    pub fn start(node: Value) -> FakeApiServer {
+        let (state, runtime, listener, addr, app) = FakeApiServer::bind(ApiState {
+            node: Mutex::new(node),
+            ..ApiState::default()
+        });
         runtime.spawn(async move { axum::serve(listener, app).await });
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = format!(
@@ -426,8 +550,85 @@ impl FakeApiServer {
             state,
             addr,
             dir,
+            ca_pem: String::new(),
             _runtime: runtime,
         }
+    }
+
+    /// HTTPS on 127.0.0.1 with a serving certificate from a CA of its own ([`FakeApiServer::ca_pem`],
+    /// what a pod finds in `ca.crt`), and [`Access`] enforced on every request.
+    pub fn start_tls(node: Value, access: Access) -> FakeApiServer {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType,
+        };
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "kubernetes");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let mut params = CertificateParams::new(vec![
+            "kubernetes.default.svc".to_string(),
+            "kubernetes.default.svc.cluster.local".to_string(),
+        ])
+        .unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        let key = KeyPair::generate().unwrap();
+        let serving = params.signed_by(&key, &ca).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![serving.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let (state, runtime, listener, addr, app) = FakeApiServer::bind(ApiState {
+            node: Mutex::new(node),
+            access: Some(access),
+            ..ApiState::default()
+        });
+        runtime.spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        FakeApiServer {
+            state,
+            addr,
+            dir: tempfile::tempdir().unwrap(),
+            ca_pem: ca.pem(),
+            _runtime: runtime,
+        }
+    }
+
+    /// The CA that signed the serving certificate (TLS servers only).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    pub fn denied(&self) -> Vec<String> {
+        self.state.denied.lock().unwrap().clone()
     }
 
     pub fn kubeconfig(&self) -> PathBuf {
@@ -440,6 +641,17 @@ impl FakeApiServer {
 
     pub fn node(&self) -> Value {
         self.state.node.lock().unwrap().clone()
+    }
+
+    /// The node's condition of type `kind`, or null.
+    pub fn condition(&self, kind: &str) -> Value {
+        self.node()["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == kind)
+            .cloned()
+            .unwrap_or_default()
     }
 }
 

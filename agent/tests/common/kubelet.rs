@@ -8,7 +8,8 @@ use mlnode_agent::kubelet::pod_resources::api::pod_resources_lister_server::{
 use mlnode_agent::kubelet::pod_resources::api::*;
 
 pub struct FakeKubelet {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -26,25 +27,37 @@ impl PodResourcesLister for Lister {
 
 impl FakeKubelet {
     pub fn serve(response: ListPodResourcesResponse) -> FakeKubelet {
-        let dir = tempfile::tempdir().unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let mut kubelet = FakeKubelet::serve_in(temp.path(), response);
+        kubelet._temp = Some(temp);
+        kubelet
+    }
+
+    /// Serves `kubelet.sock` in `dir`, with the permissions the kubelet gives them: the directory
+    /// 0750 and the socket 0755 (net.Listen under the kubelet's umask 022), both root's.
+    pub fn serve_in(dir: &std::path::Path, response: ListPodResourcesResponse) -> FakeKubelet {
+        use std::os::unix::fs::PermissionsExt;
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let socket = dir.path().join("kubelet.sock");
+        let socket = dir.join("kubelet.sock");
         let listener = runtime
             .block_on(async { tokio::net::UnixListener::bind(&socket) })
             .unwrap();
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).unwrap();
         runtime.spawn(
             tonic::transport::Server::builder()
                 .add_service(PodResourcesListerServer::new(Lister(response)))
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
         );
         FakeKubelet {
-            dir,
+            dir: dir.to_path_buf(),
+            _temp: None,
             _runtime: runtime,
         }
     }
 
     pub fn socket(&self) -> PathBuf {
-        self.dir.path().join("kubelet.sock")
+        self.dir.join("kubelet.sock")
     }
 }
 

@@ -1,13 +1,18 @@
 //! Builders for model caches on disk, shared by the integration tests.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod admission;
 pub mod agent;
+pub mod container;
 pub mod kube;
 pub mod kubelet;
+pub mod kustomize;
 pub mod neuron;
 pub mod nvml;
+pub mod pod_security;
 pub mod pods;
 pub mod prometheus;
+pub mod rbac;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

@@ -21,15 +21,23 @@ impl Drop for Prometheus {
 
 /// Starts Prometheus with one scrape job per (job name, port on 127.0.0.1).
 pub fn start_prometheus(jobs: &[(&str, u16)]) -> Prometheus {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("prometheus.yml");
-    let mut text =
-        String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+    let mut jobs_yaml = String::new();
     for (job, port) in jobs {
-        text.push_str(&format!(
+        jobs_yaml.push_str(&format!(
             "  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
         ));
     }
+    start_with_scrape_configs(&jobs_yaml)
+}
+
+/// Starts Prometheus with `scrape_configs` (YAML list items, indented two spaces), scraping every
+/// second.
+pub fn start_with_scrape_configs(scrape_configs: &str) -> Prometheus {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    let text = format!(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{scrape_configs}"
+    );
     std::fs::write(&config, text).unwrap();
     let port = free_port();
     let child = Command::new("prometheus")
@@ -95,4 +103,23 @@ pub fn wait_query(port: u16, promql: &str) -> serde_json::Value {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Serves tests/fixtures/vllm-metrics.txt on a loopback port, as vLLM's /metrics.
+pub fn serve_vllm_fixture() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/vllm-metrics.txt"),
+    )
+    .unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+        }
+    });
+    port
 }

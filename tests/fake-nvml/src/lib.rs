@@ -1,5 +1,5 @@
 //! A fake `libnvidia-ml.so`: the NVML C functions the agent calls through nvml-wrapper, answering
-//! from the JSON scenario named by `FAKE_NVML_SCENARIO`, re-read on every call so a test can change
+//! from the JSON scenario named by `FAKE_NVML_SCENARIO` (else `/run/fake-nvml/scenario.json`), re-read on every call so a test can change
 //! a GPU's state while the agent runs. Struct layouts come from nvml-wrapper-sys, the same bindings
 //! the agent is built with, so the agent's FFI path is exactly the one a real GPU takes.
 //!
@@ -102,8 +102,13 @@ fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Where the scenario is when `FAKE_NVML_SCENARIO` is not set: the as-deployed test mounts it there
+/// beside the library, as the NVIDIA container toolkit mounts the driver's files, so the agent runs
+/// with exactly the container's environment.
+const MOUNTED_SCENARIO: &str = "/run/fake-nvml/scenario.json";
+
 fn scenario() -> Option<Scenario> {
-    let path = std::env::var_os("FAKE_NVML_SCENARIO")?;
+    let path = std::env::var_os("FAKE_NVML_SCENARIO").unwrap_or_else(|| MOUNTED_SCENARIO.into());
     let text = std::fs::read_to_string(path).ok()?;
     serde_json::from_str(&text).ok()
 }

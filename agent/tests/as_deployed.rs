@@ -1,0 +1,1211 @@
+//! The agent as the shipped manifests deploy it, not as a test would like to start it. Each overlay
+//! is rendered by real kustomize; the rendered pod is checked against its namespace's Pod Security
+//! level with the upstream checks; then the container is started the way the kubelet and
+//! containerd start it (common::container): the image built as the Dockerfile builds it, every
+//! ConfigMap and hostPath at its mountPath, the service-account token and CA where a pod finds
+//! them, the container's env (fieldRefs filled in) and args, its UID, no capabilities, a read-only
+//! root. It talks TLS to a fake API server that authenticates its token and enforces the rendered
+//! RBAC and ValidatingAdmissionPolicy, and reads a fake kubelet pod-resources socket at the
+//! mounted host path. Whatever the manifests get wrong (a dropped setting, a missing permission, a
+//! socket the UID cannot open) fails here.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::agent::{http_get, sample};
+use common::container::{self, ContainerSpec, Image, Mount};
+use common::kube::{gpu_node, Access, FakeApiServer};
+use common::kubelet::{response, FakeKubelet};
+use common::kustomize::{self, find};
+use common::pod_security::{violations, Level};
+use serde_json::{json, Value};
+
+const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
+const POD: &str = "mlnode-agent-x7k2p";
+/// The agent listens on the port its ConfigMap names, in what would be the pod's own network
+/// namespace; here it is the host's, so the runs take turns.
+static PORT_9400: Mutex<()> = Mutex::new(());
+
+/// Skips (with the reason on stderr) where the manifests cannot be rendered or a container
+/// cannot be emulated; everything else is a failure.
+macro_rules! or_skip {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(reason) => {
+                eprintln!("SKIPPED: {reason}");
+                return;
+            }
+        }
+    };
+}
+
+fn pod_template(objects: &[Value]) -> (&Value, &Value) {
+    let ds = find(objects, "DaemonSet", "mlnode-agent");
+    let template = &ds["spec"]["template"];
+    (&template["metadata"], &template["spec"])
+}
+
+fn namespace_level(objects: &[Value], namespace: &str, mode: &str) -> Level {
+    let ns = find(objects, "Namespace", namespace);
+    Level::parse(ns["metadata"]["labels"][format!("pod-security.kubernetes.io/{mode}")].as_str())
+}
+
+fn pod(spec: Value) -> (Value, Value) {
+    (json!({"name": "p"}), spec)
+}
+
+/// Known-good and known-bad pods for each check, after the upstream `policy/*_test.go` cases.
+#[test]
+fn the_pod_security_checks_agree_with_upstream_cases() {
+    let locked = json!({"securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "a", "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]});
+    let with = |patch: &dyn Fn(&mut Value)| {
+        let mut spec = locked.clone();
+        patch(&mut spec);
+        spec
+    };
+    let cases: Vec<(&str, Value, Vec<&str>, Vec<&str>)> = vec![
+        ("restricted pod", locked.clone(), vec![], vec![]),
+        (
+            "empty pod",
+            json!({"containers": [{"name": "a"}]}),
+            vec![],
+            vec![
+                "capabilities_restricted",
+                "seccompProfile_restricted",
+                "allowPrivilegeEscalation",
+                "runAsNonRoot",
+            ],
+        ),
+        (
+            "hostPath",
+            with(&|s| s["volumes"] = json!([{"name": "h", "hostPath": {"path": "/"}}])),
+            vec!["hostPathVolumes"],
+            vec!["restrictedVolumes"],
+        ),
+        (
+            "configMap and projected",
+            with(
+                &|s| s["volumes"] = json!([{"name": "c", "configMap": {"name": "x"}}, {"name": "p", "projected": {"sources": []}}]),
+            ),
+            vec![],
+            vec![],
+        ),
+        (
+            "hostNetwork",
+            with(&|s| s["hostNetwork"] = json!(true)),
+            vec!["hostNamespaces"],
+            vec!["hostNamespaces"],
+        ),
+        (
+            "privileged",
+            with(&|s| s["containers"][0]["securityContext"]["privileged"] = json!(true)),
+            vec!["privileged"],
+            vec!["privileged"],
+        ),
+        (
+            "SYS_ADMIN added",
+            with(&|s| {
+                s["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["SYS_ADMIN"])
+            }),
+            vec!["capabilities_baseline"],
+            vec!["capabilities_restricted"],
+        ),
+        (
+            "CHOWN added",
+            with(&|s| {
+                s["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["CHOWN"])
+            }),
+            vec![],
+            vec!["capabilities_restricted"],
+        ),
+        (
+            "NET_BIND_SERVICE added",
+            with(&|s| {
+                s["containers"][0]["securityContext"]["capabilities"]["add"] =
+                    json!(["NET_BIND_SERVICE"])
+            }),
+            vec![],
+            vec![],
+        ),
+        (
+            "hostPort",
+            with(&|s| {
+                s["containers"][0]["ports"] = json!([{"containerPort": 80, "hostPort": 8080}])
+            }),
+            vec!["hostPorts"],
+            vec!["hostPorts"],
+        ),
+        (
+            "runAsUser 0",
+            with(&|s| s["containers"][0]["securityContext"]["runAsUser"] = json!(0)),
+            vec![],
+            vec!["runAsUser"],
+        ),
+        (
+            "runAsNonRoot false on the container",
+            with(&|s| s["containers"][0]["securityContext"]["runAsNonRoot"] = json!(false)),
+            vec![],
+            vec!["runAsNonRoot"],
+        ),
+        (
+            "seccomp Unconfined",
+            with(&|s| s["securityContext"]["seccompProfile"]["type"] = json!("Unconfined")),
+            vec!["seccompProfile_baseline"],
+            vec!["seccompProfile_restricted"],
+        ),
+        (
+            "seccomp only on the container",
+            with(&|s| {
+                s["securityContext"] = json!({"runAsNonRoot": true});
+                s["containers"][0]["securityContext"]["seccompProfile"] =
+                    json!({"type": "Localhost", "localhostProfile": "p.json"});
+            }),
+            vec![],
+            vec![],
+        ),
+        (
+            "allowPrivilegeEscalation unset",
+            with(&|s| {
+                s["containers"][0]["securityContext"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("allowPrivilegeEscalation")
+                    .map(|_| ())
+                    .unwrap()
+            }),
+            vec![],
+            vec!["allowPrivilegeEscalation"],
+        ),
+        (
+            "procMount Unmasked",
+            with(&|s| s["containers"][0]["securityContext"]["procMount"] = json!("Unmasked")),
+            vec!["procMount"],
+            vec!["procMount"],
+        ),
+        (
+            "unsafe sysctl",
+            with(&|s| {
+                s["securityContext"]["sysctls"] = json!([{"name": "kernel.msgmax", "value": "1"}])
+            }),
+            vec!["sysctls"],
+            vec!["sysctls"],
+        ),
+        (
+            "safe sysctl",
+            with(&|s| {
+                s["securityContext"]["sysctls"] =
+                    json!([{"name": "net.ipv4.tcp_syncookies", "value": "1"}])
+            }),
+            vec![],
+            vec![],
+        ),
+        (
+            "SELinux user",
+            with(&|s| s["securityContext"]["seLinuxOptions"] = json!({"user": "system_u"})),
+            vec!["seLinuxOptions"],
+            vec!["seLinuxOptions"],
+        ),
+        (
+            "AppArmor Unconfined",
+            with(&|s| {
+                s["containers"][0]["securityContext"]["appArmorProfile"] =
+                    json!({"type": "Unconfined"})
+            }),
+            vec!["appArmorProfile"],
+            vec!["appArmorProfile"],
+        ),
+        (
+            "probe to another host",
+            with(&|s| {
+                s["containers"][0]["livenessProbe"] =
+                    json!({"httpGet": {"host": "10.0.0.1", "port": 80}})
+            }),
+            vec!["hostProbesAndHostLifecycle"],
+            vec!["hostProbesAndHostLifecycle"],
+        ),
+        (
+            "Windows host process",
+            with(&|s| s["securityContext"]["windowsOptions"] = json!({"hostProcess": true})),
+            vec!["windowsHostProcess"],
+            vec!["windowsHostProcess"],
+        ),
+    ];
+    for (name, spec, baseline, restricted) in cases {
+        let (metadata, spec) = pod(spec);
+        assert_eq!(
+            violations(&metadata, &spec, Level::Baseline),
+            baseline,
+            "{name}: baseline"
+        );
+        assert_eq!(
+            violations(&metadata, &spec, Level::Restricted),
+            restricted,
+            "{name}: restricted"
+        );
+        assert!(
+            violations(&metadata, &spec, Level::Privileged).is_empty(),
+            "{name}"
+        );
+    }
+}
+
+/// Every shipped combination: its pod is admitted by its namespace's enforce level, and the
+/// exceptions it takes from the stricter levels are exactly the documented ones.
+/// An overlay, the components added to it, and the check ids it fails at baseline and restricted.
+type AdmissionCase = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+#[test]
+fn every_rendered_pod_is_admitted_by_its_namespace() {
+    let cases: [AdmissionCase; 5] = [
+        (
+            "overlays/gpu",
+            &[],
+            &["hostPathVolumes"],
+            &["restrictedVolumes", "runAsNonRoot", "runAsUser"],
+        ),
+        (
+            "overlays/neuron",
+            &[],
+            &["hostPathVolumes"],
+            &["restrictedVolumes", "runAsNonRoot", "runAsUser"],
+        ),
+        (
+            "overlays/gpu",
+            &[
+                "components/startup-taint",
+                "components/nvidia-runtime-class",
+                "components/prometheus-release",
+            ],
+            &["hostPathVolumes"],
+            &["restrictedVolumes", "runAsNonRoot", "runAsUser"],
+        ),
+        (
+            "overlays/gpu",
+            &["components/non-root"],
+            &["hostPathVolumes"],
+            &["restrictedVolumes"],
+        ),
+        (
+            "overlays/neuron",
+            &["components/servicemonitor"],
+            &["hostPathVolumes"],
+            &["restrictedVolumes", "runAsNonRoot", "runAsUser"],
+        ),
+    ];
+    for (overlay, components, baseline, restricted) in cases {
+        let objects = or_skip!(kustomize::render_with(overlay, components));
+        let (metadata, spec) = pod_template(&objects);
+        let ds = find(&objects, "DaemonSet", "mlnode-agent");
+        let namespace = ds["metadata"]["namespace"].as_str().unwrap();
+        let what = format!("{overlay} + {components:?}");
+        let enforce = namespace_level(&objects, namespace, "enforce");
+        assert!(
+            violations(metadata, spec, enforce).is_empty(),
+            "{what}: refused by Pod Security {enforce:?}: {:?}",
+            violations(metadata, spec, enforce)
+        );
+        assert_eq!(
+            violations(metadata, spec, Level::Baseline),
+            baseline,
+            "{what}"
+        );
+        assert_eq!(
+            violations(metadata, spec, Level::Restricted),
+            restricted,
+            "{what}"
+        );
+        // warn/audit show every exception on apply.
+        assert_eq!(
+            namespace_level(&objects, namespace, "warn"),
+            Level::Restricted
+        );
+        // No RuntimeClass that nothing creates, unless asked for.
+        let runtime_class = spec["runtimeClassName"].as_str();
+        assert_eq!(
+            runtime_class.is_some(),
+            components.contains(&"components/nvidia-runtime-class"),
+            "{what}: runtimeClassName {runtime_class:?}"
+        );
+    }
+}
+
+/// The node labels each overlay's affinity must match: GFD, NFD, Karpenter, EKS Auto Mode for
+/// GPUs; instance types and Karpenter/Auto Mode accelerator labels for Neuron.
+#[test]
+fn every_kind_of_accelerator_node_gets_an_agent() {
+    let matches = |objects: &[Value], labels: &Value| {
+        let (_, spec) = pod_template(objects);
+        let terms = spec["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            .as_array()
+            .unwrap();
+        terms.iter().any(|term| {
+            term["matchExpressions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|e| {
+                    let value = labels[e["key"].as_str().unwrap()].as_str();
+                    match e["operator"].as_str().unwrap() {
+                        "In" => value.is_some_and(|v| {
+                            e["values"].as_array().unwrap().iter().any(|x| x == v)
+                        }),
+                        "Exists" => value.is_some(),
+                        other => panic!("operator {other} not modelled"),
+                    }
+                })
+        })
+    };
+    let gpu = or_skip!(kustomize::render_with("overlays/gpu", &[]));
+    let neuron = or_skip!(kustomize::render_with("overlays/neuron", &[]));
+    let gpu_nodes = [
+        json!({"nvidia.com/gpu.present": "true"}),
+        json!({"feature.node.kubernetes.io/pci-10de.present": "true"}),
+        json!({"karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia"}),
+        json!({"eks.amazonaws.com/instance-gpu-manufacturer": "nvidia"}),
+    ];
+    let neuron_nodes = [
+        json!({"node.kubernetes.io/instance-type": "inf1.6xlarge"}),
+        json!({"node.kubernetes.io/instance-type": "inf2.48xlarge"}),
+        json!({"node.kubernetes.io/instance-type": "trn1n.32xlarge"}),
+        json!({"node.kubernetes.io/instance-type": "trn2u.48xlarge"}),
+        json!({"karpenter.k8s.aws/instance-accelerator-manufacturer": "aws"}),
+        json!({"eks.amazonaws.com/instance-accelerator-manufacturer": "aws"}),
+    ];
+    for labels in &gpu_nodes {
+        assert!(matches(&gpu, labels), "no GPU agent on {labels}");
+        assert!(!matches(&neuron, labels), "a Neuron agent on {labels}");
+    }
+    for labels in &neuron_nodes {
+        assert!(matches(&neuron, labels), "no Neuron agent on {labels}");
+        assert!(!matches(&gpu, labels), "a GPU agent on {labels}");
+    }
+    let cpu = json!({"node.kubernetes.io/instance-type": "m7i.4xlarge", "karpenter.k8s.aws/instance-cpu-manufacturer": "intel"});
+    assert!(!matches(&gpu, &cpu) && !matches(&neuron, &cpu));
+}
+
+/// The host side of a node: a directory standing for `/`, where hostPath volumes resolve.
+struct Host {
+    root: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Host {
+        Host {
+            root: tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap(),
+        }
+    }
+
+    fn path(&self, host_path: &str) -> PathBuf {
+        self.root.path().join(host_path.trim_start_matches('/'))
+    }
+}
+
+/// What the test puts on the node beside what the manifests ship.
+struct NodeSetup<'a> {
+    host: &'a Host,
+    api: &'a FakeApiServer,
+    token: &'a str,
+    /// The NVIDIA container toolkit's injections, for a container that asks for GPUs.
+    nvml_scenario: Option<&'a Path>,
+    /// The Neuron driver's sysfs tree, under the container's /sys.
+    neuron_sysfs: Option<&'a Path>,
+    /// Replaces a key of a ConfigMap (namespace-less name, key, content), as README step 2 has the
+    /// user put their manifests in.
+    configmap_edits: Vec<(&'a str, &'a str, String)>,
+}
+
+/// The container the kubelet would start for the rendered DaemonSet, on this node.
+fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) -> ContainerSpec {
+    let (_, spec) = pod_template(objects);
+    let containers = spec["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    let ds = find(objects, "DaemonSet", "mlnode-agent");
+    let namespace = ds["metadata"]["namespace"].as_str().unwrap();
+
+    let dockerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile"))
+            .unwrap();
+    let image = Image::from_dockerfile(&dockerfile);
+    let rootfs = volumes_dir.join("rootfs");
+    image.unpack(&rootfs, &assert_cmd::cargo::cargo_bin("mlnode-agent"));
+
+    // Volumes, as the kubelet materialises them.
+    let mut mounts = Vec::new();
+    for mount in c["volumeMounts"].as_array().unwrap() {
+        let name = mount["name"].as_str().unwrap();
+        let volume = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("volumeMount {name} has no volume"));
+        let source = if let Some(cm) = volume.get("configMap") {
+            let cm_name = cm["name"].as_str().unwrap();
+            let object = objects
+                .iter()
+                .find(|o| {
+                    o["kind"] == "ConfigMap"
+                        && o["metadata"]["name"] == cm_name
+                        && o["metadata"]["namespace"] == namespace
+                })
+                .unwrap_or_else(|| panic!("ConfigMap {cm_name} is not in the install"));
+            let mut data: Vec<(String, Vec<u8>)> = object["data"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().as_bytes().to_vec()))
+                .collect();
+            for (edited, key, content) in &setup.configmap_edits {
+                if *edited == cm_name {
+                    data.retain(|(k, _)| k != key);
+                    data.push((key.to_string(), content.as_bytes().to_vec()));
+                }
+            }
+            let dir = volumes_dir.join("configmaps").join(name);
+            let files: Vec<(&str, &[u8])> = data
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            container::atomic_volume(&dir, &files);
+            dir
+        } else if let Some(host_path) = volume.get("hostPath") {
+            let path = setup.host.path(host_path["path"].as_str().unwrap());
+            match host_path["type"].as_str() {
+                Some("Directory") => assert!(
+                    path.is_dir(),
+                    "hostPath {} (type Directory) does not exist on the node",
+                    path.display()
+                ),
+                Some("DirectoryOrCreate") => std::fs::create_dir_all(&path).unwrap(),
+                other => panic!("hostPath type {other:?} not modelled"),
+            }
+            path
+        } else {
+            panic!("volume {volume} of a kind the emulation does not model");
+        };
+        // A configMap volume is always mounted read-only by the kubelet.
+        let read_only = mount["readOnly"] == true || volume.get("configMap").is_some();
+        mounts.push(Mount {
+            source,
+            target: mount["mountPath"].as_str().unwrap().into(),
+            read_only,
+        });
+    }
+    // The service-account token, CA and namespace (automountServiceAccountToken).
+    let sa_name = spec["serviceAccountName"].as_str().unwrap_or("default");
+    let sa = find(objects, "ServiceAccount", sa_name);
+    if sa["automountServiceAccountToken"] != false && spec["automountServiceAccountToken"] != false
+    {
+        let dir = volumes_dir.join("serviceaccount");
+        container::atomic_volume(
+            &dir,
+            &[
+                ("token", setup.token.as_bytes()),
+                ("ca.crt", setup.api.ca_pem().as_bytes()),
+                ("namespace", namespace.as_bytes()),
+            ],
+        );
+        mounts.push(Mount {
+            source: dir,
+            target: "/var/run/secrets/kubernetes.io/serviceaccount".into(),
+            read_only: true,
+        });
+    }
+    // The devices every runtime gives a container.
+    for dev in ["null", "zero", "random", "urandom"] {
+        mounts.push(Mount {
+            source: format!("/dev/{dev}").into(),
+            target: format!("/dev/{dev}"),
+            read_only: false,
+        });
+    }
+    let env_value = |name: &str| {
+        c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+    };
+    // The NVIDIA container toolkit: for NVIDIA_VISIBLE_DEVICES it mounts the driver's NVML library
+    // where the image's loader finds it (and, here, the fake driver's state beside it).
+    if env_value("NVIDIA_VISIBLE_DEVICES").is_some_and(|v| v != "void" && v != "none") {
+        let scenario = setup
+            .nvml_scenario
+            .expect("a GPU container needs a (fake) GPU on the node");
+        mounts.push(Mount {
+            source: common::nvml::fake_nvml().to_path_buf(),
+            target: "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1".into(),
+            read_only: true,
+        });
+        mounts.push(Mount {
+            source: scenario.to_path_buf(),
+            target: "/run/fake-nvml/scenario.json".into(),
+            read_only: true,
+        });
+    }
+    if let Some(tree) = setup.neuron_sysfs {
+        mounts.push(Mount {
+            source: tree.to_path_buf(),
+            target: "/sys/devices/virtual/neuron_device".into(),
+            read_only: true,
+        });
+    }
+    prepare_mount_points(&rootfs, &mounts);
+
+    // The environment: the image's, the runtime's, the kubelet's service variables, the container's.
+    let sc = &c["securityContext"];
+    let pod_sc = &spec["securityContext"];
+    let uid = sc["runAsUser"]
+        .as_u64()
+        .or(pod_sc["runAsUser"].as_u64())
+        .map_or(image.user.0, |u| u as u32);
+    let gid = sc["runAsGroup"]
+        .as_u64()
+        .or(pod_sc["runAsGroup"].as_u64())
+        .map_or(image.user.1, |g| g as u32);
+    // The kubelet refuses to start a container whose runAsNonRoot contradicts its UID
+    // (pkg/kubelet/kuberuntime/security_context_others.go, verifyRunAsNonRoot).
+    let non_root = sc["runAsNonRoot"]
+        .as_bool()
+        .or(pod_sc["runAsNonRoot"].as_bool())
+        .unwrap_or(false);
+    assert!(
+        !(non_root && uid == 0),
+        "CreateContainerConfigError: container's runAsUser breaks non-root policy"
+    );
+    let home = if uid == 0 { "/root" } else { "/home/nonroot" };
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        (
+            "SSL_CERT_FILE".into(),
+            "/etc/ssl/certs/ca-certificates.crt".into(),
+        ),
+        ("HOSTNAME".into(), POD.into()),
+        ("HOME".into(), home.into()),
+    ];
+    let port = setup.api.addr.port();
+    for (k, v) in [
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+        ("KUBERNETES_SERVICE_PORT", port.to_string()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", port.to_string()),
+        ("KUBERNETES_PORT", format!("tcp://127.0.0.1:{port}")),
+        ("KUBERNETES_PORT_443_TCP", format!("tcp://127.0.0.1:{port}")),
+        ("KUBERNETES_PORT_443_TCP_PROTO", "tcp".into()),
+        ("KUBERNETES_PORT_443_TCP_PORT", port.to_string()),
+        ("KUBERNETES_PORT_443_TCP_ADDR", "127.0.0.1".into()),
+    ] {
+        env.push((k.into(), v));
+    }
+    assert_eq!(
+        spec["enableServiceLinks"], false,
+        "service links would add variables for every Service in the namespace"
+    );
+    for e in c["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().unwrap().to_string();
+        let value = match (
+            e.get("value"),
+            e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        ) {
+            (Some(v), _) => v.as_str().unwrap().to_string(),
+            (None, Some("spec.nodeName")) => NODE.into(),
+            (None, Some("metadata.name")) => POD.into(),
+            (None, Some("metadata.namespace")) => namespace.into(),
+            other => panic!("env {name}: {other:?} not modelled"),
+        };
+        env.retain(|(k, _)| *k != name);
+        env.push((name, value));
+    }
+    let mut argv = match c["command"].as_array() {
+        Some(command) => command
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect(),
+        None => image.entrypoint.clone(),
+    };
+    match c["args"].as_array() {
+        Some(args) => argv.extend(args.iter().map(|a| a.as_str().unwrap().to_string())),
+        None if c["command"].is_null() => argv.extend(image.cmd.iter().cloned()),
+        None => {}
+    }
+    let caps = &sc["capabilities"];
+    assert_eq!(
+        caps["drop"],
+        json!(["ALL"]),
+        "the emulation drops every capability"
+    );
+    assert!(
+        caps["add"].as_array().is_none_or(|a| a.is_empty()),
+        "the emulation adds no capability"
+    );
+    ContainerSpec {
+        rootfs,
+        read_only_root: sc["readOnlyRootFilesystem"] == true,
+        mounts,
+        uid,
+        gid,
+        no_new_privs: sc["allowPrivilegeEscalation"] == false,
+        env,
+        argv,
+    }
+}
+
+/// Mount points the runtime creates: in the image, or inside the volume a nested mount lands in.
+fn prepare_mount_points(rootfs: &Path, mounts: &[Mount]) {
+    for (i, mount) in mounts.iter().enumerate() {
+        let outer = mounts[..i]
+            .iter()
+            .filter(|m| mount.target.starts_with(&format!("{}/", m.target)))
+            .max_by_key(|m| m.target.len());
+        let point = match outer {
+            Some(outer) => outer.source.join(&mount.target[outer.target.len() + 1..]),
+            None => rootfs.join(mount.target.trim_start_matches('/')),
+        };
+        if mount.source.is_dir() {
+            std::fs::create_dir_all(&point).unwrap();
+        } else {
+            std::fs::create_dir_all(point.parent().unwrap()).unwrap();
+            if !point.exists() {
+                std::fs::write(&point, b"").unwrap();
+            }
+        }
+    }
+}
+
+/// The fake API server as the rendered install authorizes it.
+fn api_server(objects: &[Value], node: Value, token: &str) -> FakeApiServer {
+    let ds = find(objects, "DaemonSet", "mlnode-agent");
+    let namespace = ds["metadata"]["namespace"].as_str().unwrap();
+    let sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap();
+    let bound: Vec<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
+        .filter_map(|o| o["spec"]["policyName"].as_str())
+        .collect();
+    let policies = objects
+        .iter()
+        .filter(|o| {
+            o["kind"] == "ValidatingAdmissionPolicy"
+                && bound.contains(&o["metadata"]["name"].as_str().unwrap_or(""))
+        })
+        .cloned()
+        .collect();
+    FakeApiServer::start_tls(
+        node,
+        Access {
+            token: token.into(),
+            username: format!("system:serviceaccount:{namespace}:{sa}"),
+            node_name: NODE.into(),
+            rbac: common::rbac::Rbac::for_service_account(objects, namespace, sa),
+            policies,
+        },
+    )
+}
+
+struct Running {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Running {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+            + &std::fs::read_to_string(self.log.with_extension("stderr")).unwrap_or_default()
+    }
+
+    fn metrics(&self) -> Option<String> {
+        match http_get(9400, "/metrics") {
+            Ok((200, body)) => Some(body),
+            _ => None,
+        }
+    }
+
+    /// Waits for `check` to hold; panics with the agent's log after `limit`.
+    fn wait(&mut self, what: &str, limit: Duration, check: impl Fn(&Running) -> bool) {
+        let started = Instant::now();
+        while !check(self) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{what}: the agent exited ({status})\n{}", self.log());
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{what}: not within {limit:?}\nagent log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(spec: &ContainerSpec, dir: &Path) -> Running {
+    if std::net::TcpListener::bind("0.0.0.0:9400").is_err() {
+        panic!("port 9400 is taken by another process: the agent's ConfigMap listens there");
+    }
+    let log = dir.join("agent.log");
+    let running = Running {
+        child: container::start(spec, &log),
+        log,
+    };
+    // The process is confined as the manifest says, or the run proves nothing.
+    let proc = PathBuf::from(format!("/proc/{}", running.child.id()));
+    let status = std::fs::read_to_string(proc.join("status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(field("Uid")[1], spec.uid.to_string(), "{status}");
+    assert_eq!(field("Gid")[1], spec.gid.to_string(), "{status}");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(field(set)[0], "0000000000000000", "{set}: {status}");
+    }
+    assert_eq!(
+        field("NoNewPrivs")[0],
+        if spec.no_new_privs { "1" } else { "0" }
+    );
+    assert_eq!(
+        std::fs::read_link(proc.join("root")).unwrap(),
+        spec.rootfs,
+        "chrooted into the image"
+    );
+    running
+}
+
+/// The model the user keeps on the node, and the native manifest README step 2 has them put in
+/// the manifests ConfigMap (the shipped config.yaml is used as is).
+fn user_model(host: &Host) -> String {
+    let root = host.path("/var/lib/models/llama-3.1-8b");
+    let model = common::PlainModel::new();
+    std::fs::create_dir_all(&root).unwrap();
+    for (path, bytes) in &model.files {
+        let full = root.join(path);
+        std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+        std::fs::write(full, bytes).unwrap();
+    }
+    model.manifest_json("0e9e39f249a16976918f6564b8830bc894c89659", true)
+}
+
+fn h100(i: usize) -> Value {
+    json!({"uuid": format!("GPU-{i}a8c7e3b-1d2f-4e5a-9b6c-7d8e9f0a1b2c"), "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": format!("00000000:{:02X}:00.0", 0x18 + i * 0x10),
+        "memory": {"total": 85520809984u64, "used": 70000000000u64, "free": 15000000000u64, "reserved": 520809984u64},
+        "clocks_event_reasons": 0, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 51, "power_mw": 512000,
+        "utilization": {"gpu": 93, "memory": 61}, "energy_mj": 987654321u64, "xid_events": [], "lost": false, "unsupported": []})
+}
+
+fn kubelet_conditions(node: &Value) -> Vec<Value> {
+    node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            !["ModelCacheVerified", "AcceleratorHealthy"].contains(&c["type"].as_str().unwrap())
+        })
+        .cloned()
+        .collect()
+}
+
+/// A GPU node with two H100s, the vLLM pod holding GPU 1, and the agent started from the GPU
+/// overlay with `components`.
+struct GpuNode {
+    api: FakeApiServer,
+    agent: Running,
+    node: Value,
+    vllm_gpu: String,
+    _kubelet: FakeKubelet,
+    _dirs: (Host, tempfile::TempDir),
+}
+
+fn gpu_node_with(components: &[&str], uid: u32) -> Result<GpuNode, String> {
+    let objects = kustomize::render_with("overlays/gpu", components)?;
+    container::supported()?;
+    let host = Host::new();
+    let manifest = user_model(&host);
+    let token = format!("eyJhbGciOiJSUzI1NiJ9.{}", std::process::id());
+    let node = gpu_node(NODE);
+    let api = api_server(&objects, node.clone(), &token);
+    // The kubelet's socket sits where the pod-resources hostPath volume points.
+    let socket_dir = host.path("/var/lib/kubelet/pod-resources");
+    std::fs::create_dir_all(&socket_dir).unwrap();
+    let gpus = [h100(0), h100(1)];
+    let vllm_gpu = gpus[1]["uuid"].as_str().unwrap().to_string();
+    let kubelet = FakeKubelet::serve_in(
+        &socket_dir,
+        response(&[("vllm-0", "nvidia.com/gpu", &[vllm_gpu.as_str()])]),
+    );
+    let scenario = host.root.path().join("nvml-scenario.json");
+    std::fs::write(
+        &scenario,
+        json!({"driver_version": "580.95.05", "devices": gpus}).to_string(),
+    )
+    .unwrap();
+    let volumes = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let setup = NodeSetup {
+        host: &host,
+        api: &api,
+        token: &token,
+        nvml_scenario: Some(&scenario),
+        neuron_sysfs: None,
+        configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
+    };
+    let spec = as_kubelet_would(&objects, &setup, volumes.path());
+    assert_eq!(
+        spec.uid, uid,
+        "docs/security.md: the UID each variant runs as"
+    );
+    let agent = run(&spec, volumes.path());
+    Ok(GpuNode {
+        api,
+        agent,
+        node,
+        vllm_gpu,
+        _kubelet: kubelet,
+        _dirs: (host, volumes),
+    })
+}
+
+#[test]
+fn the_gpu_overlay_with_the_startup_taint_runs_as_deployed() {
+    let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    let GpuNode {
+        api,
+        mut agent,
+        node,
+        vllm_gpu,
+        _kubelet,
+        _dirs,
+    } = or_skip!(gpu_node_with(&["components/startup-taint"], 0));
+
+    agent.wait("own startup taint removed", Duration::from_secs(60), |_| {
+        api.node()["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["key"] != "mlnode.dev/not-ready")
+    });
+    // UID 0 without capabilities opens the kubelet's root-only socket: the GPU's owner is labelled.
+    agent.wait(
+        "GPU series with the vLLM pod's labels",
+        Duration::from_secs(30),
+        |a| {
+            a.metrics().is_some_and(|m| {
+                sample(
+                    &m,
+                    "mlnode_gpu_utilization_ratio",
+                    &[
+                        ("UUID", &vllm_gpu),
+                        ("pod", "vllm-0"),
+                        ("namespace", "inference"),
+                    ],
+                )
+                .is_some()
+            })
+        },
+    );
+    let metrics = agent.metrics().unwrap();
+    for collector in ["model_cache", "nvml", "readiness", "startup"] {
+        assert_eq!(
+            sample(&metrics, "mlnode_collector_up", &[("collector", collector)]),
+            Some(1.0),
+            "{collector}\n{}",
+            agent.log()
+        );
+    }
+    assert_eq!(
+        sample(&metrics, "mlnode_collector_up", &[("collector", "neuron")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_model_cache_verified",
+            &[("model_name", "llama-3.1-8b")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&metrics, "mlnode_gpu_count", &[]), Some(2.0));
+
+    // Conditions written, the kubelet's and the foreign taint untouched.
+    let node_now = api.node();
+    assert_eq!(api.condition("ModelCacheVerified")["status"], "True");
+    assert_eq!(
+        api.condition("AcceleratorHealthy")["status"],
+        "True",
+        "{}",
+        api.condition("AcceleratorHealthy")
+    );
+    assert_eq!(kubelet_conditions(&node_now), kubelet_conditions(&node));
+    assert_eq!(
+        node_now["spec"]["taints"],
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    );
+    // Every request authenticated and allowed by the rendered RBAC and admission policy.
+    assert_eq!(api.denied(), Vec::<String>::new(), "{}", agent.log());
+    let requests = api.requests();
+    for (method, path) in [
+        ("PATCH", format!("/api/v1/nodes/{NODE}/status")),
+        ("PATCH", format!("/api/v1/nodes/{NODE}")),
+        ("GET", format!("/api/v1/nodes/{NODE}")),
+    ] {
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.method == method && r.path == path),
+            "no {method} {path}: {requests:#?}"
+        );
+    }
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.path.starts_with("/api/v1/pods?") && r.path.contains("spec.nodeName")),
+        "the startup tracker watches its node's pods"
+    );
+}
+
+/// components/non-root's documented cost, as deployed: UID 65532 cannot open the kubelet's
+/// socket, so GPU series come without their owner's labels, and the log says why.
+#[test]
+fn the_non_root_component_runs_without_pod_labels_and_says_why() {
+    let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    let GpuNode {
+        api,
+        mut agent,
+        vllm_gpu,
+        _kubelet,
+        _dirs,
+        ..
+    } = or_skip!(gpu_node_with(&["components/non-root"], 65532));
+    agent.wait(
+        "the pod-resources refusal logged",
+        Duration::from_secs(30),
+        |a| a.log().contains("no pod labels on devices") && a.log().contains("Permission denied"),
+    );
+    agent.wait("GPU series", Duration::from_secs(30), |a| {
+        a.metrics().is_some_and(|m| {
+            sample(&m, "mlnode_gpu_utilization_ratio", &[("UUID", &vllm_gpu)]).is_some()
+        })
+    });
+    let metrics = agent.metrics().unwrap();
+    assert!(!metrics.contains("pod=\"vllm-0\""), "{metrics}");
+    assert_eq!(api.denied(), Vec::<String>::new());
+}
+
+#[test]
+fn the_neuron_overlay_runs_as_deployed_and_requires_the_driver() {
+    let objects = or_skip!(kustomize::render_with("overlays/neuron", &[]));
+    or_skip!(container::supported());
+    let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    let mut node = gpu_node(NODE);
+    node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = json!("inf2.48xlarge");
+    node["spec"]["taints"] =
+        json!([{"key": "aws.amazon.com/neuron", "value": "present", "effect": "NoSchedule"}]);
+    let tree = common::neuron::NeuronTree::new("inf2.48xlarge", 2, 2);
+    for (driver, expected) in [(Some(tree.root()), "True"), (None, "False")] {
+        let host = Host::new();
+        let manifest = user_model(&host);
+        std::fs::create_dir_all(host.path("/var/lib/kubelet/pod-resources")).unwrap();
+        let token = "neuron-node-token";
+        let api = api_server(&objects, node.clone(), token);
+        let volumes = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let setup = NodeSetup {
+            host: &host,
+            api: &api,
+            token,
+            nvml_scenario: None,
+            neuron_sysfs: driver,
+            configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
+        };
+        let spec = as_kubelet_would(&objects, &setup, volumes.path());
+        let mut agent = run(&spec, volumes.path());
+        agent.wait(
+            "AcceleratorHealthy written",
+            Duration::from_secs(60),
+            |_| api.condition("AcceleratorHealthy")["status"] == expected,
+        );
+        let metrics = agent.metrics().unwrap();
+        let up = |c: &str| sample(&metrics, "mlnode_collector_up", &[("collector", c)]);
+        // MLNODE_NVML__ENABLED=false and MLNODE_NEURON__ENABLED=true took effect.
+        assert_eq!(up("nvml"), Some(0.0));
+        assert!(
+            agent.log().contains("nvml.enabled: false"),
+            "{}",
+            agent.log()
+        );
+        let healthy = api.condition("AcceleratorHealthy");
+        match driver {
+            Some(_) => {
+                assert_eq!(up("neuron"), Some(1.0), "{}", agent.log());
+                assert!(metrics.contains("mlnode_neuron_"), "{metrics}");
+                assert!(
+                    healthy["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("2 Neuron device(s)"),
+                    "{healthy}"
+                );
+            }
+            None => {
+                // A Neuron node without a driver is not a healthy accelerator node.
+                assert_eq!(up("neuron"), Some(0.0));
+                assert_eq!(healthy["reason"], "CollectorUnavailable", "{healthy}");
+            }
+        }
+        assert_eq!(
+            api.node()["spec"]["taints"],
+            node["spec"]["taints"],
+            "no startup taint component: taints untouched"
+        );
+        assert_eq!(api.denied(), Vec::<String>::new(), "{}", agent.log());
+    }
+}
+
+/// The scrape job prometheus-operator generates for a PodMonitor endpoint
+/// (pkg/prometheus/promcfg.go, `generatePodMonitorConfig`; its golden files under
+/// pkg/prometheus/testdata), with Kubernetes discovery replaced by a static target carrying the
+/// `__meta_kubernetes_*` labels discovery would give the agent's pod. Only the interval is
+/// shortened, so the test need not wait 15 s per scrape.
+fn pod_monitor_job(monitor: &Value, pod_labels: &Value, namespace: &str, target: &str) -> String {
+    let spec = &monitor["spec"];
+    let endpoint = &spec["podMetricsEndpoints"][0];
+    let port = endpoint["port"].as_str().unwrap();
+    let name = monitor["metadata"]["name"].as_str().unwrap();
+    let monitor_namespace = monitor["metadata"]["namespace"].as_str().unwrap();
+    let sanitize = |label: &str| label.replace(['.', '/', '-'], "_");
+    let mut meta = vec![
+        (
+            "__meta_kubernetes_namespace".to_string(),
+            namespace.to_string(),
+        ),
+        ("__meta_kubernetes_pod_name".into(), POD.into()),
+        (
+            "__meta_kubernetes_pod_container_name".into(),
+            "agent".into(),
+        ),
+        (
+            "__meta_kubernetes_pod_container_port_name".into(),
+            port.into(),
+        ),
+        ("__meta_kubernetes_pod_phase".into(), "Running".into()),
+    ];
+    for (k, v) in pod_labels.as_object().unwrap() {
+        meta.push((
+            format!("__meta_kubernetes_pod_label_{}", sanitize(k)),
+            v.as_str().unwrap().into(),
+        ));
+        meta.push((
+            format!("__meta_kubernetes_pod_labelpresent_{}", sanitize(k)),
+            "true".into(),
+        ));
+    }
+    let mut relabel = String::from(
+        "      - {source_labels: [job], target_label: __tmp_prometheus_job_name}\n      - {action: drop, source_labels: [__meta_kubernetes_pod_phase], regex: (Failed|Succeeded)}\n",
+    );
+    for (k, v) in spec["selector"]["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let k = sanitize(k);
+        relabel.push_str(&format!(
+            "      - {{action: keep, source_labels: [__meta_kubernetes_pod_label_{k}, __meta_kubernetes_pod_labelpresent_{k}], regex: ({});true}}\n",
+            v.as_str().unwrap()
+        ));
+    }
+    relabel.push_str(&format!(
+        "      - {{action: keep, source_labels: [__meta_kubernetes_pod_container_port_name], regex: {port}}}\n      - {{source_labels: [__meta_kubernetes_namespace], target_label: namespace}}\n      - {{source_labels: [__meta_kubernetes_pod_container_name], target_label: container}}\n      - {{source_labels: [__meta_kubernetes_pod_name], target_label: pod}}\n      - {{target_label: job, replacement: {monitor_namespace}/{name}}}\n      - {{target_label: endpoint, replacement: {port}}}\n"
+    ));
+    let labels: Vec<String> = meta.iter().map(|(k, v)| format!("{k}: {v:?}")).collect();
+    format!(
+        "  - job_name: podMonitor/{monitor_namespace}/{name}/0\n    honor_labels: {}\n    metrics_path: {}\n    static_configs:\n      - targets: ['{target}']\n        labels: {{{}}}\n    relabel_configs:\n{relabel}",
+        endpoint["honorLabels"].as_bool().unwrap_or(false),
+        endpoint["path"].as_str().unwrap_or("/metrics"),
+        labels.join(", "),
+    )
+}
+
+/// The shipped PodMonitor keeps the GPU owner's labels, so the documented join of a GPU's series
+/// with the vLLM server using it, by (namespace, pod), returns rows; the same job without
+/// honorLabels (what was shipped before) returns none.
+#[test]
+fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
+    let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    let objects = or_skip!(kustomize::render_with("overlays/gpu", &[]));
+    let GpuNode {
+        mut agent,
+        vllm_gpu,
+        _kubelet,
+        _dirs,
+        ..
+    } = or_skip!(gpu_node_with(&[], 0));
+    agent.wait("GPU series with pod labels", Duration::from_secs(30), |a| {
+        a.metrics().is_some_and(|m| m.contains("pod=\"vllm-0\""))
+    });
+    let monitor = find(&objects, "PodMonitor", "mlnode-agent");
+    let (metadata, _) = pod_template(&objects);
+    let namespace = find(&objects, "DaemonSet", "mlnode-agent")["metadata"]["namespace"]
+        .as_str()
+        .unwrap();
+    let shipped = pod_monitor_job(monitor, &metadata["labels"], namespace, "127.0.0.1:9400");
+    let mut unhonoured = monitor.clone();
+    unhonoured["metadata"]["name"] = json!("without-honor-labels");
+    unhonoured["spec"]["podMetricsEndpoints"][0]["honorLabels"] = json!(false);
+    let without = pod_monitor_job(
+        &unhonoured,
+        &metadata["labels"],
+        namespace,
+        "127.0.0.1:9400",
+    );
+    // vLLM, as its own PodMonitor labels it: the serving pod's namespace and name.
+    let vllm = format!(
+        "  - job_name: podMonitor/inference/vllm/0\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n        labels: {{namespace: inference, pod: vllm-0, container: vllm}}\n",
+        common::prometheus::serve_vllm_fixture()
+    );
+    let prometheus =
+        common::prometheus::start_with_scrape_configs(&format!("{shipped}{without}{vllm}"));
+    let join = |job: &str| {
+        format!("mlnode_gpu_utilization_ratio{{job=\"{job}\"}} * on(namespace, pod) group_left(model_name) vllm:num_requests_running")
+    };
+    let rows = common::prometheus::wait_query(prometheus.port, &join("mlnode-system/mlnode-agent"));
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    assert_eq!(rows[0]["metric"]["UUID"], vllm_gpu.as_str());
+    assert_eq!(rows[0]["metric"]["model_name"], "tiny-model");
+    // The agent's own series keep the agent's pod: honorLabels only lets scraped labels win.
+    let own = common::prometheus::wait_query(
+        prometheus.port,
+        "mlnode_build_info{job=\"mlnode-system/mlnode-agent\"}",
+    );
+    assert_eq!(own[0]["metric"]["pod"], POD);
+    // Without honorLabels the owner's labels are renamed and the join is empty.
+    common::prometheus::wait_query(prometheus.port, "mlnode_gpu_utilization_ratio{job=\"mlnode-system/without-honor-labels\", exported_pod=\"vllm-0\"}");
+    let none =
+        common::prometheus::query_raw(prometheus.port, &join("mlnode-system/without-honor-labels"))
+            .unwrap();
+    assert_eq!(none, json!([]), "{none}");
+}

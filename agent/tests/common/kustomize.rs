@@ -1,0 +1,99 @@
+//! The manifests as real kustomize renders them: `kubectl kustomize` (kustomize v5 inside kubectl),
+//! else a `kustomize` binary. Without either, the caller skips with the reason.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy")
+        .canonicalize()
+        .unwrap()
+}
+
+/// The command that renders a kustomization directory, or why there is none.
+fn renderer() -> Result<Vec<String>, String> {
+    let works = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works("kubectl", &["kustomize", "--help"]) {
+        return Ok(vec!["kubectl".into(), "kustomize".into()]);
+    }
+    if works("kustomize", &["version"]) {
+        return Ok(vec!["kustomize".into(), "build".into()]);
+    }
+    Err("neither `kubectl` nor `kustomize` is installed: the manifests can only be tested as real kustomize renders them (scripts/test.sh installs kubectl)".into())
+}
+
+/// The objects kustomize renders from `dir`; Err says why nothing could be rendered (no binary).
+/// A kustomize error fails the test.
+pub fn render(dir: &Path) -> Result<Vec<Value>, String> {
+    let command = renderer()?;
+    let output = Command::new(&command[0])
+        .args(&command[1..])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{} {} {}: {}",
+        command[0],
+        command[1],
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    Ok(serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect())
+}
+
+/// Renders `deploy/daemonset/<overlay>` with `components` (paths under deploy/daemonset) added,
+/// through a kustomization that names them by relative paths, as kustomize requires.
+pub fn render_with(overlay: &str, components: &[&str]) -> Result<Vec<Value>, String> {
+    let base = deploy_dir().join("daemonset");
+    if components.is_empty() {
+        return render(&base.join(overlay));
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let relative = |target: &str| relative_path(dir.path(), &base.join(target));
+    let mut text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n",
+        relative(overlay)
+    );
+    for component in components {
+        text.push_str(&format!("  - {}\n", relative(component)));
+    }
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
+    render(dir.path())
+}
+
+/// `to` relative to the directory `from` (both absolute, canonical).
+fn relative_path(from: &Path, to: &Path) -> String {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for part in &to[common..] {
+        path.push(part);
+    }
+    path.display().to_string()
+}
+
+pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the rendered objects"))
+}
