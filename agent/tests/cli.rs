@@ -435,3 +435,62 @@ fn a_plain_directory_needs_a_manifest() {
         out.stderr
     );
 }
+
+/// `mlnode-agent config` through the process environment, as a pod's container gets it: one
+/// variable for every section of the configuration, each named as the origin of its value.
+#[test]
+fn config_shows_every_section_set_by_a_variable_with_its_origin() {
+    let vars = [
+        ("MLNODE_LISTEN", "127.0.0.1:19400", "listen"),
+        ("MLNODE_NODE_NAME", "gpu-7", "node_name"),
+        ("MLNODE_LOG_FORMAT", "json", "log_format"),
+        (
+            "MLNODE_MODELS",
+            "[{name: a, root: /m/a, manifest: /c/a.json}]",
+            "models",
+        ),
+        ("MLNODE_VERIFY__THREADS", "3", "verify.threads"),
+        ("MLNODE_NVML__ENABLED", "false", "nvml.enabled"),
+        ("MLNODE_NEURON__ENABLED", "true", "neuron.enabled"),
+        (
+            "MLNODE_KUBELET__POD_RESOURCES_INTERVAL",
+            "30s",
+            "kubelet.pod_resources_interval",
+        ),
+        (
+            "MLNODE_READINESS__STARTUP_TAINT",
+            "mlnode.dev/not-ready:NoSchedule",
+            "readiness.startup_taint",
+        ),
+        ("MLNODE_STARTUP__RECENT_PODS", "10", "startup.recent_pods"),
+    ];
+    let output = agent()
+        .arg("config")
+        .envs(vars.iter().map(|(k, v, _)| (*k, *v)))
+        .env("MLNODE_AGENT_SERVICE_HOST", "10.0.0.1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for (name, _, key) in vars {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("#   {key} "))
+                && l.ends_with(&format!("variable {name}"))),
+            "{key} from {name}:\n{text}"
+        );
+    }
+    // A wrong key in a real section, and a bad value, stop `serve` naming the variable.
+    for (name, value) in [
+        ("MLNODE_READINESS__ENABLE", "true"),
+        ("MLNODE_READINESS__ENABLED", "garbage"),
+    ] {
+        let output = agent().args(["serve"]).env(name, value).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(&format!("variable {name}")), "{stderr}");
+    }
+}

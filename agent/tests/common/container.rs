@@ -286,7 +286,10 @@ impl Image {
         let put = |path: &str, from: &Path| {
             let to = rootfs.join(path.trim_start_matches('/'));
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(from, &to).unwrap();
+            // A hard link where it can be (the binary is hundreds of MB in a debug build).
+            if std::fs::hard_link(from, &to).is_err() {
+                std::fs::copy(from, &to).unwrap();
+            }
         };
         put(&self.binary_path, binary);
         let ldd = Command::new("ldd").arg(binary).output().unwrap();
