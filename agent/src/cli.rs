@@ -77,9 +77,22 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct HashingArgs {
-    /// Hashing threads (0: one per core).
-    #[arg(long, default_value_t = 0)]
+    /// Hashing threads (0: one per core; at most 256).
+    #[arg(long, default_value_t = 0, value_parser = thread_count)]
     pub threads: usize,
+}
+
+fn thread_count(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of threads"))?;
+    if n > config::MAX_THREADS {
+        return Err(format!(
+            "{n} is out of bounds: at most {} hashing threads (0: one per core)",
+            config::MAX_THREADS
+        ));
+    }
+    Ok(n)
 }
 
 #[derive(Args, Debug)]
@@ -339,7 +352,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return usage_error(format!("cannot start the async runtime: {e}")),
     };
-    match runtime.block_on(crate::daemon::run(config)) {
+    let outcome = runtime.block_on(crate::daemon::run(config));
+    // A blocking task stuck in a driver or file system call must not hold the exit up.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "mlnode-agent stopped");

@@ -527,36 +527,16 @@ pub fn load_with_sources(
     Ok((config, sources))
 }
 
-/// A config file is small and must be a regular file: a FIFO or a device would block or never end.
+/// A config file is small; a larger one is a mistake (or not a config file).
 const CONFIG_FILE_LIMIT: u64 = 4 << 20;
 
 fn read_config_file(path: &Path) -> Result<String, ConfigError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     let fail = |source: std::io::Error| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(fail)?;
-    let meta = file.metadata().map_err(fail)?;
-    if !meta.is_file() {
-        return Err(fail(std::io::Error::other("not a regular file")));
-    }
-    let mut text = String::new();
-    file.take(CONFIG_FILE_LIMIT + 1)
-        .read_to_string(&mut text)
-        .map_err(fail)?;
-    if text.len() as u64 > CONFIG_FILE_LIMIT {
-        return Err(fail(std::io::Error::other(format!(
-            "larger than {} MiB",
-            CONFIG_FILE_LIMIT >> 20
-        ))));
-    }
-    Ok(text)
+    let bytes = crate::files::read_bounded(path, CONFIG_FILE_LIMIT).map_err(fail)?;
+    String::from_utf8(bytes).map_err(|_| fail(std::io::Error::other("not UTF-8 text")))
 }
 
 fn apply(tree: &mut Value, o: &Override) -> Result<(), ConfigError> {

@@ -156,71 +156,44 @@ async fn start_readiness(
     Ok(())
 }
 
-pub async fn run(config: Config) -> Result<(), DaemonError> {
-    let registry = crate::metrics::registry(&config.node_name);
-    let agent_metrics = AgentMetrics::register(&registry)?;
-    let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
+/// How long NVML gets to initialise: a wedged driver can block `nvmlInit` indefinitely, and the
+/// agent must not wait on it for anything but the GPU collector.
+const NVML_START_TIMEOUT: Duration = Duration::from_secs(30);
 
-    let threads = config.verify.threads;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("hash-{i}"))
-        .build()
-        .map_err(|e| DaemonError::Pool {
-            threads,
-            reason: e.to_string(),
-        })?;
-    let pool = Arc::new(pool);
-
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| DaemonError::Listen {
-            addr: config.listen,
-            source,
-        })?;
-    let local = listener.local_addr().map_err(DaemonError::Server)?;
-
-    let shutdown = CancellationToken::new();
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(DaemonError::Signal)?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .map_err(DaemonError::Signal)?;
-
-    let loads = LoadActivity::default();
-    let mut models = Vec::new();
-    let mut tasks = tokio::task::JoinSet::new();
-    for model in &config.models {
-        let state = Arc::new(ModelState::new(&model.name));
-        models.push(state.clone());
-        let monitor = Monitor::new(
-            model.clone(),
-            config.verify.clone(),
-            pool.clone(),
-            cache_metrics.clone(),
-            state,
-            loads.clone(),
-        );
-        tasks.spawn(monitor.run(shutdown.child_token()));
-    }
-    agent_metrics.set_up("model_cache", true);
-
-    // NVML loads a shared library and talks to the driver: off the async worker threads.
-    let assignments = SharedAssignments::default();
-    let gpu = {
-        let (settings, node, registry, shared) = (
-            config.nvml.clone(),
-            config.node_name.clone(),
-            registry.clone(),
-            assignments.clone(),
-        );
-        let resources = config.kubelet.gpu_resource_names.clone();
-        tokio::task::spawn_blocking(move || {
-            GpuRuntime::start(&settings, &node, shared, resources, &registry)
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("NVML start-up task failed: {e}")))
+/// Opens NVML on a thread of its own (a blocked `nvmlInit` cannot be cancelled, and a stuck
+/// blocking task would hold up the async runtime's shutdown), bounded by [`NVML_START_TIMEOUT`].
+async fn start_gpu(
+    config: &Config,
+    registry: &prometheus::Registry,
+    assignments: &SharedAssignments,
+) -> Option<GpuRuntime> {
+    let (settings, node, registry, shared) = (
+        config.nvml.clone(),
+        config.node_name.clone(),
+        registry.clone(),
+        assignments.clone(),
+    );
+    let resources = config.kubelet.gpu_resource_names.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("nvml-start".into())
+        .spawn(move || {
+            let _ = tx.send(GpuRuntime::start(
+                &settings, &node, shared, resources, &registry,
+            ));
+        });
+    let started = match spawned {
+        Err(e) => Err(format!("cannot start the NVML start-up thread: {e}")),
+        Ok(_) => match tokio::time::timeout(NVML_START_TIMEOUT, rx).await {
+            Ok(Ok(started)) => started,
+            Ok(Err(_)) => Err("NVML start-up thread ended without an answer".into()),
+            Err(_) => Err(format!(
+                "NVML did not finish initialising within {}s (a wedged driver?); the GPU collector stays off until the agent restarts",
+                NVML_START_TIMEOUT.as_secs()
+            )),
+        },
     };
-    let gpu = match gpu {
+    match started {
         Ok(gpu) => Some(gpu),
         Err(reason) => {
             if config.nvml.enabled == Toggle::On {
@@ -230,7 +203,22 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             }
             None
         }
-    };
+    }
+}
+
+/// Everything that talks to hardware or the cluster, started after the server so that none of it
+/// can keep `/metrics`, `/healthz` or SIGTERM waiting; runs until `shutdown`.
+async fn run_collectors(
+    config: Config,
+    registry: prometheus::Registry,
+    agent_metrics: AgentMetrics,
+    models: Vec<Arc<ModelState>>,
+    loads: LoadActivity,
+    shutdown: CancellationToken,
+) -> Result<(), DaemonError> {
+    let mut tasks = tokio::task::JoinSet::new();
+    let assignments = SharedAssignments::default();
+    let gpu = start_gpu(&config, &registry, &assignments).await;
     agent_metrics.set_up("nvml", gpu.is_some());
 
     let neuron = neuron::start(
@@ -283,7 +271,6 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         &shutdown,
     )
     .await?;
-
     if !resource_names.is_empty() {
         tasks.spawn(pod_resources::poll(
             kubelet.pod_resources_socket.clone(),
@@ -293,24 +280,106 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             shutdown.child_token(),
         ));
     }
+    shutdown.cancelled().await;
+    if let Some(gpu) = &gpu {
+        gpu.stop();
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let registry = crate::metrics::registry(&config.node_name);
+    let agent_metrics = AgentMetrics::register(&registry)?;
+    let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
+
+    let threads = config.verify.threads;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("hash-{i}"))
+        .build()
+        .map_err(|e| DaemonError::Pool {
+            threads,
+            reason: e.to_string(),
+        })?;
+    let pool = Arc::new(pool);
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| DaemonError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(DaemonError::Server)?;
+
+    let shutdown = CancellationToken::new();
+    let signal = |kind| tokio::signal::unix::signal(kind).map_err(DaemonError::Signal);
+    let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut sighup = signal(tokio::signal::unix::SignalKind::hangup())?;
+
+    let loads = LoadActivity::default();
+    let mut models = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for model in &config.models {
+        let state = Arc::new(ModelState::new(&model.name));
+        models.push(state.clone());
+        let monitor = Monitor::new(
+            model.clone(),
+            config.verify.clone(),
+            pool.clone(),
+            cache_metrics.clone(),
+            state,
+            loads.clone(),
+        );
+        tasks.spawn(monitor.run(shutdown.child_token()));
+    }
+    agent_metrics.set_up("model_cache", true);
+    // Until their start-up says otherwise, the other collectors are not up.
+    for collector in ["nvml", "neuron", "readiness", "startup"] {
+        agent_metrics.set_up(collector, false);
+    }
 
     tracing::info!(listen = %local, node_name = %config.node_name, models = config.models.len(), version = env!("CARGO_PKG_VERSION"), "mlnode-agent serving");
     let server = tokio::spawn(server::serve(
         listener,
-        AppState { registry, models },
+        AppState {
+            registry: registry.clone(),
+            models: models.clone(),
+        },
+        shutdown.clone(),
+    ));
+    let mut collectors = tokio::spawn(run_collectors(
+        config,
+        registry,
+        agent_metrics,
+        models,
+        loads,
         shutdown.clone(),
     ));
 
-    tokio::select! {
-        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
+    let mut collectors_done = false;
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = sighup.recv() => tracing::info!("SIGHUP ignored: the configuration is read at start; restart the agent (roll the DaemonSet) to apply a change"),
+            result = &mut collectors, if !collectors_done => {
+                collectors_done = true;
+                match result {
+                    Ok(Err(e)) => return Err(e),
+                    Err(e) => tracing::error!(error = %e, "collector start-up failed"),
+                    Ok(Ok(())) => {}
+                }
+            }
+        }
     }
     shutdown.cancel();
-    if let Some(gpu) = &gpu {
-        gpu.stop();
-    }
     let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while tasks.join_next().await.is_some() {}
+        if !collectors_done {
+            let _ = (&mut collectors).await;
+        }
     })
     .await;
     if stopped.is_err() {

@@ -7,6 +7,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod files;
 pub mod gpu;
 pub mod kubelet;
 pub mod metrics;

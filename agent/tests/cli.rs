@@ -494,3 +494,43 @@ fn config_shows_every_section_set_by_a_variable_with_its_origin() {
         assert!(stderr.contains(&format!("variable {name}")), "{stderr}");
     }
 }
+
+/// Untrusted or absurd input is refused at once with the reason: a thread count that would take
+/// minutes to spawn, a FIFO named as the manifest (which would block an open), a bundle whose
+/// envelope carries a flood of signatures (each an ECDSA verification).
+#[test]
+fn absurd_threads_a_fifo_manifest_and_a_signature_flood_are_refused_at_once() {
+    let model = PlainModel::new();
+    let (_dir, manifest) = write_temp(&model.manifest_json("v1", true));
+    let started = std::time::Instant::now();
+    let out = verify(model.root(), &manifest, &["--threads", "100000"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("at most 256"), "{}", out.stderr);
+
+    let fifo_dir = tempfile::tempdir().unwrap();
+    let fifo = fifo_dir.path().join("manifest.json");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let out = verify(model.root(), &fifo, &[]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("a FIFO"), "{}", out.stderr);
+
+    let signed = sign("files", 0);
+    let mut bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&signed.bundle).unwrap()).unwrap();
+    let one = bundle["dsseEnvelope"]["signatures"][0].clone();
+    bundle["dsseEnvelope"]["signatures"] = serde_json::Value::Array(vec![one; 100_000]);
+    let (_flood_dir, flood) = write_temp(&bundle.to_string());
+    let key = signed.public_key();
+    let out = verify(
+        signed.model.root(),
+        &flood,
+        &["--public-key", key.to_str().unwrap()],
+    );
+    assert_ne!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("100000 signatures"), "{}", out.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}

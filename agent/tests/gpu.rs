@@ -380,9 +380,19 @@ fn missing_library_leaves_the_agent_running_with_collector_down() {
     let scenario = Scenario::new();
     let config = "models: []\nnvml:\n  library: /nonexistent/libnvidia-ml.so.1\n";
     let agent = Agent::start_with_env(config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
-    agent.wait_for("collector down", Duration::from_secs(20), |m| {
-        sample(m, "mlnode_collector_up", &[("collector", "nvml")]) == Some(0.0)
-    });
+    // The collector is down from the start; the log line says when start-up gave up, and why.
+    common::kube::wait(
+        || agent.log().contains("no NVIDIA GPU collector"),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_collector_up",
+            &[("collector", "nvml")]
+        ),
+        Some(0.0)
+    );
     assert_eq!(agent.get("/healthz").0, 200);
     let log = agent.log();
     assert_eq!(
@@ -391,6 +401,37 @@ fn missing_library_leaves_the_agent_running_with_collector_down() {
         "one clear log line: {log}"
     );
     assert!(log.contains("/nonexistent/libnvidia-ml.so.1"), "{log}");
+}
+
+/// A wedged driver blocks `nvmlInit`: the agent still serves (model caches, /healthz) with the
+/// GPU collector down, and SIGTERM still stops it within a second.
+#[test]
+fn a_blocking_nvml_init_holds_up_nothing_else() {
+    let mut scenario = Scenario::new();
+    scenario.value["init_delay_ms"] = json!(120_000);
+    scenario.write();
+    let model = common::PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let config = format!(
+        "nvml:\n  library: {:?}\n{}",
+        fake_nvml().display().to_string(),
+        common::agent::model_config("llama", model.root(), &manifest)
+    );
+    let mut agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+    agent.wait_for(
+        "the cache verified while NVML blocks",
+        Duration::from_secs(20),
+        |m| sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0),
+    );
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(&metrics, "mlnode_collector_up", &[("collector", "nvml")]),
+        Some(0.0)
+    );
+    assert_eq!(agent.get("/healthz").0, 200);
+    let (code, elapsed) = agent.terminate();
+    assert_eq!(code, Some(0), "{}", agent.log());
+    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
 }
 
 #[test]

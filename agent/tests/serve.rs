@@ -313,3 +313,50 @@ fn sigterm_during_hashing_cancels_it_and_exits_within_a_second() {
         "hashing was stopped, not abandoned: {log}"
     );
 }
+
+/// A manifest that becomes unusable leaves no stale file counts behind (every count 0, not the
+/// last ok=4), and a FIFO where a manifest should be is refused, not waited on: the agent keeps
+/// serving and still stops within a second.
+#[test]
+fn an_unusable_manifest_drops_the_counts_and_a_fifo_is_refused() {
+    let model = PlainModel::new();
+    let mut cm = ConfigMapDir::new(&model.manifest_json("v1", true));
+    let fifo_dir = tempfile::tempdir().unwrap();
+    let fifo = fifo_dir.path().join("manifest.json");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let config = format!(
+        "{}{}",
+        model_config("llama", model.root(), &cm.manifest()),
+        model_config("fifo", model.root(), &fifo).replace("models:\n", ""),
+    );
+    let mut agent = Agent::start(&config);
+    let files = |m: &str, model: &str, status: &str| {
+        sample(
+            m,
+            "mlnode_model_cache_files",
+            &[("model_name", model), ("status", status)],
+        )
+    };
+    agent.wait_for("llama verified", Duration::from_secs(20), |m| {
+        files(m, "llama", "ok") == Some(4.0)
+    });
+    let (_, readyz) = agent.get("/readyz");
+    assert!(
+        readyz.contains("fifo: not verified") && readyz.contains("a FIFO"),
+        "{readyz}"
+    );
+    cm.update("{\"files\": ");
+    agent.wait_for("counts dropped", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(0.0)
+            && files(m, "llama", "ok") == Some(0.0)
+    });
+    let metrics = agent.metrics();
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("mlnode_model_cache_files{") && l.contains("model_name=\"llama\"")
+    }) {
+        assert!(line.ends_with(" 0"), "{line}");
+    }
+    let (code, elapsed) = agent.terminate();
+    assert_eq!(code, Some(0));
+    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
+}

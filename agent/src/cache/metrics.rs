@@ -126,7 +126,8 @@ impl CacheMetrics {
         self.watch_overflows.with_label_values(&[model]).inc_by(0);
     }
 
-    /// The model cannot be verified at all (its manifest is unreadable, say).
+    /// The model cannot be verified at all (its manifest is unreadable, its root gone): no file is
+    /// known to be in any state any more, so every count drops to 0 rather than keep the last ones.
     pub fn unverifiable(&self, model: &str) {
         let revision = self
             .revisions
@@ -135,6 +136,7 @@ impl CacheMetrics {
             .get(model)
             .cloned();
         self.set_verified(model, revision.as_deref().unwrap_or(""), false);
+        self.set_counts(model, |_| 0);
     }
 
     /// After a verification: `report` is the model's whole current state, `hashed` what this

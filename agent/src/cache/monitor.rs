@@ -416,8 +416,7 @@ impl Monitor {
         let path = self.model.manifest.clone();
         let trust = self.trust();
         tokio::task::spawn_blocking(move || {
-            let bytes = std::fs::read(&path)
-                .map_err(|e| format!("cannot read manifest {}: {e}", path.display()))?;
+            let bytes = manifest::read(&path).map_err(|e| e.to_string())?;
             let manifest = manifest::parse(&path, &bytes, &trust).map_err(|e| e.to_string())?;
             Ok((manifest, bytes))
         })

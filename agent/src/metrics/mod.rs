@@ -16,6 +16,7 @@ pub fn registry(node_name: &str) -> Registry {
 }
 
 /// `mlnode_build_info` and `mlnode_collector_up`: what is running and which collectors work.
+#[derive(Clone)]
 pub struct AgentMetrics {
     collector_up: IntGaugeVec,
 }

@@ -7,6 +7,7 @@
 //! "used", "free", "reserved"}, "clocks_event_reasons", "sm_clock_mhz", "mem_clock_mhz",
 //! "temperature_c", "power_mw", "utilization": {"gpu", "memory"}, "energy_mj", "xid_events": [..],
 //! "lost": false, "unsupported": ["reserved", "clocks_event_reasons", "power", ...]}]}`.
+//! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
 //! `unsupported` names fields whose call answers NVML_ERROR_NOT_SUPPORTED (`reserved`: the v2 memory
 //! call, so a caller must fall back to v1; `clocks_event_reasons`: the new call only, so a caller
 //! must fall back to the deprecated throttle-reasons call; `throttle_reasons`: both). `lost: true`
@@ -45,6 +46,8 @@ const EVENT_TYPE_XID_CRITICAL_ERROR: c_ulonglong = 0x8;
 struct Scenario {
     driver_version: String,
     devices: Vec<Device>,
+    /// `nvmlInit` blocks this long first, as it does on a wedged driver.
+    init_delay_ms: u64,
 }
 
 #[derive(Deserialize, Default, Clone)]
@@ -169,6 +172,9 @@ unsafe fn put<T>(out: *mut T, value: T) -> nvmlReturn_t {
 
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    if let Some(delay) = scenario().map(|s| s.init_delay_ms).filter(|d| *d > 0) {
+        std::thread::sleep(Duration::from_millis(delay));
+    }
     state().initialized += 1;
     SUCCESS
 }

@@ -172,14 +172,22 @@ struct FormatProbe {
     files: Option<de::IgnoredAny>,
 }
 
+/// The largest manifest read: a native manifest of a million files is about 150 MB.
+pub const MANIFEST_LIMIT: u64 = 256 << 20;
+
+/// Reads a manifest file: a regular file of at most [`MANIFEST_LIMIT`] bytes (a FIFO or device
+/// named as the manifest is refused, not waited on).
+pub fn read(path: &Path) -> Result<Vec<u8>, ManifestError> {
+    crate::files::read_bounded(path, MANIFEST_LIMIT).map_err(|source| ManifestError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Reads and checks a manifest file. A bundle's signature is checked here, before any of its
 /// digests leave this function.
 pub fn load(path: &Path, trust: &TrustPolicy) -> Result<Manifest, ManifestError> {
-    let bytes = std::fs::read(path).map_err(|source| ManifestError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse(path, &bytes, trust)
+    parse(path, &read(path)?, trust)
 }
 
 /// [`load`] on bytes already read; `path` only names the manifest in errors.

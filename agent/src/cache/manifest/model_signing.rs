@@ -187,8 +187,9 @@ fn check_signature(
         key: key_path.to_path_buf(),
         reason,
     };
-    let pem =
-        std::fs::read_to_string(key_path).map_err(|e| bad_key(format!("cannot read: {e}")))?;
+    let pem = crate::files::read_bounded(key_path, KEY_FILE_LIMIT)
+        .map_err(|e| bad_key(format!("cannot read: {e}")))
+        .and_then(|bytes| String::from_utf8(bytes).map_err(|_| bad_key("not PEM text".into())))?;
     let key = p256::PublicKey::from_public_key_pem(&pem).map_err(|e| {
         bad_key(format!(
             "not a PEM ECDSA P-256 public key (\"-----BEGIN PUBLIC KEY-----\"): {e}"
@@ -220,6 +221,13 @@ fn check_signature(
     if signatures.is_empty() {
         return Err(bad_signature("the envelope carries no signature".into()));
     }
+    // Each one costs an ECDSA verification: an envelope is untrusted input until one verifies.
+    if signatures.len() > MAX_SIGNATURES {
+        return Err(bad_signature(format!(
+            "the envelope carries {} signatures; at most {MAX_SIGNATURES} are checked (model_signing writes one)",
+            signatures.len()
+        )));
+    }
     let mut last_error = String::new();
     for signature in signatures {
         let der = match base64_decode(&signature.sig) {
@@ -239,6 +247,11 @@ fn check_signature(
     }
     Err(bad_signature(last_error))
 }
+
+/// A PEM public key is a few hundred bytes.
+const KEY_FILE_LIMIT: u64 = 64 << 10;
+/// DSSE allows several signatures on one envelope; model_signing writes one.
+const MAX_SIGNATURES: usize = 16;
 
 fn statement_to_manifest(path: &Path, statement: Statement) -> Result<Manifest, ManifestError> {
     let at_payload = |field: &str| format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.{field}");

@@ -1,0 +1,75 @@
+//! Reading the small files the agent parses (config, manifests, keys): opened without blocking,
+//! refused unless they are regular files, and read only up to a bound. A FIFO or a device put
+//! where a manifest should be must not hang the agent, and an endless or huge file must not
+//! exhaust its memory.
+
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Reads `path` whole, failing on anything but a regular file or a file over `limit` bytes.
+pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(format!(
+            "not a regular file ({})",
+            kind_of(&meta.file_type())
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize);
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(std::io::Error::other(format!(
+            "larger than the {} bytes allowed",
+            limit
+        )));
+    }
+    Ok(bytes)
+}
+
+fn kind_of(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifos_directories_and_oversized_files_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let error = read_bounded(&fifo, 1024).unwrap_err().to_string();
+        assert!(error.contains("a FIFO"), "{error}");
+        let error = read_bounded(dir.path(), 1024).unwrap_err().to_string();
+        assert!(error.contains("a directory"), "{error}");
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'x'; 2048]).unwrap();
+        assert!(read_bounded(&big, 1024)
+            .unwrap_err()
+            .to_string()
+            .contains("larger"));
+        assert_eq!(read_bounded(&big, 2048).unwrap().len(), 2048);
+        let error = read_bounded(Path::new("/dev/zero"), 1024)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("a device"), "{error}");
+    }
+}
