@@ -288,7 +288,21 @@ async fn run_collectors(
     Ok(())
 }
 
+/// Every scraper, probe and client holds a descriptor, and the soft limit is often 1,024: raise it
+/// to the hard limit, as the Go runtime does for every Go exporter.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::debug!(error = %e, "cannot raise the open file limit");
+            }
+        }
+    }
+}
+
 pub async fn run(config: Config) -> Result<(), DaemonError> {
+    raise_open_file_limit();
     let registry = crate::metrics::registry(&config.node_name);
     let agent_metrics = AgentMetrics::register(&registry)?;
     let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);

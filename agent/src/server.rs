@@ -2,6 +2,7 @@
 //! readiness probe (and for anyone asking whether this node's model caches can be served from).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -25,15 +26,68 @@ pub fn router(state: AppState) -> axum::Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown`, then stops accepting and lets in-flight requests finish.
+/// A client gets this long to send a request's headers, and an idle keep-alive connection this
+/// long to send the next request: held-open or half-sent connections are closed, not kept.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; past it a new connection is closed at once (a scraper retries).
+pub const MAX_CONNECTIONS: usize = 2048;
+/// How long in-flight requests get to finish at shutdown.
+const DRAIN: Duration = Duration::from_millis(500);
+
+/// Serves until `shutdown`, then stops accepting and lets in-flight requests finish, like a
+/// production exporter: bounded header-read and idle time, a bounded number of connections.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let app = router(state);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors or a transient network error: back off briefly
+                // instead of spinning on accept.
+                tracing::debug!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(DRAIN, connection).await;
+                }
+            }
+        });
+        // Reap finished connections so the set does not grow with every scrape.
+        while connections.try_join_next().is_some() {}
+    }
+    let _ = tokio::time::timeout(DRAIN, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
 }
 
 /// Gathering reads sysfs (the Neuron collector) and takes locks the NVML threads hold: it runs on

@@ -360,3 +360,72 @@ fn an_unusable_manifest_drops_the_counts_and_a_fifo_is_refused() {
     assert_eq!(code, Some(0));
     assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
 }
+
+/// 1,100 connections that never finish a request (idle, or half a header) do not keep /metrics
+/// from answering, and the agent closes them itself: a client gets a bounded time to send its
+/// headers.
+#[test]
+fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    use std::io::Read;
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard.min(65536), hard).unwrap();
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let agent = Agent::start(&model_config("llama", model.root(), &manifest));
+    agent.wait_for("serving", Duration::from_secs(20), |m| {
+        m.contains("mlnode_build_info")
+    });
+    let address = format!("127.0.0.1:{}", agent.port);
+    let mut held: Vec<std::net::TcpStream> = (0..1100)
+        .map(|i| {
+            let mut stream = std::net::TcpStream::connect(&address).unwrap();
+            if i % 2 == 0 {
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+            }
+            stream
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let (status, body) = agent.get("/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("mlnode_model_cache_verified"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // Every held connection is closed by the agent (EOF or reset), well before a minute.
+    for stream in &mut held {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let mut closed = false;
+        while !closed {
+            match stream.read(&mut buf) {
+                Ok(0) => closed = true,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    panic!(
+                        "a connection is still held open after {:?}",
+                        started.elapsed()
+                    )
+                }
+                Err(_) => closed = true,
+            }
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}

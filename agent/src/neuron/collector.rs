@@ -160,7 +160,7 @@ impl Collector for NeuronCollector {
                 out.counter(
                     "mlnode_neuron_hardware_ecc_events_total",
                     &with_label(&labels, "event_type", event),
-                    value as f64,
+                    value,
                 );
             }
             if let Some(power) = device.power.as_ref().filter(|p| p.is_valid()) {
@@ -198,14 +198,14 @@ impl Collector for NeuronCollector {
                     out.counter(
                         "mlnode_neuron_execution_status_total",
                         &with_label(&labels, "status_type", status),
-                        value as f64,
+                        value,
                     );
                 }
                 for (name, raw) in &core.other {
                     let value = counters.observe(
                         (device.index, Some(core.index), "other_info", name.clone()),
                         *raw,
-                    ) as f64;
+                    );
                     match name.as_str() {
                         "model_load_count" => {
                             out.counter("mlnode_neuron_model_loads_total", &labels, value)

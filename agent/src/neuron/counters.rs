@@ -9,23 +9,24 @@ use std::collections::{BTreeMap, HashMap};
 /// Which counter: device, core (None for device-level), kind of path, name.
 pub type CounterKey = (u32, Option<u32>, &'static str, String);
 
+/// The offset is wider than the raw value: a counter that resets near 2^64 must not wrap.
 #[derive(Default)]
 pub struct MonotonicCounters {
-    seen: HashMap<CounterKey, (u64, u64)>,
+    seen: HashMap<CounterKey, (u64, u128)>,
     resets: BTreeMap<&'static str, u64>,
 }
 
 impl MonotonicCounters {
     /// The value to export for a raw reading of `key`.
-    pub fn observe(&mut self, key: CounterKey, raw: u64) -> u64 {
+    pub fn observe(&mut self, key: CounterKey, raw: u64) -> f64 {
         let kind = key.2;
         let (last, offset) = self.seen.entry(key).or_insert((raw, 0));
         if raw < *last {
-            *offset += *last;
+            *offset = offset.saturating_add(u128::from(*last));
             *self.resets.entry(kind).or_default() += 1;
         }
         *last = raw;
-        *offset + raw
+        offset.saturating_add(u128::from(raw)) as f64
     }
 
     /// Resets seen so far, per kind of path.
@@ -42,15 +43,25 @@ mod tests {
     fn a_reset_never_takes_the_counter_backwards_and_is_counted() {
         let mut counters = MonotonicCounters::default();
         let key = || (0, Some(1), "status", "completed".to_string());
-        assert_eq!(counters.observe(key(), 100), 100);
-        assert_eq!(counters.observe(key(), 150), 150);
-        assert_eq!(counters.observe(key(), 0), 150, "reset to 0");
-        assert_eq!(counters.observe(key(), 7), 157);
+        assert_eq!(counters.observe(key(), 100), 100.0);
+        assert_eq!(counters.observe(key(), 150), 150.0);
+        assert_eq!(counters.observe(key(), 0), 150.0, "reset to 0");
+        assert_eq!(counters.observe(key(), 7), 157.0);
         assert_eq!(
             counters.observe((1, Some(1), "status", "completed".into()), 5),
-            5,
+            5.0,
             "other keys unaffected"
         );
         assert_eq!(counters.resets()["status"], 1);
+    }
+
+    #[test]
+    fn a_reset_from_the_top_of_the_range_does_not_wrap() {
+        let mut counters = MonotonicCounters::default();
+        let key = || (0, None, "hardware", "mem_ecc_corrected".to_string());
+        assert_eq!(counters.observe(key(), u64::MAX), u64::MAX as f64);
+        let after = counters.observe(key(), 10);
+        assert!(after >= u64::MAX as f64, "went backwards to {after}");
+        assert_eq!(after, u64::MAX as f64 + 10.0);
     }
 }

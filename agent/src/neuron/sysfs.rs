@@ -143,12 +143,18 @@ pub fn parse_power(text: &str) -> Option<PowerReading> {
     let [status, timestamp, min, max, avg] = parts.as_slice() else {
         return None;
     };
+    // A percentage of the device's maximum: NaN, infinities and negatives are not readings.
+    let percent = |text: &str| {
+        text.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && (0.0..=100.0).contains(v))
+    };
     Some(PowerReading {
         status: status.to_string(),
         timestamp: timestamp.parse().ok()?,
-        min_percent: min.parse().ok()?,
-        max_percent: max.parse().ok()?,
-        avg_percent: avg.parse().ok()?,
+        min_percent: percent(min)?,
+        max_percent: percent(max)?,
+        avg_percent: percent(avg)?,
     })
 }
 
@@ -286,5 +292,12 @@ mod tests {
             .is_valid());
         assert_eq!(parse_power("garbage"), None);
         assert_eq!(parse_power("VALID,notatime,1,2,3"), None);
+        for avg in ["NaN", "inf", "1e309", "-5", "100.5"] {
+            assert_eq!(
+                parse_power(&format!("POWER_STATUS_VALID,1732924800,1,2,{avg}")),
+                None,
+                "{avg} is not a power percentage"
+            );
+        }
     }
 }
