@@ -255,6 +255,9 @@ fn print_summary(root: &std::path::Path, report: &Report) -> std::io::Result<()>
     if let Some(error) = &report.error {
         writeln!(out, "error: {error}")?;
     }
+    if let Some(note) = &report.listing_error {
+        writeln!(out, "note: {note}")?;
+    }
     let counts: Vec<String> = report
         .counts()
         .into_iter()

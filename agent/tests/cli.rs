@@ -534,3 +534,76 @@ fn absurd_threads_a_fifo_manifest_and_a_signature_flood_are_refused_at_once() {
         started.elapsed()
     );
 }
+
+/// Creates `depth` nested directories named `name` below `dir` without ever naming the whole path
+/// (it is longer than PATH_MAX), through directory descriptors.
+fn deep_chain(dir: &Path, name: &str, depth: usize) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let c_name = std::ffi::CString::new(name).unwrap();
+    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: plain system calls on descriptors this function owns.
+    let mut fd = unsafe { OwnedFd::from_raw_fd(libc::open(c_dir.as_ptr(), libc::O_DIRECTORY)) };
+    for _ in 0..depth {
+        use std::os::fd::AsRawFd;
+        unsafe {
+            assert_eq!(libc::mkdirat(fd.as_raw_fd(), c_name.as_ptr(), 0o755), 0);
+            let next = libc::openat(fd.as_raw_fd(), c_name.as_ptr(), libc::O_DIRECTORY);
+            assert!(next >= 0);
+            fd = OwnedFd::from_raw_fd(next);
+        }
+    }
+}
+
+/// The extras listing stays in scope: a stray chain of empty directories deeper than PATH_MAX is
+/// noted, not fatal (every manifest file is ok); two different non-UTF-8 names are two extras,
+/// each named unambiguously; a hub snapshot that is a symlink to /etc lists nothing from /etc.
+#[test]
+fn the_extras_listing_stays_in_scope_and_never_decides_the_verdict() {
+    use std::os::unix::ffi::OsStrExt;
+    let model = PlainModel::new();
+    let (_dir, manifest) = write_temp(&model.manifest_json("v1", true));
+    deep_chain(model.root(), &"d".repeat(200), 30);
+    let out = verify(model.root(), &manifest, &["--json"]);
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    let report = json(&out);
+    let note = report["listing_error"].as_str().unwrap();
+    assert!(
+        note.len() < 1000 && note.contains("could not be listed"),
+        "{note}"
+    );
+    let out = verify(model.root(), &manifest, &["--json", "--fail-on-extra"]);
+    assert_eq!(out.code, 1, "fail_on_extra cannot prove there are none");
+    std::fs::remove_dir_all(model.root().join("d".repeat(200))).ok();
+
+    let other = PlainModel::new();
+    for name in [&b"weights\xff.bin"[..], b"weights\xfe.bin"] {
+        std::fs::write(other.root().join(std::ffi::OsStr::from_bytes(name)), b"x").unwrap();
+    }
+    let (_dir2, manifest2) = write_temp(&other.manifest_json("v1", true));
+    let report = json(&verify(other.root(), &manifest2, &["--json"]));
+    let extras: Vec<&str> = report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["status"] == "extra")
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(extras, ["weights\\xfe.bin", "weights\\xff.bin"]);
+
+    let hub = common::HfCache::new();
+    let snapshot = hub.snapshot(common::COMMIT);
+    std::fs::remove_dir_all(&snapshot).unwrap();
+    std::os::unix::fs::symlink("/etc", &snapshot).unwrap();
+    let (_dir3, manifest3) = write_temp(&hub.manifest_json(common::COMMIT));
+    let out = verify(&hub.root(), &manifest3, &["--json"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    let report = json(&out);
+    assert!(
+        !report["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["status"] == "extra"),
+        "nothing under /etc is an extra of the model: {report}"
+    );
+}

@@ -31,6 +31,7 @@ fn exposed() -> BTreeMap<String, String> {
         status: mlnode_agent::cache::report::Verdict::Verified,
         revision: Some("r".into()),
         error: None,
+        listing_error: None,
         files: Vec::new(),
         bytes_hashed: 0,
         seconds: 0.0,

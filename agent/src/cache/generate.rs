@@ -45,7 +45,23 @@ pub fn generate(
         (Layout::Plain, revision.map(str::to_string))
     };
 
-    let files = walk::list_files(&canonical.join(layout.model_dir())).map_err(root_error)?;
+    let listing = walk::list_files(&canonical.join(layout.model_dir())).map_err(root_error)?;
+    // A manifest records what every file is; a tree it cannot fully see or name is refused.
+    if let Some(summary) = listing.unlisted_summary() {
+        return Err(GenerateError::Files(vec![format!("  {summary}")]));
+    }
+    if !listing.not_utf8.is_empty() {
+        return Err(GenerateError::Files(
+            listing
+                .not_utf8
+                .iter()
+                .map(|name| {
+                    format!("  {name}: the name is not UTF-8, which a manifest cannot record")
+                })
+                .collect(),
+        ));
+    }
+    let files = listing.files;
     if files.is_empty() {
         return Err(GenerateError::Empty { path: canonical });
     }

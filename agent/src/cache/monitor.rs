@@ -599,7 +599,10 @@ fn failure_summary(report: &Report) -> String {
         .map(|f| format!("{} {}", f.path, f.status.as_str()))
         .collect();
     match failing.len() {
-        0 => "files not in the manifest are present (fail_on_extra)".into(),
+        0 => match &report.listing_error {
+            Some(note) => format!("{note} (fail_on_extra)"),
+            None => "files not in the manifest are present (fail_on_extra)".into(),
+        },
         n if n <= 5 => failing.join(", "),
         n => format!("{} and {} more", failing[..5].join(", "), n - 5),
     }

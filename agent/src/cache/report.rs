@@ -121,6 +121,10 @@ pub struct Report {
     /// A failure that concerns the whole cache rather than one file (a wrong revision).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Parts of the tree that could not be listed for extra files. Only `fail_on_extra` makes
+    /// this a failure: the manifest's files decide the verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listing_error: Option<String>,
     pub files: Vec<FileReport>,
     pub bytes_hashed: u64,
     pub seconds: f64,
@@ -144,8 +148,14 @@ impl Report {
 
     /// Verified only when every manifest file is `ok`, nothing failed as a whole, and (if asked)
     /// no file is extra.
-    pub fn verdict_of(files: &[FileReport], error: Option<&str>, fail_on_extra: bool) -> Verdict {
+    pub fn verdict_of(
+        files: &[FileReport],
+        error: Option<&str>,
+        listing_error: Option<&str>,
+        fail_on_extra: bool,
+    ) -> Verdict {
         let failed = error.is_some()
+            || (fail_on_extra && listing_error.is_some())
             || files.iter().any(|f| match f.status {
                 FileStatus::Ok => false,
                 FileStatus::Extra => fail_on_extra,
@@ -169,8 +179,14 @@ impl Report {
         self.files.sort_by(|a, b| a.path.cmp(&b.path));
         self.revision = partial.revision.or(self.revision.take());
         self.error = partial.error;
+        self.listing_error = partial.listing_error;
         self.bytes_hashed = partial.bytes_hashed;
         self.seconds = partial.seconds;
-        self.status = Report::verdict_of(&self.files, self.error.as_deref(), fail_on_extra);
+        self.status = Report::verdict_of(
+            &self.files,
+            self.error.as_deref(),
+            self.listing_error.as_deref(),
+            fail_on_extra,
+        );
     }
 }

@@ -118,6 +118,7 @@ pub fn verify(
                     .clone()
                     .or_else(|| manifest.revision.clone()),
                 error: Some(e.to_string()),
+                listing_error: None,
                 files: Vec::new(),
                 bytes_hashed: 0,
                 seconds: started.elapsed().as_secs_f64(),
@@ -219,28 +220,37 @@ pub fn verify(
         .manifest_path
         .as_ref()
         .and_then(|p| std::fs::canonicalize(p).ok());
-    let mut extra_error = None;
-    match walk::list_files(&model_dir) {
-        Ok(present) => files.extend(
-            present
-                .into_iter()
-                .filter(|path| !listed.contains(path.as_str()))
-                .filter(|path| manifest_path.as_deref() != Some(model_dir.join(path).as_path()))
-                .map(|path| FileReport::new(path, FileStatus::Extra)),
-        ),
-        Err(e) => {
-            extra_error = Some(format!(
-                "cannot list the files of {}: {e}",
-                model_dir.display()
-            ))
+    let listing_error = match walk::list_files(&model_dir) {
+        Ok(listing) => {
+            let unlisted = listing.unlisted_summary();
+            files.extend(
+                listing
+                    .files
+                    .into_iter()
+                    .filter(|path| !listed.contains(path.as_str()))
+                    .filter(|path| manifest_path.as_deref() != Some(model_dir.join(path).as_path()))
+                    .chain(listing.not_utf8)
+                    .map(|path| FileReport::new(path, FileStatus::Extra)),
+            );
+            unlisted
         }
-    }
+        Err(e) => Some(format!(
+            "cannot list the files of {}: {e}",
+            model_dir.display()
+        )),
+    };
 
-    let status = Report::verdict_of(&files, extra_error.as_deref(), options.fail_on_extra);
+    let status = Report::verdict_of(
+        &files,
+        None,
+        listing_error.as_deref(),
+        options.fail_on_extra,
+    );
     Ok(Report {
         status,
         revision,
-        error: extra_error,
+        error: None,
+        listing_error,
         files,
         bytes_hashed: control.hashed_bytes.load(Ordering::Relaxed) - hashed_before,
         seconds: started.elapsed().as_secs_f64(),

@@ -32,7 +32,10 @@ pub fn from_blob_names(
     };
     let snapshot = canonical.join(layout.model_dir());
     let mut files = Vec::new();
-    for rel in walk::list_files(&snapshot).map_err(|e| fail(e.to_string()))? {
+    for rel in walk::list_files(&snapshot)
+        .map_err(|e| fail(e.to_string()))?
+        .files
+    {
         // A regular file in a snapshot has no content address: it is left out (and listed as extra).
         let Ok(target) = std::fs::read_link(snapshot.join(&rel)) else {
             continue;
