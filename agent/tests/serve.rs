@@ -429,3 +429,44 @@ fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
         started.elapsed()
     );
 }
+
+/// A weight file the agent could not read (root without capabilities, as the DaemonSet runs it,
+/// and a file of another user with mode 000) is re-verified as soon as `chmod` fixes it, not at
+/// the next full rescan a day later.
+#[test]
+fn a_permission_fix_reverifies_the_file_at_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let shard = model.path("model-00002-of-00002.safetensors");
+    std::os::unix::fs::chown(&shard, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&shard, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let no_capabilities = [
+        "setpriv",
+        "--bounding-set=-all",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--no-new-privs",
+        "--",
+    ];
+    let agent = Agent::start_wrapped(
+        &model_config("llama", model.root(), &manifest),
+        &[],
+        &no_capabilities,
+    );
+    let files = |m: &str, status: &str| {
+        sample(
+            m,
+            "mlnode_model_cache_files",
+            &[("model_name", "llama"), ("status", status)],
+        )
+    };
+    agent.wait_for("the unreadable shard", Duration::from_secs(20), |m| {
+        files(m, "io_error") == Some(1.0)
+    });
+    std::fs::set_permissions(&shard, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let took = agent.wait_for("re-verified after chmod", Duration::from_secs(10), |m| {
+        files(m, "ok") == Some(4.0) && files(m, "io_error") == Some(0.0)
+    });
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use notify::event::{AccessKind, AccessMode, EventKind};
+use notify::event::{AccessKind, AccessMode, EventKind, MetadataKind, ModifyKind};
 use notify::Event;
 
 use super::manifest::{Digest, Manifest};
@@ -20,6 +20,9 @@ pub enum Work {
     Files(HashSet<String>),
     /// Something that is not a manifest file appeared or went: list the extras again.
     Listing,
+    /// The permissions or ownership of these manifest files (or a directory above them) changed:
+    /// the ones whose last verification could not open or read them deserve another look.
+    Access(HashSet<String>),
 }
 
 /// Maps event paths to the model's manifest files.
@@ -79,6 +82,23 @@ impl Router {
     pub fn route(&self, event: &Event) -> Vec<Work> {
         if event.need_rescan() {
             return vec![Work::Full];
+        }
+        // chmod, chown (inotify's IN_ATTRIB, which notify reports as `Any`): content is the same,
+        // access may not be. A timestamp alone changes neither.
+        if matches!(
+            event.kind,
+            EventKind::Modify(ModifyKind::Metadata(
+                MetadataKind::Any | MetadataKind::Permissions | MetadataKind::Ownership
+            ))
+        ) {
+            return event
+                .paths
+                .iter()
+                .filter_map(|path| match self.route_path(path)? {
+                    Work::Files(files) => Some(Work::Access(files)),
+                    _ => None,
+                })
+                .collect();
         }
         if !changes_content(&event.kind) {
             return Vec::new();
@@ -157,7 +177,7 @@ pub fn changes_content(kind: &EventKind) -> bool {
     match kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
         EventKind::Access(_) => false,
-        EventKind::Modify(notify::event::ModifyKind::Metadata(_)) => false,
+        EventKind::Modify(ModifyKind::Metadata(_)) => false,
         _ => true,
     }
 }
@@ -166,7 +186,7 @@ pub fn changes_content(kind: &EventKind) -> bool {
 mod tests {
     use super::*;
     use crate::cache::manifest::{ExpectedFile, ManifestFormat, Sha256};
-    use notify::event::{CreateKind, Flag, ModifyKind, RemoveKind};
+    use notify::event::{CreateKind, Flag, RemoveKind};
 
     fn manifest(paths: &[&str]) -> Manifest {
         Manifest {
@@ -330,5 +350,25 @@ mod tests {
                 "/hub/models--a--b/snapshots/other/config.json"
             ))
             .is_empty());
+    }
+
+    #[test]
+    fn a_permission_change_asks_for_another_look_at_the_files_below_it() {
+        let router = plain();
+        let chmod = |path: &str| {
+            event(
+                EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)),
+                path,
+            )
+        };
+        assert_eq!(
+            router.route(&chmod("/models/llama/config.json")),
+            vec![Work::Access(HashSet::from(["config.json".to_string()]))]
+        );
+        assert_eq!(
+            router.route(&chmod("/models/llama/stray.txt")),
+            Vec::new(),
+            "not a manifest file"
+        );
     }
 }

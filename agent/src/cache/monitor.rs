@@ -126,6 +126,8 @@ impl Pending {
             Work::ReloadManifest => self.reload = true,
             Work::Listing => self.listing = true,
             Work::Files(files) => self.files.extend(files),
+            // Narrowed to the files whose last look failed to open or read them before it gets here.
+            Work::Access(files) => self.files.extend(files),
         }
         self.last_event = Some(Instant::now());
     }
@@ -285,7 +287,11 @@ impl Monitor {
                                 tracing::warn!(model_name = %name, "file-watch queue overflowed; verifying everything");
                             }
                             match &router {
-                                Some(router) => router.route(&event).into_iter().for_each(|w| pending.add(w)),
+                                Some(router) => router
+                                    .route(&event)
+                                    .into_iter()
+                                    .filter_map(|w| worth_a_look(w, report.as_ref()))
+                                    .for_each(|w| pending.add(w)),
                                 // Before the first verification maps files to events, any change
                                 // means the next verification must look at everything.
                                 None if event.need_rescan() || changes_content(&event.kind) => pending.add(Work::Full),
@@ -527,6 +533,26 @@ struct WatchError {
     reason: String,
     /// The kernel's watch limit (fs.inotify.max_user_watches) was reached.
     limit: bool,
+}
+
+/// An access change matters only for the files the last verification could not open or read (a
+/// weight file fixed with `chmod` is re-verified now, not at the next full rescan); the rest of
+/// the work passes as it is.
+fn worth_a_look(work: Work, report: Option<&Report>) -> Option<Work> {
+    let Work::Access(files) = work else {
+        return Some(work);
+    };
+    let report = report?;
+    let blocked: HashSet<String> = report
+        .files
+        .iter()
+        .filter(|f| {
+            files.contains(&f.path)
+                && matches!(f.status, FileStatus::IoError | FileStatus::UnsafePath)
+        })
+        .map(|f| f.path.clone())
+        .collect();
+    (!blocked.is_empty()).then_some(Work::Access(blocked))
 }
 
 /// ROOT's device and inode when the watch was set: if ROOT is replaced, the watch is on the old one.

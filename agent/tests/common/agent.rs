@@ -4,8 +4,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use assert_cmd::cargo::CommandCargoExt;
-
 pub struct Agent {
     child: Child,
     pub port: u16,
@@ -19,6 +17,11 @@ impl Agent {
     }
 
     pub fn start_with_env(config_yaml: &str, env: &[(&str, &Path)]) -> Agent {
+        Agent::start_wrapped(config_yaml, env, &[])
+    }
+
+    /// Runs the agent under `wrapper` (a command that execs its arguments, such as `setpriv ...`).
+    pub fn start_wrapped(config_yaml: &str, env: &[(&str, &Path)], wrapper: &[&str]) -> Agent {
         let log_dir = tempfile::tempdir().unwrap();
         let config = log_dir.path().join("config.yaml");
         let port = free_port();
@@ -28,8 +31,16 @@ impl Agent {
         )
         .unwrap();
         let log = log_dir.path().join("agent.log");
-        let child = Command::cargo_bin("mlnode-agent")
-            .unwrap()
+        let binary = assert_cmd::cargo::cargo_bin("mlnode-agent");
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(&binary);
+                command
+            }
+            None => Command::new(&binary),
+        };
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&config)
