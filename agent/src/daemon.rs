@@ -143,10 +143,11 @@ async fn start_readiness(
         settings.clone(),
         sources,
         metrics,
+        agent_metrics.clone(),
     ) {
+        // Up once a sync with the API server succeeds, down while they fail.
         Ok(controller) => {
             tasks.spawn(controller.run(shutdown.child_token()));
-            agent_metrics.set_up("readiness", true);
         }
         Err(reason) => {
             tracing::error!(reason = %reason, "no node readiness gates");
@@ -166,6 +167,7 @@ async fn start_gpu(
     config: &Config,
     registry: &prometheus::Registry,
     assignments: &SharedAssignments,
+    up: &AgentMetrics,
 ) -> Option<GpuRuntime> {
     let (settings, node, registry, shared) = (
         config.nvml.clone(),
@@ -174,12 +176,13 @@ async fn start_gpu(
         assignments.clone(),
     );
     let resources = config.kubelet.gpu_resource_names.clone();
+    let up = up.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
         .name("nvml-start".into())
         .spawn(move || {
             let _ = tx.send(GpuRuntime::start(
-                &settings, &node, shared, resources, &registry,
+                &settings, &node, shared, resources, &registry, up,
             ));
         });
     let started = match spawned {
@@ -218,8 +221,8 @@ async fn run_collectors(
 ) -> Result<(), DaemonError> {
     let mut tasks = tokio::task::JoinSet::new();
     let assignments = SharedAssignments::default();
-    let gpu = start_gpu(&config, &registry, &assignments).await;
-    agent_metrics.set_up("nvml", gpu.is_some());
+    // Up or down from here on is the sampler's to say: it knows whether NVML still answers.
+    let gpu = start_gpu(&config, &registry, &assignments, &agent_metrics).await;
 
     let neuron = neuron::start(
         &config.neuron,

@@ -403,6 +403,42 @@ fn missing_library_leaves_the_agent_running_with_collector_down() {
     assert!(log.contains("/nonexistent/libnvidia-ml.so.1"), "{log}");
 }
 
+/// When NVML stops answering altogether (it cannot count the GPUs), the collector is down and no
+/// reading is exported as if current; when it answers again, both come back. One log line each way.
+#[test]
+fn a_failing_nvml_is_reported_down_and_its_readings_dropped() {
+    let scenario = Scenario::new();
+    let agent = start(&scenario, "");
+    let up = |m: &str| sample(m, "mlnode_collector_up", &[("collector", "nvml")]);
+    agent.wait_for("8 GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(8.0) && up(m) == Some(1.0)
+    });
+    // The fake answers NVML_ERROR_UNKNOWN to every call without its scenario.
+    let hidden = scenario.path().with_extension("hidden");
+    std::fs::rename(scenario.path(), &hidden).unwrap();
+    agent.wait_for("collector down", Duration::from_secs(10), |m| {
+        up(m) == Some(0.0)
+    });
+    let metrics = agent.metrics();
+    for gone in [
+        "mlnode_gpu_count",
+        "mlnode_gpu_utilization_ratio",
+        "mlnode_gpu_memory_used_bytes",
+    ] {
+        assert!(
+            !metrics.lines().any(|l| l.starts_with(gone)),
+            "{gone} still exported:\n{metrics}"
+        );
+    }
+    std::fs::rename(&hidden, scenario.path()).unwrap();
+    agent.wait_for("collector up again", Duration::from_secs(10), |m| {
+        up(m) == Some(1.0) && sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    });
+    let log = agent.log();
+    assert_eq!(log.matches("NVML stopped answering").count(), 1, "{log}");
+    assert_eq!(log.matches("NVML answers again").count(), 1, "{log}");
+}
+
 /// A wedged driver blocks `nvmlInit`: the agent still serves (model caches, /healthz) with the
 /// GPU collector down, and SIGTERM still stops it within a second.
 #[test]

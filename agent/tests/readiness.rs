@@ -260,6 +260,12 @@ fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
         200,
         "an unreachable API server is not a sick agent"
     );
+    let up = |m: &str| sample(m, "mlnode_collector_up", &[("collector", "readiness")]);
+    assert_eq!(
+        up(&agent.metrics()),
+        Some(0.0),
+        "failing syncs: the collector is not up"
+    );
     assert!(
         api.requests().iter().all(|r| r.method == "GET"),
         "nothing written while down"
@@ -269,6 +275,7 @@ fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
     wait_until("written after recovery", Duration::from_secs(10), || {
         api.condition("ModelCacheVerified")["status"] == "True"
     });
+    agent.wait_for("up again", Duration::from_secs(10), |m| up(m) == Some(1.0));
     assert_eq!(
         agent.log().matches("cannot sync node conditions").count(),
         1,

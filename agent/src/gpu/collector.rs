@@ -243,7 +243,10 @@ impl Collector for GpuCollector {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let mut out = Families::default();
-        out.gauge("mlnode_gpu_count", &[], state.gpus.len() as f64);
+        // While NVML cannot count them, there is no current count.
+        if state.failing.is_none() {
+            out.gauge("mlnode_gpu_count", &[], state.gpus.len() as f64);
+        }
         for entry in state.gpus.values() {
             let Some(identity) = &entry.identity else {
                 continue;

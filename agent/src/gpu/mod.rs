@@ -75,6 +75,7 @@ impl GpuRuntime {
         assignments: SharedAssignments,
         resource_names: Vec<String>,
         registry: &prometheus::Registry,
+        up: crate::metrics::AgentMetrics,
     ) -> Result<GpuRuntime, String> {
         if settings.enabled == Toggle::Off {
             return Err("disabled (nvml.enabled: false)".into());
@@ -104,6 +105,7 @@ impl GpuRuntime {
             state.clone(),
             settings.sample_interval,
             stop.clone(),
+            up,
         )
         .map_err(|e| format!("cannot start the NVML threads: {e}"))?;
         tracing::info!(gpus = count, library = %settings.library.display(), "NVML collector started");

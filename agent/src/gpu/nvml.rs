@@ -16,6 +16,7 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::state::{DeviceRead, GpuState};
 use super::{GpuIdentity, GpuReading, MemoryReading};
+use crate::metrics::AgentMetrics;
 
 /// How long one XID wait blocks before checking for shutdown.
 const XID_WAIT_MS: u32 = 500;
@@ -185,6 +186,7 @@ pub fn spawn(
     state: Arc<Mutex<GpuState>>,
     interval: Duration,
     stop: Arc<Stop>,
+    up: AgentMetrics,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     let source = Arc::new(source);
     let mut threads = Vec::new();
@@ -193,7 +195,7 @@ pub fn spawn(
         threads.push(
             std::thread::Builder::new()
                 .name("nvml-sampler".into())
-                .spawn(move || sample_loop(&source, &state, interval, &stop))?,
+                .spawn(move || sample_loop(&source, &state, interval, &stop, &up))?,
         );
     }
     threads.push(
@@ -208,33 +210,49 @@ fn lock(state: &Mutex<GpuState>) -> std::sync::MutexGuard<'_, GpuState> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn sample_loop(source: &NvmlSource, state: &Mutex<GpuState>, interval: Duration, stop: &Stop) {
+fn sample_loop(
+    source: &NvmlSource,
+    state: &Mutex<GpuState>,
+    interval: Duration,
+    stop: &Stop,
+    up: &AgentMetrics,
+) {
     lock(state).driver_version = source.driver_version();
     let mut last = Instant::now();
     loop {
-        let count = source.device_count().unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "NVML");
-            0
-        });
         let elapsed = last.elapsed().as_secs_f64();
         last = Instant::now();
-        let reads: Vec<(u32, DeviceRead)> = (0..count)
-            .filter_map(|i| source.read(i).map(|r| (i, r)))
-            .collect();
-        {
-            let mut state = lock(state);
-            for (index, read) in reads {
-                let was_lost = state.gpus.get(&index).is_some_and(|g| g.lost);
-                if read == DeviceRead::Lost && !was_lost {
-                    let uuid = state
-                        .gpus
-                        .get(&index)
-                        .and_then(|g| g.identity.as_ref())
-                        .map(|i| i.uuid.clone())
-                        .unwrap_or_default();
-                    tracing::error!(gpu = index, uuid = %uuid, "GPU fell off the bus (NVML: GPU is lost)");
+        match source.device_count() {
+            Ok(count) => {
+                let reads: Vec<(u32, DeviceRead)> = (0..count)
+                    .filter_map(|i| source.read(i).map(|r| (i, r)))
+                    .collect();
+                let mut state = lock(state);
+                if state.failing.take().is_some() {
+                    tracing::info!("NVML answers again");
                 }
-                state.apply(index, read, elapsed);
+                for (index, read) in reads {
+                    let was_lost = state.gpus.get(&index).is_some_and(|g| g.lost);
+                    if read == DeviceRead::Lost && !was_lost {
+                        let uuid = state
+                            .gpus
+                            .get(&index)
+                            .and_then(|g| g.identity.as_ref())
+                            .map(|i| i.uuid.clone())
+                            .unwrap_or_default();
+                        tracing::error!(gpu = index, uuid = %uuid, "GPU fell off the bus (NVML: GPU is lost)");
+                    }
+                    state.apply(index, read, elapsed);
+                }
+                up.set_up("nvml", true);
+            }
+            Err(reason) => {
+                let mut state = lock(state);
+                if state.failing.is_none() {
+                    tracing::error!(error = %reason, "NVML stopped answering; GPU readings are dropped until it answers again");
+                }
+                state.fail(reason);
+                up.set_up("nvml", false);
             }
         }
         if stop.wait(interval) {

@@ -22,6 +22,8 @@ pub struct GpuEntry {
 pub struct GpuState {
     pub driver_version: String,
     pub gpus: BTreeMap<u32, GpuEntry>,
+    /// Why NVML itself stopped answering (it cannot even count the GPUs), while it does.
+    pub failing: Option<String>,
 }
 
 /// The outcome of reading one GPU.
@@ -60,6 +62,15 @@ impl GpuState {
                 entry.lost = true;
             }
         }
+    }
+
+    /// NVML stopped answering: no reading is current any more. Identities and counters stay, so
+    /// the GPUs are still named and their history kept.
+    pub fn fail(&mut self, reason: String) {
+        for entry in self.gpus.values_mut() {
+            entry.reading = None;
+        }
+        self.failing = Some(reason);
     }
 
     pub fn record_xid(&mut self, index: u32, xid: u64) {
@@ -115,6 +126,18 @@ mod tests {
         assert_eq!(entry.identity.as_ref().unwrap().uuid, "GPU-1");
         assert_eq!(entry.xids[&79], 1);
         assert_eq!(entry.reason_seconds[2], 1.0);
+    }
+
+    #[test]
+    fn a_failing_nvml_leaves_no_reading_current() {
+        let mut state = GpuState::default();
+        state.apply(0, reasons(0x4), 1.0);
+        state.record_xid(0, 79);
+        state.fail("NVML: Unknown Error".into());
+        let entry = &state.gpus[&0];
+        assert!(entry.reading.is_none() && entry.identity.is_some());
+        assert_eq!(entry.xids[&79], 1);
+        assert_eq!(state.failing.as_deref(), Some("NVML: Unknown Error"));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use super::node::{conditions_patch, differs, own_conditions, taint_patch};
 use crate::cache::monitor::ModelState;
 use crate::config::{ReadinessSettings, TaintMode};
 use crate::gpu::state::GpuState;
+use crate::metrics::AgentMetrics;
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
 /// Retries of the taint's test-and-replace when the list changed between read and write.
@@ -78,6 +79,8 @@ pub struct Controller {
     fatal_xids: BTreeSet<u64>,
     sources: Sources,
     metrics: ReadinessMetrics,
+    /// `mlnode_collector_up{collector="readiness"}`: 1 while syncs succeed.
+    up: AgentMetrics,
 }
 
 /// What the loop remembers between rounds.
@@ -100,6 +103,7 @@ impl Controller {
         settings: ReadinessSettings,
         sources: Sources,
         metrics: ReadinessMetrics,
+        up: AgentMetrics,
     ) -> Result<Controller, String> {
         let taint = match settings.startup_taint.as_str() {
             "" => None,
@@ -114,6 +118,7 @@ impl Controller {
             taint,
             sources,
             metrics,
+            up,
         })
     }
 
@@ -128,6 +133,7 @@ impl Controller {
             }
             let wait = match self.sync(&gates, &mut memory).await {
                 Ok(()) => {
+                    self.up.set_up("readiness", true);
                     if !last_error.is_empty() {
                         tracing::info!(node = %self.node_name, "API server reachable again; node conditions in sync");
                         last_error.clear();
@@ -136,6 +142,7 @@ impl Controller {
                     self.settings.interval
                 }
                 Err(e) => {
+                    self.up.set_up("readiness", false);
                     self.metrics.updates.with_label_values(&["error"]).inc();
                     let message = e.to_string();
                     if message != last_error {
@@ -170,6 +177,11 @@ impl Controller {
         if let Some(gpu) = &self.sources.gpu {
             let state = gpu.lock().unwrap_or_else(|p| p.into_inner());
             facts.gpus = state.gpus.len();
+            if let Some(reason) = &state.failing {
+                facts
+                    .missing_collectors
+                    .push(format!("nvml stopped answering: {reason}"));
+            }
             for (index, entry) in &state.gpus {
                 if entry.lost {
                     let uuid = entry
