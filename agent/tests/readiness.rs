@@ -311,4 +311,34 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
         .filter(|t| t["key"] == "nvidia.com/gpu")
         .count();
     assert_eq!(nvidia, 1, "the other taint is never touched");
+
+    // Someone else puts the taint back while the cache is healthy: the agent reads the node at
+    // its next write (the heartbeat, 1 s here) and takes it off again...
+    let set_ours = |present: bool| {
+        let mut node = api.state.node.lock().unwrap();
+        let taints = node["spec"]["taints"].as_array_mut().unwrap();
+        taints.retain(|t| t["key"] != "mlnode.dev/not-ready");
+        if present {
+            taints.push(serde_json::json!({"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}));
+        }
+    };
+    set_ours(true);
+    wait_until(
+        "a foreign re-add reconciled",
+        Duration::from_secs(10),
+        || !tainted(),
+    );
+    // ...and while the cache is corrupt, a taint someone else removed is put back.
+    std::fs::write(model.path("config.json"), b"{\"model_type\": \"evil\"}").unwrap();
+    wait_until(
+        "taint back for the corruption",
+        Duration::from_secs(10),
+        tainted,
+    );
+    set_ours(false);
+    wait_until(
+        "a foreign removal reconciled",
+        Duration::from_secs(10),
+        tainted,
+    );
 }

@@ -470,3 +470,33 @@ fn a_permission_fix_reverifies_the_file_at_once() {
     });
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
+
+/// SIGTERM while a large manifest (300,000 entries) is still being loaded stops the agent within
+/// a second: the parse is not waited for.
+#[test]
+fn sigterm_while_a_large_manifest_loads_exits_within_a_second() {
+    let root = tempfile::tempdir().unwrap();
+    let entries: Vec<String> = (0..300_000)
+        .map(|i| format!("\"shard/{i:07}.bin\": {{\"sha256\": \"{i:064x}\", \"size\": {i}}}"))
+        .collect();
+    let (_dir, manifest) = common::write_temp(&format!(
+        "{{\"revision\": \"v1\", \"files\": {{{}}}}}",
+        entries.join(", ")
+    ));
+    let mut agent = Agent::start(&model_config("huge", root.path(), &manifest));
+    agent.wait_for("serving", Duration::from_secs(20), |m| {
+        m.contains("mlnode_build_info")
+    });
+    // Still loading: the file counts appear once the manifest is parsed.
+    let loading = !agent.metrics().contains("model_name=\"huge\"");
+    let (code, elapsed) = agent.terminate();
+    assert_eq!(code, Some(0), "{}", agent.log());
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "{elapsed:?} (loading: {loading})"
+    );
+    assert!(
+        loading,
+        "the manifest was parsed before SIGTERM; the state under test was missed"
+    );
+}

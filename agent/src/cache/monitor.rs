@@ -243,15 +243,18 @@ impl Monitor {
             if running.is_none() {
                 if let Some(due) = pending.due(self.settings.debounce) {
                     if due <= Instant::now() {
-                        running = self
-                            .start(
+                        // Loading a manifest of a million entries takes seconds; SIGTERM must not
+                        // wait for it (the parse finishes on its blocking thread, unobserved).
+                        running = tokio::select! {
+                            started = self.start(
                                 &mut pending,
                                 &mut loaded,
                                 &mut router,
                                 &report,
                                 &mut last_error,
-                            )
-                            .await;
+                            ) => started,
+                            _ = shutdown.cancelled() => return,
+                        };
                     }
                 }
             }

@@ -255,6 +255,10 @@ impl Controller {
                 .await?;
             self.metrics.updates.with_label_values(&["written"]).inc();
             memory.conditions = Some(own_conditions(&node, &OWN_TYPES));
+            // The write answers with the whole node: its taints as they are now, whoever changed
+            // them. Continuous mode reconciles against that at least every heartbeat, at no extra
+            // request.
+            memory.taint_present = self.taint.as_ref().map(|t| has_taint(&node, t));
             memory.last_write = Some(Instant::now());
             for gate in changed {
                 tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.ok, reason = %gate.reason, message = %gate.message, "node condition changed");
