@@ -15,7 +15,8 @@ use crate::cache::report::{FileStatus, Report};
 use crate::cache::{self, manifest, TrustPolicy, VerifyOptions};
 use crate::config::{self, LogFormat, Override};
 
-/// Exit codes: 0 verified, 1 verification failed, 2 bad usage or a bad manifest.
+/// Exit codes: 0 verified, 1 verification failed (signature and trust policy included), 2 bad
+/// usage or a manifest that cannot be used at all.
 pub const EXIT_FAILED: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 
@@ -106,7 +107,8 @@ pub struct VerifyArgs {
     /// Expected revision: a commit, or a ref name such as `main` in a Hugging Face cache.
     #[arg(long)]
     pub revision: Option<String>,
-    /// PEM public key (ECDSA P-256) that must have signed a model_signing bundle.
+    /// PEM public key (ECDSA P-256, P-384 or P-521) that must have signed a model_signing bundle;
+    /// with it, an unsigned manifest is refused.
     #[arg(long)]
     pub public_key: Option<PathBuf>,
     /// Trust a model_signing bundle's digests without checking its signature.
@@ -207,7 +209,11 @@ fn verify(args: VerifyArgs) -> ExitCode {
     };
     let manifest = match loaded {
         Ok(manifest) => manifest,
-        Err(e) => return usage_error(e),
+        // A signature or policy check that ran and failed is a failed verification, not bad usage.
+        Err(e) => match e.failed_stage() {
+            Some(stage) => return early_failure(args.json, stage, &e.to_string()),
+            None => return usage_error(e),
+        },
     };
     let options = VerifyOptions {
         revision: args.revision.clone(),
@@ -224,7 +230,11 @@ fn verify(args: VerifyArgs) -> ExitCode {
         Err(e) => return usage_error(e),
     };
     let printed = if args.json {
-        serde_json::to_string_pretty(&report)
+        let mut json = serde_json::to_value(&report).unwrap_or_default();
+        if let Some(stage) = report_stage(&report) {
+            json["stage"] = stage.into();
+        }
+        serde_json::to_string_pretty(&json)
             .map_err(std::io::Error::other)
             .and_then(|json| writeln!(std::io::stdout(), "{json}"))
     } else {
@@ -238,6 +248,39 @@ fn verify(args: VerifyArgs) -> ExitCode {
     } else {
         ExitCode::from(EXIT_FAILED)
     }
+}
+
+/// The stage at which a verification that hashed files failed: the revision on disk, a file's
+/// content, or (only extras failing) the extras policy.
+fn report_stage(report: &Report) -> Option<&'static str> {
+    if report.is_verified() {
+        None
+    } else if report.error.is_some() {
+        Some("revision")
+    } else if report
+        .files
+        .iter()
+        .any(|f| !matches!(f.status, FileStatus::Ok | FileStatus::Extra))
+    {
+        Some("digest")
+    } else {
+        Some("extra")
+    }
+}
+
+/// A verification that failed before any file was hashed: exit 1, and with `--json` a report
+/// naming the stage.
+fn early_failure(json: bool, stage: &str, error: &str) -> ExitCode {
+    if json {
+        let report =
+            serde_json::json!({"status": "failed", "stage": stage, "error": error, "files": []});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    }
+    eprintln!("mlnode-agent: {error}");
+    ExitCode::from(EXIT_FAILED)
 }
 
 fn print_summary(root: &std::path::Path, report: &Report) -> std::io::Result<()> {

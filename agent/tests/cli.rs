@@ -188,6 +188,11 @@ struct Signed {
 }
 
 fn sign(method: &str, shard_size: usize) -> Signed {
+    sign_on(method, shard_size, "secp256r1")
+}
+
+/// Signs a fresh model with the real model_signing, with a key on `curve`.
+fn sign_on(method: &str, shard_size: usize, curve: &str) -> Signed {
     let model = PlainModel::new();
     let keys = tempfile::tempdir().unwrap();
     let bundle = keys.path().join(format!("{method}.sig"));
@@ -199,6 +204,7 @@ fn sign(method: &str, shard_size: usize) -> Signed {
         .arg(keys.path())
         .arg(method)
         .arg(shard_size.to_string())
+        .arg(curve)
         .status()
         .expect("python3 runs");
     assert!(
@@ -304,8 +310,12 @@ fn model_signing_bundle_with_altered_signature_is_refused() {
     bundle["dsseEnvelope"]["signatures"][0]["sig"] =
         base64::engine::general_purpose::STANDARD.encode(der).into();
     std::fs::write(&signed.bundle, bundle.to_string()).unwrap();
-    let out = signed.verify(&[]);
-    assert_eq!(out.code, 2);
+    let out = signed.verify(&["--json"]);
+    assert_eq!(
+        out.code, 1,
+        "a signature that does not verify is a failed verification"
+    );
+    assert_eq!(json(&out)["stage"], "signature");
     assert!(
         out.stderr.contains("signature does not verify"),
         "{}",
@@ -329,15 +339,20 @@ fn model_signing_bundle_with_altered_payload_is_refused() {
     bundle["dsseEnvelope"]["payload"] = engine.encode(statement.to_string()).into();
     std::fs::write(&signed.bundle, bundle.to_string()).unwrap();
     let out = signed.verify(&[]);
-    assert_eq!(out.code, 2);
+    assert_eq!(out.code, 1);
     assert!(
         out.stderr.contains("signature does not verify"),
         "{}",
         out.stderr
     );
     // Without the signature check, the statement's own subject digest still gives it away.
-    let out = verify(signed.model.root(), &signed.bundle, &["--allow-unsigned"]);
-    assert_eq!(out.code, 2);
+    let out = verify(
+        signed.model.root(),
+        &signed.bundle,
+        &["--allow-unsigned", "--json"],
+    );
+    assert_eq!(out.code, 1);
+    assert_eq!(json(&out)["stage"], "digest");
     assert!(out.stderr.contains("inconsistent"), "{}", out.stderr);
 }
 
@@ -367,7 +382,7 @@ fn model_signing_bundle_checked_with_another_key_is_refused() {
         &signed.bundle,
         &["--public-key", key.to_str().unwrap()],
     );
-    assert_eq!(out.code, 2);
+    assert_eq!(out.code, 1);
     assert!(out.stderr.contains("another key"), "{}", out.stderr);
 }
 
@@ -605,5 +620,45 @@ fn the_extras_listing_stays_in_scope_and_never_decides_the_verdict() {
             .iter()
             .any(|f| f["status"] == "extra"),
         "nothing under /etc is an extra of the model: {report}"
+    );
+}
+
+/// model_signing signs with P-256, P-384 and P-521 keys (the peer's own fixtures are P-384):
+/// each verifies with its public key, and a changed byte fails on each.
+#[test]
+fn bundles_signed_on_every_model_signing_curve_verify() {
+    for curve in ["secp384r1", "secp521r1"] {
+        let signed = sign_on("files", 0, curve);
+        let out = signed.verify(&["--json"]);
+        assert_eq!(out.code, 0, "{curve}: {} {}", out.stdout, out.stderr);
+        let shard = "model-00001-of-00002.safetensors";
+        let mut bytes = signed.model.files[shard].clone();
+        bytes[7] ^= 1;
+        std::fs::write(signed.model.path(shard), &bytes).unwrap();
+        let out = signed.verify(&["--json"]);
+        assert_eq!(out.code, 1, "{curve}");
+        assert_eq!(json(&out)["stage"], "digest");
+    }
+}
+
+/// With a key configured, an unsigned native manifest put in the bundle's place (listing the
+/// attacker's digests) is refused: the key forces a signature.
+#[test]
+fn a_key_cannot_be_downgraded_to_an_unsigned_manifest() {
+    let signed = sign("files", 0);
+    let (_dir, native) = write_temp(&signed.model.manifest_json("v1", true));
+    let key = signed.public_key();
+    let out = verify(
+        signed.model.root(),
+        &native,
+        &["--public-key", key.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(json(&out)["stage"], "policy");
+    assert!(out.stderr.contains("not a signed bundle"), "{}", out.stderr);
+    assert_eq!(
+        verify(signed.model.root(), &native, &[]).code,
+        0,
+        "without a key it is trusted as kept"
     );
 }

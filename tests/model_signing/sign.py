@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Signs a model directory with the real OpenSSF model_signing library, for the verifier's tests.
 
-usage: sign.py MODEL_DIR SIGNATURE KEY_DIR files|shards [SHARD_SIZE]
+usage: sign.py MODEL_DIR SIGNATURE KEY_DIR files|shards [SHARD_SIZE] [CURVE]
 
-Makes an ECDSA P-256 key pair in KEY_DIR (private.pem, public.pem) unless one is there. The
+Makes an ECDSA key pair on CURVE (secp256r1, the default; secp384r1; secp521r1: the curves
+model_signing signs with) in KEY_DIR (private.pem, public.pem) unless one is there. The
 `files` bundle is made with the `model_signing sign key` command line, as a release pipeline
 would; the `shards` bundle with the Python API, the only way model_signing offers shard
 serialization.
@@ -16,10 +17,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 
-def ensure_key(key_dir: pathlib.Path) -> pathlib.Path:
+CURVES = {"secp256r1": ec.SECP256R1, "secp384r1": ec.SECP384R1, "secp521r1": ec.SECP521R1}
+
+
+def ensure_key(key_dir: pathlib.Path, curve: str) -> pathlib.Path:
     private = key_dir / "private.pem"
     if not private.exists():
-        key = ec.generate_private_key(ec.SECP256R1())
+        key = ec.generate_private_key(CURVES[curve]())
         private.write_bytes(
             key.private_bytes(
                 serialization.Encoding.PEM,
@@ -38,7 +42,8 @@ def ensure_key(key_dir: pathlib.Path) -> pathlib.Path:
 
 def main() -> None:
     model, signature, key_dir, method = sys.argv[1:5]
-    private = ensure_key(pathlib.Path(key_dir))
+    curve = sys.argv[6] if len(sys.argv) > 6 else "secp256r1"
+    private = ensure_key(pathlib.Path(key_dir), curve)
     if method == "files":
         subprocess.run(
             ["model_signing", "sign", "key", "--private_key", str(private), "--signature", signature, model],

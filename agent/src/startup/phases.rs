@@ -107,8 +107,13 @@ pub fn parse_go_duration(text: &str) -> Option<f64> {
         rest = &rest[unit_len..];
         parsed_any = true;
     }
-    parsed_any.then_some(total)
+    // A Go time.Duration is an int64 of nanoseconds: anything longer (or not finite) is not one
+    // kubelet printed, and an infinite observation would poison every histogram sum.
+    (parsed_any && total.is_finite() && total <= GO_DURATION_MAX_SECONDS).then_some(total)
 }
+
+/// `math.MaxInt64` nanoseconds, about 292 years.
+const GO_DURATION_MAX_SECONDS: f64 = 9_223_372_036.854_775;
 
 /// Reads a `Pulled` event's message.
 pub fn parse_pulled(message: &str) -> Option<Pull> {
@@ -314,6 +319,10 @@ mod tests {
         assert_eq!(parse_go_duration("0s"), Some(0.0));
         assert_eq!(parse_go_duration("fast"), None);
         assert_eq!(parse_go_duration("12"), None);
+        // Found by the fuzz harness: 400 digits parse to infinity; no Go duration is that long.
+        assert_eq!(parse_go_duration(&format!("{}s", "9".repeat(400))), None);
+        assert_eq!(parse_go_duration("2562048h"), None, "past math.MaxInt64 ns");
+        assert!(parse_go_duration("2562047h").is_some());
     }
 
     #[test]

@@ -146,6 +146,10 @@ pub enum ManifestError {
         key: PathBuf,
         reason: String,
     },
+    #[error("manifest {path}: the signed statement is inconsistent: {reason}")]
+    Inconsistent { path: PathBuf, reason: String },
+    #[error("manifest {path} is not a signed bundle, but a key ({key}) is configured: only a bundle that verifies with it is accepted (drop the key to trust a native manifest by where it is kept)")]
+    Downgrade { path: PathBuf, key: PathBuf },
     #[error("{path} cannot be verified without --manifest: {reason}")]
     NoManifest { path: PathBuf, reason: String },
     #[error("public key {path}: {reason}")]
@@ -153,6 +157,19 @@ pub enum ManifestError {
 }
 
 impl ManifestError {
+    /// The stage of a verification that ran and failed (exit 1), as opposed to input that could
+    /// not be used at all (exit 2): `signature` (does not verify with the key), `digest` (the signed
+    /// statement's digests do not add up), `policy` (a key is configured and this manifest is not
+    /// signed with it).
+    pub fn failed_stage(&self) -> Option<&'static str> {
+        match self {
+            ManifestError::BadSignature { .. } => Some("signature"),
+            ManifestError::Inconsistent { .. } => Some("digest"),
+            ManifestError::Downgrade { .. } => Some("policy"),
+            _ => None,
+        }
+    }
+
     fn invalid(path: &Path, at: impl Into<String>, reason: impl Into<String>) -> Self {
         ManifestError::Invalid {
             path: path.to_path_buf(),
@@ -209,6 +226,14 @@ pub fn parse(path: &Path, bytes: &[u8], trust: &TrustPolicy) -> Result<Manifest,
     if probe.media_type.is_some() || probe.dsse_envelope.is_some() {
         model_signing::parse(path, bytes, trust)
     } else if probe.files.is_some() {
+        // A configured key means "only what this key signed": an unsigned manifest put in the
+        // bundle's place must not be trusted instead (a downgrade).
+        if let TrustPolicy::PublicKey(key) = trust {
+            return Err(ManifestError::Downgrade {
+                path: path.to_path_buf(),
+                key: key.clone(),
+            });
+        }
         native::parse(path, bytes)
     } else {
         Err(ManifestError::UnknownFormat {

@@ -4,7 +4,7 @@
 //! predicate lists every file (`files` serialization) or every byte range of every file (`shards`
 //! serialization, resource names `path:start:end`) with its SHA-256. We check, in this order:
 //! the DSSE signature over the envelope's pre-authentication encoding with the operator's key
-//! (ECDSA P-256, as `model_signing sign key` makes), then that the statement's subject digest is
+//! (ECDSA on P-256, P-384 or P-521, as `model_signing sign key` makes), then that the statement's subject digest is
 //! the SHA-256 of the resource digests in order (as model_signing's own verifier does), and only
 //! then hand the digests to the verifier.
 
@@ -190,11 +190,7 @@ fn check_signature(
     let pem = crate::files::read_bounded(key_path, KEY_FILE_LIMIT)
         .map_err(|e| bad_key(format!("cannot read: {e}")))
         .and_then(|bytes| String::from_utf8(bytes).map_err(|_| bad_key("not PEM text".into())))?;
-    let key = p256::PublicKey::from_public_key_pem(&pem).map_err(|e| {
-        bad_key(format!(
-            "not a PEM ECDSA P-256 public key (\"-----BEGIN PUBLIC KEY-----\"): {e}"
-        ))
-    })?;
+    let key = SignerKey::from_pem(&pem).map_err(bad_key)?;
 
     // model_signing records sha256(PEM of the key) as a hint; a mismatch means the bundle was made
     // with another key, which is a clearer message than "signature invalid".
@@ -204,9 +200,7 @@ fn check_signature(
         .and_then(|m| m.public_key.as_ref())
         .and_then(|k| k.hint.as_deref());
     if let Some(hint) = hint {
-        let canonical = key
-            .to_public_key_pem(LineEnding::LF)
-            .map_err(|e| bad_key(e.to_string()))?;
+        let canonical = key.canonical_pem().map_err(bad_key)?;
         let ours = hex::encode(sha2::Sha256::digest(canonical.as_bytes()));
         if ours != hint {
             return Err(bad_signature(format!(
@@ -215,7 +209,6 @@ fn check_signature(
         }
     }
 
-    let verifying_key = p256::ecdsa::VerifyingKey::from(&key);
     let message = pae(IN_TOTO_PAYLOAD_TYPE, payload);
     let signatures = &bundle.dsse_envelope.signatures;
     if signatures.is_empty() {
@@ -230,22 +223,73 @@ fn check_signature(
     }
     let mut last_error = String::new();
     for signature in signatures {
-        let der = match base64_decode(&signature.sig) {
-            Ok(der) => der,
-            Err(e) => {
-                last_error = e;
-                continue;
-            }
-        };
-        match p256::ecdsa::DerSignature::try_from(der.as_slice()) {
-            Ok(sig) => match verifying_key.verify(&message, &sig) {
-                Ok(()) => return Ok(()),
-                Err(_) => last_error = "ECDSA verification failed".into(),
-            },
-            Err(e) => last_error = format!("not a DER ECDSA signature: {e}"),
+        match base64_decode(&signature.sig).and_then(|der| key.verify(&message, &der)) {
+            Ok(()) => return Ok(()),
+            Err(e) => last_error = e,
         }
     }
     Err(bad_signature(last_error))
+}
+
+/// A public key model_signing signs with: ECDSA on P-256, P-384 or P-521, each with the hash
+/// model_signing pairs with it (SHA-256, SHA-384, SHA-512: `get_ec_key_hash` in its
+/// `_signing/sign_ec_key.py`), which is each curve's own ECDSA digest here.
+enum SignerKey {
+    P256(p256::PublicKey),
+    P384(p384::PublicKey),
+    P521(p521::PublicKey),
+}
+
+impl SignerKey {
+    fn from_pem(pem: &str) -> Result<SignerKey, String> {
+        if let Ok(key) = p256::PublicKey::from_public_key_pem(pem) {
+            return Ok(SignerKey::P256(key));
+        }
+        if let Ok(key) = p384::PublicKey::from_public_key_pem(pem) {
+            return Ok(SignerKey::P384(key));
+        }
+        p521::PublicKey::from_public_key_pem(pem)
+            .map(SignerKey::P521)
+            .map_err(|e| {
+                format!("not a PEM ECDSA public key on P-256, P-384 or P-521 (\"-----BEGIN PUBLIC KEY-----\"): {e}")
+            })
+    }
+
+    /// The key as model_signing writes it for its hint: SubjectPublicKeyInfo PEM, LF line ends.
+    fn canonical_pem(&self) -> Result<String, String> {
+        match self {
+            SignerKey::P256(key) => key.to_public_key_pem(LineEnding::LF),
+            SignerKey::P384(key) => key.to_public_key_pem(LineEnding::LF),
+            SignerKey::P521(key) => key.to_public_key_pem(LineEnding::LF),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// Verifies a DER-encoded signature over `message`.
+    fn verify(&self, message: &[u8], der: &[u8]) -> Result<(), String> {
+        let not_der = |e: p256::ecdsa::Error| format!("not a DER ECDSA signature: {e}");
+        let failed = |_| "ECDSA verification failed".to_string();
+        match self {
+            SignerKey::P256(key) => p256::ecdsa::VerifyingKey::from(key)
+                .verify(
+                    message,
+                    &p256::ecdsa::DerSignature::try_from(der).map_err(not_der)?,
+                )
+                .map_err(failed),
+            SignerKey::P384(key) => p384::ecdsa::VerifyingKey::from(key)
+                .verify(
+                    message,
+                    &p384::ecdsa::DerSignature::try_from(der).map_err(not_der)?,
+                )
+                .map_err(failed),
+            SignerKey::P521(key) => p521::ecdsa::VerifyingKey::from(key)
+                .verify(
+                    message,
+                    &p521::ecdsa::DerSignature::try_from(der).map_err(not_der)?,
+                )
+                .map_err(failed),
+        }
+    }
 }
 
 /// A PEM public key is a few hundred bytes.
@@ -292,14 +336,13 @@ fn statement_to_manifest(path: &Path, statement: Statement) -> Result<Manifest, 
     }
     let computed = Sha256(root.finalize().into());
     if computed != subject.digest.sha256 {
-        return Err(ManifestError::invalid(
-            path,
-            at_payload("subject[0].digest.sha256"),
-            format!(
-                "the statement is inconsistent: its subject digest is {:?} but its resources hash to {:?}",
+        return Err(ManifestError::Inconsistent {
+            path: path.to_path_buf(),
+            reason: format!(
+                "its subject digest is {:?} but its resources hash to {:?}",
                 subject.digest.sha256, computed
             ),
-        ));
+        });
     }
     if resources.is_empty() {
         return Err(ManifestError::invalid(
