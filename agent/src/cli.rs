@@ -114,9 +114,14 @@ pub struct VerifyArgs {
     /// Trust a model_signing bundle's digests without checking its signature.
     #[arg(long, conflicts_with = "public_key")]
     pub allow_unsigned: bool,
-    /// Fail when ROOT holds files the manifest does not list.
+    /// Fail when ROOT holds files the manifest does not list (always so for a signed bundle,
+    /// unless --ignore-unsigned-files).
     #[arg(long)]
     pub fail_on_extra: bool,
+    /// With a signed bundle, let files it does not list pass (model_signing's
+    /// --ignore_unsigned_files).
+    #[arg(long)]
+    pub ignore_unsigned_files: bool,
     /// Print one JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -218,6 +223,7 @@ fn verify(args: VerifyArgs) -> ExitCode {
     let options = VerifyOptions {
         revision: args.revision.clone(),
         fail_on_extra: args.fail_on_extra,
+        ignore_unsigned_files: args.ignore_unsigned_files,
         manifest_path: args.manifest.clone(),
         ..VerifyOptions::default()
     };

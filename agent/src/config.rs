@@ -85,6 +85,10 @@ pub struct ModelConfig {
     pub allow_unsigned: bool,
     #[serde(default)]
     pub fail_on_extra: bool,
+    /// With a signed bundle, files it does not list pass (model_signing's
+    /// `--ignore_unsigned_files`); by default they fail, as model_signing fails them.
+    #[serde(default)]
+    pub ignore_unsigned_files: bool,
     /// Where the cache is on the node, when the agent sees it at another path (`root` is the path
     /// inside the agent's container): how pods mounting it by hostPath are matched to the model.
     #[serde(default)]

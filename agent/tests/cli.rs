@@ -193,7 +193,15 @@ fn sign(method: &str, shard_size: usize) -> Signed {
 
 /// Signs a fresh model with the real model_signing, with a key on `curve`.
 fn sign_on(method: &str, shard_size: usize, curve: &str) -> Signed {
+    sign_ignoring(method, shard_size, curve, &[])
+}
+
+/// [`sign_on`], with model_signing told to leave `ignored` (paths in the model) out.
+fn sign_ignoring(method: &str, shard_size: usize, curve: &str, ignored: &[&str]) -> Signed {
     let model = PlainModel::new();
+    for path in ignored {
+        std::fs::write(model.path(path), b"left out on purpose").unwrap();
+    }
     let keys = tempfile::tempdir().unwrap();
     let bundle = keys.path().join(format!("{method}.sig"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/model_signing/sign.py");
@@ -205,6 +213,7 @@ fn sign_on(method: &str, shard_size: usize, curve: &str) -> Signed {
         .arg(method)
         .arg(shard_size.to_string())
         .arg(curve)
+        .args(ignored)
         .status()
         .expect("python3 runs");
     assert!(
@@ -660,5 +669,67 @@ fn a_key_cannot_be_downgraded_to_an_unsigned_manifest() {
         verify(signed.model.root(), &native, &[]).code,
         0,
         "without a key it is trusted as kept"
+    );
+}
+
+/// A signed bundle describes the whole model, as model_signing treats it: an added file fails the
+/// verification (unless --ignore-unsigned-files), except the paths the signer itself left out
+/// (the bundle's ignore list), which are not extras at all.
+#[test]
+fn a_signed_bundle_fails_on_added_files_but_not_on_those_it_says_to_ignore() {
+    let signed = sign_ignoring("files", 0, "secp256r1", &["notes.txt"]);
+    let out = signed.verify(&["--json"]);
+    assert_eq!(
+        out.code, 0,
+        "the ignored file is not an extra: {}",
+        out.stdout
+    );
+    assert!(
+        !json(&out)["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "notes.txt"),
+        "{}",
+        out.stdout
+    );
+    std::fs::write(signed.model.path("evil.py"), b"import os").unwrap();
+    let out = signed.verify(&["--json"]);
+    assert_eq!(
+        out.code, 1,
+        "model_signing rejects an added file: {}",
+        out.stdout
+    );
+    assert_eq!(json(&out)["stage"], "extra");
+    assert_eq!(file_status(&json(&out), "evil.py"), "extra");
+    assert_eq!(signed.verify(&["--ignore-unsigned-files"]).code, 0);
+}
+
+/// A bundle hashed with another algorithm (model_signing's `--hash_type blake2`) is named as such,
+/// not mistaken for a malformed SHA-256 digest.
+#[test]
+fn a_blake2_bundle_is_refused_as_an_unsupported_algorithm() {
+    let signed = sign("files", 0);
+    let mut bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&signed.bundle).unwrap()).unwrap();
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let payload = engine
+        .decode(bundle["dsseEnvelope"]["payload"].as_str().unwrap())
+        .unwrap();
+    let mut statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    for resource in statement["predicate"]["resources"].as_array_mut().unwrap() {
+        resource["algorithm"] = "blake2b".into();
+        resource["digest"] = "ab".repeat(64).into();
+    }
+    bundle["dsseEnvelope"]["payload"] = engine.encode(statement.to_string()).into();
+    std::fs::write(&signed.bundle, bundle.to_string()).unwrap();
+    let out = verify(signed.model.root(), &signed.bundle, &["--allow-unsigned"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("unsupported hash algorithm \"blake2b\""),
+        "{}",
+        out.stderr
     );
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Signs a model directory with the real OpenSSF model_signing library, for the verifier's tests.
 
-usage: sign.py MODEL_DIR SIGNATURE KEY_DIR files|shards [SHARD_SIZE] [CURVE]
+usage: sign.py MODEL_DIR SIGNATURE KEY_DIR files|shards [SHARD_SIZE] [CURVE] [IGNORE_PATH ...]
 
 Makes an ECDSA key pair on CURVE (secp256r1, the default; secp384r1; secp521r1: the curves
 model_signing signs with) in KEY_DIR (private.pem, public.pem) unless one is there. The
@@ -43,10 +43,11 @@ def ensure_key(key_dir: pathlib.Path, curve: str) -> pathlib.Path:
 def main() -> None:
     model, signature, key_dir, method = sys.argv[1:5]
     curve = sys.argv[6] if len(sys.argv) > 6 else "secp256r1"
+    ignored = [arg for path in sys.argv[7:] for arg in ("--ignore-paths", str(pathlib.Path(model) / path))]
     private = ensure_key(pathlib.Path(key_dir), curve)
     if method == "files":
         subprocess.run(
-            ["model_signing", "sign", "key", "--private_key", str(private), "--signature", signature, model],
+            ["model_signing", "sign", "key", "--private_key", str(private), "--signature", signature, *ignored, model],
             check=True,
             stdout=subprocess.DEVNULL,
         )

@@ -189,10 +189,10 @@ mod tests {
     use notify::event::{CreateKind, Flag, RemoveKind};
 
     fn manifest(paths: &[&str]) -> Manifest {
-        Manifest {
-            format: ManifestFormat::Native,
-            revision: None,
-            files: paths
+        Manifest::new(
+            ManifestFormat::Native,
+            None,
+            paths
                 .iter()
                 .enumerate()
                 .map(|(i, p)| ExpectedFile {
@@ -201,7 +201,7 @@ mod tests {
                     digest: Digest::Whole(Sha256([i as u8; 32])),
                 })
                 .collect(),
-        }
+        )
     }
 
     fn event(kind: EventKind, path: &str) -> Event {

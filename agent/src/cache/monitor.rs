@@ -401,6 +401,7 @@ impl Monitor {
         let options = VerifyOptions {
             revision: self.model.revision.clone(),
             fail_on_extra: self.model.fail_on_extra,
+            ignore_unsigned_files: self.model.ignore_unsigned_files,
             manifest_path: Some(self.model.manifest.clone()),
             only,
             ..VerifyOptions::default()
@@ -453,9 +454,15 @@ impl Monitor {
             }
         };
         let (hashed, seconds) = (partial.bytes_hashed, partial.seconds);
+        let extras_fail = VerifyOptions {
+            fail_on_extra: self.model.fail_on_extra,
+            ignore_unsigned_files: self.model.ignore_unsigned_files,
+            ..VerifyOptions::default()
+        };
+        let extras_fail = loaded.is_some_and(|l| extras_fail.extras_fail(&l.manifest));
         let current = match (kind, report.take()) {
             (VerifyKind::Incremental, Some(mut previous)) => {
-                previous.merge(partial, self.model.fail_on_extra);
+                previous.merge(partial, extras_fail);
                 previous
             }
             _ => partial,
@@ -629,8 +636,8 @@ fn failure_summary(report: &Report) -> String {
         .collect();
     match failing.len() {
         0 => match &report.listing_error {
-            Some(note) => format!("{note} (fail_on_extra)"),
-            None => "files not in the manifest are present (fail_on_extra)".into(),
+            Some(note) => format!("{note} (extra files fail this model)"),
+            None => "files not in the manifest are present (extra files fail this model)".into(),
         },
         n if n <= 5 => failing.join(", "),
         n => format!("{} and {} more", failing[..5].join(", "), n - 5),

@@ -18,8 +18,11 @@ use super::walk;
 pub struct VerifyOptions {
     /// `--revision`: a commit, or a ref name for a hub cache.
     pub revision: Option<String>,
-    /// Files under ROOT that the manifest does not list fail the run.
+    /// Files under ROOT that the manifest does not list fail the run. A signed bundle asks for
+    /// this itself (see [`VerifyOptions::extras_fail`]).
     pub fail_on_extra: bool,
+    /// A signed bundle's unlisted files pass (model_signing's `--ignore_unsigned_files`).
+    pub ignore_unsigned_files: bool,
     pub strategy: Strategy,
     /// The manifest file itself, left out of the `extra` list when it lives inside ROOT.
     pub manifest_path: Option<PathBuf>,
@@ -28,11 +31,20 @@ pub struct VerifyOptions {
     pub only: Option<HashSet<String>>,
 }
 
+impl VerifyOptions {
+    /// Whether files the manifest does not list fail the verification: asked for, or implied by a
+    /// signed bundle (model_signing rejects an added `evil.py`) unless unsigned files are allowed.
+    pub fn extras_fail(&self, manifest: &Manifest) -> bool {
+        self.fail_on_extra || (manifest.covers_the_whole_model() && !self.ignore_unsigned_files)
+    }
+}
+
 impl Default for VerifyOptions {
     fn default() -> Self {
         VerifyOptions {
             revision: None,
             fail_on_extra: false,
+            ignore_unsigned_files: false,
             strategy: Strategy::Auto,
             manifest_path: None,
             only: None,
@@ -227,7 +239,7 @@ pub fn verify(
                 listing
                     .files
                     .into_iter()
-                    .filter(|path| !listed.contains(path.as_str()))
+                    .filter(|path| !listed.contains(path.as_str()) && !manifest.ignores(path))
                     .filter(|path| manifest_path.as_deref() != Some(model_dir.join(path).as_path()))
                     .chain(listing.not_utf8)
                     .map(|path| FileReport::new(path, FileStatus::Extra)),
@@ -244,7 +256,7 @@ pub fn verify(
         &files,
         None,
         listing_error.as_deref(),
-        options.fail_on_extra,
+        options.extras_fail(manifest),
     );
     Ok(Report {
         status,

@@ -67,9 +67,5 @@ pub fn from_blob_names(
             snapshot.display()
         )));
     }
-    Ok(Manifest {
-        format: ManifestFormat::HubBlobNames,
-        revision: commit,
-        files,
-    })
+    Ok(Manifest::new(ManifestFormat::HubBlobNames, commit, files))
 }

@@ -105,6 +105,43 @@ pub struct Manifest {
     /// The release revision (a commit hash or tag). model_signing bundles carry none.
     pub revision: Option<String>,
     pub files: Vec<ExpectedFile>,
+    /// Paths the signer left out on purpose (a bundle's `ignore_paths`): never extra.
+    pub ignore_paths: Vec<String>,
+}
+
+impl Manifest {
+    /// A manifest that lists what it covers and nothing it leaves out.
+    pub fn new(format: ManifestFormat, revision: Option<String>, files: Vec<ExpectedFile>) -> Self {
+        Manifest {
+            format,
+            revision,
+            files,
+            ignore_paths: Vec::new(),
+        }
+    }
+
+    fn signed(format: ManifestFormat, files: Vec<ExpectedFile>) -> Self {
+        Manifest::new(format, None, files)
+    }
+
+    /// A signed bundle describes the whole model: a file it does not list fails the verification,
+    /// as model_signing's own verifier fails it, unless the operator asks otherwise.
+    pub fn covers_the_whole_model(&self) -> bool {
+        matches!(
+            self.format,
+            ManifestFormat::ModelSigningFiles | ManifestFormat::ModelSigningShards
+        )
+    }
+
+    /// Whether `path` (relative) is one the signer left out, or lies below one.
+    pub fn ignores(&self, path: &str) -> bool {
+        self.ignore_paths.iter().any(|i| {
+            path == i
+                || path
+                    .strip_prefix(i.as_str())
+                    .is_some_and(|r| r.starts_with('/'))
+        })
+    }
 }
 
 /// What it takes for a model_signing bundle's digests to be trusted.

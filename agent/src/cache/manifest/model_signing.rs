@@ -90,13 +90,18 @@ struct Predicate {
 #[derive(Deserialize)]
 struct Serialization {
     method: String,
+    /// Paths (relative to the model, files or folders) the signer left out; model_signing's
+    /// verifier ignores them too, and so do we when listing extras.
+    #[serde(default)]
+    ignore_paths: Vec<String>,
 }
 
 #[derive(Deserialize)]
 struct Resource {
     name: String,
     algorithm: String,
-    digest: Sha256,
+    /// Hex, parsed once the algorithm is known to be one we verify (a BLAKE2 digest is longer).
+    digest: String,
 }
 
 pub(super) fn parse(
@@ -330,9 +335,38 @@ fn statement_to_manifest(path: &Path, statement: Statement) -> Result<Manifest, 
         ));
     };
     let resources = &statement.predicate.resources;
+    let serialization = &statement.predicate.serialization;
+    let method = serialization.method.as_str();
+    if method != "files" && method != "shards" {
+        return Err(ManifestError::invalid(
+            path,
+            at_payload("predicate.serialization.method"),
+            format!("unknown serialization {method:?}; expected \"files\" or \"shards\""),
+        ));
+    }
+    let digests = resources
+        .iter()
+        .enumerate()
+        .map(|(index, resource)| {
+            let supported = match method {
+                "files" => resource.algorithm == "sha256",
+                _ => resource.algorithm.starts_with("sha256-sharded-"),
+            };
+            if !supported {
+                return Err(unsupported_algorithm(path, index, &resource.algorithm));
+            }
+            Sha256::parse_hex(&resource.digest).map_err(|reason| {
+                ManifestError::invalid(
+                    path,
+                    at_payload(&format!("predicate.resources[{index}].digest")),
+                    reason,
+                )
+            })
+        })
+        .collect::<Result<Vec<Sha256>, ManifestError>>()?;
     let mut root = sha2::Sha256::new();
-    for resource in resources {
-        root.update(resource.digest.0);
+    for digest in &digests {
+        root.update(digest.0);
     }
     let computed = Sha256(root.finalize().into());
     if computed != subject.digest.sha256 {
@@ -351,25 +385,27 @@ fn statement_to_manifest(path: &Path, statement: Statement) -> Result<Manifest, 
             "lists no files; an empty manifest would verify anything",
         ));
     }
-
-    match statement.predicate.serialization.method.as_str() {
-        "files" => files_manifest(path, resources),
-        "shards" => shards_manifest(path, resources),
-        other => Err(ManifestError::invalid(
-            path,
-            at_payload("predicate.serialization.method"),
-            format!("unknown serialization {other:?}; expected \"files\" or \"shards\""),
-        )),
-    }
+    let mut manifest = match method {
+        "files" => files_manifest(path, resources, &digests)?,
+        _ => shards_manifest(path, resources, &digests)?,
+    };
+    manifest.ignore_paths = serialization
+        .ignore_paths
+        .iter()
+        .map(|p| p.trim_end_matches('/').to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
+    Ok(manifest)
 }
 
-fn files_manifest(path: &Path, resources: &[Resource]) -> Result<Manifest, ManifestError> {
+fn files_manifest(
+    path: &Path,
+    resources: &[Resource],
+    digests: &[Sha256],
+) -> Result<Manifest, ManifestError> {
     let mut seen = HashMap::new();
     let mut files = Vec::with_capacity(resources.len());
-    for (index, resource) in resources.iter().enumerate() {
-        if resource.algorithm != "sha256" {
-            return Err(unsupported_algorithm(path, index, &resource.algorithm));
-        }
+    for (index, (resource, digest)) in resources.iter().zip(digests).enumerate() {
         if seen.insert(resource.name.as_str(), index).is_some() {
             return Err(ManifestError::invalid(
                 path,
@@ -380,25 +416,22 @@ fn files_manifest(path: &Path, resources: &[Resource]) -> Result<Manifest, Manif
         files.push(ExpectedFile {
             path: resource.name.clone(),
             size: None,
-            digest: Digest::Whole(resource.digest),
+            digest: Digest::Whole(*digest),
         });
     }
-    Ok(Manifest {
-        format: ManifestFormat::ModelSigningFiles,
-        revision: None,
-        files,
-    })
+    Ok(Manifest::signed(ManifestFormat::ModelSigningFiles, files))
 }
 
-fn shards_manifest(path: &Path, resources: &[Resource]) -> Result<Manifest, ManifestError> {
+fn shards_manifest(
+    path: &Path,
+    resources: &[Resource],
+    digests: &[Sha256],
+) -> Result<Manifest, ManifestError> {
     let mut order: Vec<&str> = Vec::new();
     let mut by_file: HashMap<&str, Vec<Shard>> = HashMap::new();
-    for (index, resource) in resources.iter().enumerate() {
+    for (index, (resource, digest)) in resources.iter().zip(digests).enumerate() {
         let at =
             format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.predicate.resources[{index}]");
-        if !resource.algorithm.starts_with("sha256-sharded-") {
-            return Err(unsupported_algorithm(path, index, &resource.algorithm));
-        }
         // The file name itself may hold ':', so the range is taken from the right.
         let mut parts = resource.name.rsplitn(3, ':');
         let (end, start, file) = (parts.next(), parts.next(), parts.next());
@@ -427,7 +460,7 @@ fn shards_manifest(path: &Path, resources: &[Resource]) -> Result<Manifest, Mani
         shards.push(Shard {
             start,
             end,
-            sha256: resource.digest,
+            sha256: *digest,
         });
     }
 
@@ -455,11 +488,7 @@ fn shards_manifest(path: &Path, resources: &[Resource]) -> Result<Manifest, Mani
             digest: Digest::Shards(shards),
         });
     }
-    Ok(Manifest {
-        format: ManifestFormat::ModelSigningShards,
-        revision: None,
-        files,
-    })
+    Ok(Manifest::signed(ManifestFormat::ModelSigningShards, files))
 }
 
 fn unsupported_algorithm(path: &Path, index: usize, algorithm: &str) -> ManifestError {

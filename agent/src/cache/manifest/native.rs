@@ -85,11 +85,11 @@ pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Manifest, ManifestError
             digest: Digest::Whole(entry.sha256),
         })
         .collect();
-    Ok(Manifest {
-        format: ManifestFormat::Native,
-        revision: document.revision,
+    Ok(Manifest::new(
+        ManifestFormat::Native,
+        document.revision,
         files,
-    })
+    ))
 }
 
 /// The native manifest as `mlnode-agent manifest` writes it: paths sorted, sizes included so
