@@ -332,21 +332,28 @@ fn model_signing_bundle_with_altered_signature_is_refused() {
     );
 }
 
-#[test]
-fn model_signing_bundle_with_altered_payload_is_refused() {
-    let signed = sign("files", 0);
-    let mut bundle: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&signed.bundle).unwrap()).unwrap();
+/// Rewrites the in-toto statement inside a bundle's DSSE envelope, leaving the signature as it was.
+fn rewrite_statement(bundle_path: &Path, change: impl FnOnce(&mut serde_json::Value)) {
     use base64::Engine;
     let engine = base64::engine::general_purpose::STANDARD;
+    let mut bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle_path).unwrap()).unwrap();
     let payload = engine
         .decode(bundle["dsseEnvelope"]["payload"].as_str().unwrap())
         .unwrap();
     let mut statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
-    // Point a digest at other content: exactly what an attacker who cannot sign would try.
-    statement["predicate"]["resources"][0]["digest"] = "0".repeat(64).into();
+    change(&mut statement);
     bundle["dsseEnvelope"]["payload"] = engine.encode(statement.to_string()).into();
-    std::fs::write(&signed.bundle, bundle.to_string()).unwrap();
+    std::fs::write(bundle_path, bundle.to_string()).unwrap();
+}
+
+#[test]
+fn model_signing_bundle_with_altered_payload_is_refused() {
+    let signed = sign("files", 0);
+    // Point a digest at other content: exactly what an attacker who cannot sign would try.
+    rewrite_statement(&signed.bundle, |statement| {
+        statement["predicate"]["resources"][0]["digest"] = "0".repeat(64).into();
+    });
     let out = signed.verify(&[]);
     assert_eq!(out.code, 1);
     assert!(
@@ -710,20 +717,12 @@ fn a_signed_bundle_fails_on_added_files_but_not_on_those_it_says_to_ignore() {
 #[test]
 fn a_blake2_bundle_is_refused_as_an_unsupported_algorithm() {
     let signed = sign("files", 0);
-    let mut bundle: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&signed.bundle).unwrap()).unwrap();
-    use base64::Engine;
-    let engine = base64::engine::general_purpose::STANDARD;
-    let payload = engine
-        .decode(bundle["dsseEnvelope"]["payload"].as_str().unwrap())
-        .unwrap();
-    let mut statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
-    for resource in statement["predicate"]["resources"].as_array_mut().unwrap() {
-        resource["algorithm"] = "blake2b".into();
-        resource["digest"] = "ab".repeat(64).into();
-    }
-    bundle["dsseEnvelope"]["payload"] = engine.encode(statement.to_string()).into();
-    std::fs::write(&signed.bundle, bundle.to_string()).unwrap();
+    rewrite_statement(&signed.bundle, |statement| {
+        for resource in statement["predicate"]["resources"].as_array_mut().unwrap() {
+            resource["algorithm"] = "blake2b".into();
+            resource["digest"] = "ab".repeat(64).into();
+        }
+    });
     let out = verify(signed.model.root(), &signed.bundle, &["--allow-unsigned"]);
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(
