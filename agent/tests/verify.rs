@@ -439,9 +439,56 @@ fn hf_cache_lock_held_for_a_missing_blob_is_in_progress() {
     std::fs::remove_file(cache.snapshot(COMMIT).join("config.json")).unwrap();
     let locks = cache.hub.path().join(".locks/models--org--tiny");
     std::fs::create_dir_all(&locks).unwrap();
-    std::fs::write(locks.join(format!("{blob}.lock")), b"").unwrap();
+    // Held as huggingface_hub's filelock holds it for the whole download: flock(LOCK_EX).
+    let lock = std::fs::File::create(locks.join(format!("{blob}.lock"))).unwrap();
+    use std::os::fd::AsRawFd;
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
     let report = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Auto);
     assert_eq!(status(&report, "config.json"), FileStatus::InProgress);
+    // The download ends (or dies): its lock file stays, and no longer excuses anything.
+    drop(lock);
+    let report = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Auto);
+    assert_eq!(status(&report, "config.json"), FileStatus::Missing);
+}
+
+/// huggingface_hub 2.x downloads to a process-unique `blobs/<sha256>.<8 hex>.incomplete`
+/// (`_download_to_tmp_and_move` in file_download.py, 2.4.0); and the `.lock` every finished
+/// download leaves behind does not turn a corrupt blob into `in_progress`.
+#[test]
+fn hf_cache_markers_of_huggingface_hub_2() {
+    let cache = HfCache::new();
+    let blob = sha256_hex(&cache.files["model.safetensors"]);
+    let blobs = cache.root().join("blobs");
+    std::fs::remove_file(blobs.join(&blob)).unwrap();
+    std::fs::write(
+        blobs.join(format!("{blob}.3f9a0c1e.incomplete")),
+        b"partial",
+    )
+    .unwrap();
+    let json = cache.manifest_json(COMMIT);
+    assert_eq!(
+        status(
+            &run(&cache.root(), &json, Strategy::Auto),
+            "model.safetensors"
+        ),
+        FileStatus::InProgress
+    );
+
+    let corrupt = HfCache::new();
+    let blob = sha256_hex(&corrupt.files["model.safetensors"]);
+    std::fs::write(corrupt.root().join("blobs").join(&blob), b"bit rot").unwrap();
+    let locks = corrupt.hub.path().join(".locks/models--org--tiny");
+    std::fs::create_dir_all(&locks).unwrap();
+    std::fs::write(locks.join(format!("{blob}.lock")), b"").unwrap();
+    let report = run(
+        &corrupt.root(),
+        &corrupt.manifest_json(COMMIT),
+        Strategy::Auto,
+    );
+    assert_eq!(
+        status(&report, "model.safetensors"),
+        FileStatus::DigestMismatch
+    );
 }
 
 #[test]

@@ -173,41 +173,129 @@ impl Layout {
         }
     }
 
-    /// Whether a download of this file is under way, judged by the markers the Hugging Face
-    /// downloaders leave: `blobs/<hash>.incomplete` and `.locks/<repo>/<hash>.lock` for a hub cache,
-    /// `.cache/huggingface/download/<path>.{incomplete,lock}` for `--local-dir` downloads, and a
-    /// plain `<path>.incomplete`. Only asked about files that failed, so that a lock file left
-    /// behind by a finished download never hides a good file and never excuses a corrupt one
-    /// that has no download under way.
+    /// Whether a download of this file is under way, judged by what the Hugging Face downloaders
+    /// leave: for a hub cache `.locks/<repo>/<hash>.lock` and `blobs/<hash>[.<8 hex>].incomplete`,
+    /// for `--local-dir` downloads `.cache/huggingface/download/<path>.{incomplete,lock}`, and a
+    /// plain `<path>.incomplete`. Where a lock file exists, only a held lock is a download (the
+    /// file outlives every download); without one, a partial file is taken as one. Only asked
+    /// about files that failed, so that markers never hide a good file.
     pub fn download_in_progress(&self, root: &Root, rel: &str, blob: Option<&str>) -> bool {
-        match self {
+        let (marker, lock) = match self {
             Layout::Plain => {
                 let local_dir = format!(".cache/huggingface/download/{rel}");
-                [
+                let marker = [
                     format!("{rel}.incomplete"),
                     format!("{local_dir}.incomplete"),
-                    format!("{local_dir}.lock"),
                 ]
                 .iter()
-                .any(|marker| root.exists_nofollow(marker))
+                .any(|marker| root.exists_nofollow(marker));
+                (marker, root.path().join(format!("{local_dir}.lock")))
             }
             Layout::HfRepo { .. } => {
                 let Some(blob) = blob else { return false };
-                if root.exists_nofollow(&format!("blobs/{blob}.incomplete")) {
-                    return true;
-                }
                 // The hub keeps its locks beside the repo folders: <hub>/.locks/<repo folder>/.
                 let root_path = root.path();
-                match (root_path.parent(), root_path.file_name()) {
-                    (Some(hub), Some(repo)) => hub
-                        .join(".locks")
-                        .join(repo)
-                        .join(format!("{blob}.lock"))
-                        .symlink_metadata()
-                        .is_ok(),
-                    _ => false,
-                }
+                let (Some(hub), Some(repo)) = (root_path.parent(), root_path.file_name()) else {
+                    return false;
+                };
+                let lock = hub.join(".locks").join(repo).join(format!("{blob}.lock"));
+                (incomplete_blob_exists(root, blob), lock)
             }
+        };
+        match lock_state(&lock) {
+            // huggingface_hub holds the lock for the whole download and leaves the file behind
+            // when it is done (or dies): only a held lock is a download under way.
+            LockState::Held => true,
+            LockState::Free => false,
+            LockState::Absent => marker,
         }
+    }
+}
+
+/// `blobs/<blob>.incomplete` (huggingface_hub before 2.x) or `blobs/<blob>.<8 hex>.incomplete`
+/// (2.x writes a process-unique file: `_download_to_tmp_and_move` in its `file_download.py`).
+fn incomplete_blob_exists(root: &Root, blob: &str) -> bool {
+    if root.exists_nofollow(&format!("blobs/{blob}.incomplete")) {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir(root.path().join("blobs")) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).any(|entry| {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            return false;
+        };
+        name.strip_prefix(blob)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .and_then(|rest| rest.strip_suffix(".incomplete"))
+            .is_some_and(|tag| tag.len() == 8 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum LockState {
+    Absent,
+    /// The file exists and nobody holds it: a download that finished, or died.
+    Free,
+    /// Another process holds it exclusively (filelock's `flock(LOCK_EX)`): a live download.
+    Held,
+}
+
+/// Whether someone holds the lock file at `path`, asked without waiting: a shared lock is tried
+/// and let go at once. The file is opened without following a symlink and without blocking, and
+/// anything but a regular file counts as no lock.
+fn lock_state(path: &Path) -> LockState {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return LockState::Absent;
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return LockState::Absent;
+    }
+    // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    if rc == 0 {
+        LockState::Free
+    } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK) {
+        LockState::Held
+    } else {
+        LockState::Free
+    }
+}
+
+#[cfg(test)]
+mod download_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_held_lock_is_a_live_download() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("abc.lock");
+        assert_eq!(lock_state(&path), LockState::Absent);
+        let holder = std::fs::File::create(&path).unwrap();
+        assert_eq!(
+            lock_state(&path),
+            LockState::Free,
+            "left behind by a finished download"
+        );
+        // SAFETY: flock on a descriptor the test owns.
+        assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX) }, 0);
+        assert_eq!(lock_state(&path), LockState::Held);
+        drop(holder);
+        assert_eq!(lock_state(&path), LockState::Free);
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", &path).unwrap();
+        assert_eq!(
+            lock_state(&path),
+            LockState::Absent,
+            "a symlink is not followed"
+        );
     }
 }
