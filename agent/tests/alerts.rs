@@ -6,12 +6,21 @@
 use std::path::Path;
 use std::process::Command;
 
+fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The shipped PrometheusRule object.
+fn prometheus_rule() -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/daemonset/base/prometheusrule.yaml")).unwrap();
+    serde_saphyr::from_str(&text).unwrap()
+}
+
 #[test]
 fn alert_rules_check_and_pass_their_unit_tests() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let text =
-        std::fs::read_to_string(repo.join("deploy/daemonset/base/prometheusrule.yaml")).unwrap();
-    let rule: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let repo = repo();
+    let rule = prometheus_rule();
     let dir = tempfile::tempdir().unwrap();
     // promtool reads YAML, of which JSON is a subset: the PrometheusRule's spec is a rule file.
     std::fs::write(dir.path().join("rules.json"), rule["spec"].to_string()).unwrap();
@@ -40,11 +49,8 @@ fn alert_rules_check_and_pass_their_unit_tests() {
 /// exists: a `runbook_url` to nowhere is found here, not at 3 a.m.
 #[test]
 fn every_alert_has_a_severity_and_a_runbook_section() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let text =
-        std::fs::read_to_string(repo.join("deploy/daemonset/base/prometheusrule.yaml")).unwrap();
-    let rule: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
-    let runbooks = std::fs::read_to_string(repo.join("docs/runbooks.md")).unwrap();
+    let rule = prometheus_rule();
+    let runbooks = std::fs::read_to_string(repo().join("docs/runbooks.md")).unwrap();
     let anchors: Vec<String> = runbooks
         .lines()
         .filter_map(|l| l.strip_prefix("## "))
