@@ -173,8 +173,9 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
     let vllm_series = type_names(
         &std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt")).unwrap(),
     );
-    // Every series an mlnode panel names must be one the agent exports; the startup series come from
-    // a cluster (the tracker), so they are checked against docs/metrics.md instead.
+    // Every series an mlnode panel names must be one the agent exports; the startup and readiness
+    // series come from a cluster (the tracker, the controller), so they are checked against
+    // docs/metrics.md instead.
     let documented = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
 
     let prometheus = start_prometheus(&[("mlnode", agent.port), ("vllm", vllm_port)]);
@@ -191,6 +192,8 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
                     vllm_series.contains(&series)
                 } else if series.starts_with("mlnode_pod_startup")
                     || series.starts_with("mlnode_image_pull")
+                    || series.starts_with("mlnode_readiness_gate")
+                    || series.starts_with("mlnode_node_condition_updates")
                 {
                     documented.contains(&format!("`{series}`"))
                 } else {
