@@ -18,7 +18,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=BUILD_GIT_REVISION={revision}");
     println!("cargo:rerun-if-env-changed=BUILD_GIT_REVISION");
+    // HEAD moves on a checkout; the branch it names moves on every commit (or in packed-refs).
     println!("cargo:rerun-if-changed=../.git/HEAD");
+    if let Some(branch) = std::fs::read_to_string("../.git/HEAD")
+        .ok()
+        .and_then(|head| head.trim().strip_prefix("ref: ").map(str::to_string))
+    {
+        println!("cargo:rerun-if-changed=../.git/{branch}");
+        println!("cargo:rerun-if-changed=../.git/packed-refs");
+    }
 
     std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
     // The server side is generated too: the tests serve fake kubelet answers with it.

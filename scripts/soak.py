@@ -138,8 +138,13 @@ def main():
         stop.set()
         for t in threads:
             t.join()
-        time.sleep(2)  # the last debounced re-verification
+        # Idle again: tokio keeps an idle blocking thread for 10 s, so wait for the count to settle
+        # (bounded) before comparing; a leak does not settle.
+        settled = time.time() + 30
         after = usage(agent.pid)
+        while time.time() < settled and (after[2] > before[2] + 2 or after[1] > before[1] + 4):
+            time.sleep(1)
+            after = usage(agent.pid)
     finally:
         agent.terminate()
         agent.wait(timeout=10)
@@ -147,7 +152,7 @@ def main():
     print("| | RSS MiB | fds | threads |")
     print("| --- | --- | --- | --- |")
     print(f"| start | {before[0]:.1f} | {before[1]} | {before[2]} |")
-    print(f"| end | {after[0]:.1f} | {after[1]} | {after[2]} |")
+    print(f"| end (idle) | {after[0]:.1f} | {after[1]} | {after[2]} |")
     for e in errors[:10]:
         print("error:", e)
     if errors or after[1] > before[1] + 4 or after[2] > before[2] + 2:

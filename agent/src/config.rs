@@ -162,6 +162,26 @@ impl<'de> Deserialize<'de> for Toggle {
     }
 }
 
+/// The spelling of the node label on GPU series, after dcgm-exporter's releases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub enum HostnameLabel {
+    /// `Hostname` only (dcgm-exporter 3.x and before; every series has it from the registry).
+    Hostname,
+    /// `hostname` as well (newer dcgm-exporter releases).
+    #[serde(rename = "hostname")]
+    Lowercase,
+}
+
+/// The names of the labels that say which container holds a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodLabels {
+    /// `pod`, `namespace`, `container`.
+    Current,
+    /// `pod_name`, `pod_namespace`, `container_name` (dcgm-exporter before 2.x).
+    Legacy,
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NvmlSettings {
@@ -175,10 +195,10 @@ pub struct NvmlSettings {
     pub dcgm_names: bool,
     /// `Hostname` (dcgm-exporter 3.x and before) or `hostname` (its newer releases): with
     /// `hostname`, GPU series carry both.
-    pub hostname_label: String,
+    pub hostname_label: HostnameLabel,
     /// `current` (`pod`, `namespace`, `container`) or `legacy` (`pod_name`, `pod_namespace`,
     /// `container_name`, dcgm-exporter before 2.x).
-    pub pod_labels: String,
+    pub pod_labels: PodLabels,
 }
 
 impl Default for NvmlSettings {
@@ -188,8 +208,8 @@ impl Default for NvmlSettings {
             library: PathBuf::from("libnvidia-ml.so.1"),
             sample_interval: Duration::from_secs(1),
             dcgm_names: false,
-            hostname_label: "Hostname".into(),
-            pod_labels: "current".into(),
+            hostname_label: HostnameLabel::Hostname,
+            pod_labels: PodLabels::Current,
         }
     }
 }
@@ -259,13 +279,102 @@ pub enum TaintMode {
     Continuous,
 }
 
+/// A node taint as kubectl and `--register-with-taints` write it: `key[=value]:Effect`. Parsed once
+/// here; the readiness controller only turns it into the API's type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaintSpec {
+    pub key: String,
+    pub value: Option<String>,
+    pub effect: TaintEffect,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+impl TaintEffect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+impl std::str::FromStr for TaintSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<TaintSpec, String> {
+        let (key_value, effect) = text.rsplit_once(':').ok_or_else(|| {
+            format!(
+                "{text:?}: expected key[=value]:Effect, such as mlnode.dev/not-ready:NoSchedule"
+            )
+        })?;
+        let effect = match effect {
+            "NoSchedule" => TaintEffect::NoSchedule,
+            "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
+            "NoExecute" => TaintEffect::NoExecute,
+            _ => {
+                return Err(format!(
+                    "{text:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
+                ))
+            }
+        };
+        let (key, value) = match key_value.split_once('=') {
+            Some((key, value)) => (key, Some(value.to_string())),
+            None => (key_value, None),
+        };
+        if key.is_empty() {
+            return Err(format!("{text:?}: the taint key is empty"));
+        }
+        Ok(TaintSpec {
+            key: key.to_string(),
+            value,
+            effect,
+        })
+    }
+}
+
+impl std::fmt::Display for TaintSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Some(value) => write!(f, "{}={value}:{}", self.key, self.effect.as_str()),
+            None => write!(f, "{}:{}", self.key, self.effect.as_str()),
+        }
+    }
+}
+
+/// A taint as its text; the empty string is no taint.
+mod taint_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::TaintSpec;
+
+    pub fn serialize<S: Serializer>(value: &Option<TaintSpec>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&value.as_ref().map(ToString::to_string).unwrap_or_default())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TaintSpec>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(serde::de::Error::custom)
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadinessSettings {
     /// `auto`: on where a Kubernetes config is found (in-cluster or KUBECONFIG).
     pub enabled: Toggle,
     /// `key[=value]:Effect` of a taint to remove when every gate first passes; empty: none.
-    pub startup_taint: String,
+    #[serde(with = "taint_text")]
+    pub startup_taint: Option<TaintSpec>,
     pub taint_mode: TaintMode,
     /// XIDs that fail `AcceleratorHealthy` (NVIDIA's "reset the GPU or drain the node" list).
     pub fatal_xids: Vec<u64>,
@@ -281,7 +390,7 @@ impl Default for ReadinessSettings {
     fn default() -> Self {
         ReadinessSettings {
             enabled: Toggle::Auto,
-            startup_taint: String::new(),
+            startup_taint: None,
             taint_mode: TaintMode::BootstrapOnly,
             fatal_xids: vec![48, 62, 63, 64, 74, 79, 92, 94, 95],
             interval: Duration::from_secs(10),
@@ -697,10 +806,6 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         DAY,
     )?;
     let readiness = &config.readiness;
-    if !readiness.startup_taint.is_empty() {
-        crate::readiness::node::parse_taint(&readiness.startup_taint)
-            .map_err(|reason| ("readiness.startup_taint".to_string(), reason))?;
-    }
     check_duration("readiness.heartbeat", readiness.heartbeat, SECOND, HOUR)?;
     check_duration(
         "readiness.interval",
@@ -709,18 +814,6 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         readiness.heartbeat,
     )?;
     let nvml = &config.nvml;
-    if !["Hostname", "hostname"].contains(&nvml.hostname_label.as_str()) {
-        return Err((
-            "nvml.hostname_label".into(),
-            format!("{:?}: expected Hostname or hostname", nvml.hostname_label),
-        ));
-    }
-    if !["current", "legacy"].contains(&nvml.pod_labels.as_str()) {
-        return Err((
-            "nvml.pod_labels".into(),
-            format!("{:?}: expected current or legacy", nvml.pod_labels),
-        ));
-    }
     check_duration(
         "nvml.sample_interval",
         nvml.sample_interval,
@@ -928,7 +1021,7 @@ mod tests {
         assert_eq!(config.kubelet.gpu_resource_names, ["example.com/gpu"]);
         assert_eq!(
             config.readiness.startup_taint,
-            "mlnode.dev/not-ready:NoSchedule"
+            Some("mlnode.dev/not-ready:NoSchedule".parse().unwrap())
         );
         assert_eq!(config.startup.recent_pods, 10);
     }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::metrics::CacheMetrics;
-use crate::cache::monitor::{ModelState, Monitor};
+use crate::cache::monitor::Monitor;
+use crate::cache::state::ModelState;
 use crate::config::{Config, Toggle};
 use crate::gpu::GpuRuntime;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
@@ -137,23 +138,16 @@ async fn start_readiness(
         missing_collectors: missing,
     };
     let metrics = ReadinessMetrics::register(registry)?;
-    match Controller::new(
+    // Up once a sync with the API server succeeds, down while they fail.
+    let controller = Controller::new(
         client,
         config.node_name.clone(),
         settings.clone(),
         sources,
         metrics,
         agent_metrics.clone(),
-    ) {
-        // Up once a sync with the API server succeeds, down while they fail.
-        Ok(controller) => {
-            tasks.spawn(controller.run(shutdown.child_token()));
-        }
-        Err(reason) => {
-            tracing::error!(reason = %reason, "no node readiness gates");
-            agent_metrics.set_up("readiness", false);
-        }
-    }
+    );
+    tasks.spawn(controller.run(shutdown.child_token()));
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::monitor::{ModelState, Readiness};
+use crate::cache::state::{ModelState, Readiness};
 
 #[derive(Clone)]
 pub struct AppState {

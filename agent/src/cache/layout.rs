@@ -40,7 +40,7 @@ fn is_commit(text: &str) -> bool {
 
 /// A ref name is used as a path under `refs/`, so it gets the same scrutiny as a manifest path.
 fn ref_is_safe(name: &str) -> bool {
-    crate::cache::verify::check_relative_path(name).is_ok()
+    super::paths::check_relative_path(name).is_ok()
 }
 
 /// Resolves a revision name (a commit or a ref such as `main` or `pr/1`) to a commit.
@@ -90,10 +90,10 @@ pub fn settle_revision(
     if !is_hf_repo(root.path()) {
         return match (requested, manifest_revision) {
             (Some(requested), Some(manifest)) if requested != manifest => Err(RevisionError::Mismatch(format!(
-                "--revision is {requested:?} but the manifest is for {manifest:?}"
+                "the expected revision (--revision, or the model's revision) is {requested:?} but the manifest is for {manifest:?}"
             ))),
             (Some(_), None) => Err(RevisionError::Unresolvable(
-                "--revision was given, but the manifest names no revision and ROOT is not a Hugging Face cache, so there is nothing to check it against".into(),
+                "an expected revision (--revision, or the model's revision) was given, but the manifest names no revision and ROOT is not a Hugging Face cache, so there is nothing to check it against".into(),
             )),
             _ => Ok((Layout::Plain, manifest_revision.or(requested).map(str::to_string))),
         };
@@ -102,7 +102,10 @@ pub fn settle_revision(
     let wanted = requested.or(manifest_revision).unwrap_or("main");
     let commit = resolve(root, wanted)?;
     for (what, name) in [
-        ("--revision", requested),
+        (
+            "the expected revision (--revision, or the model's revision)",
+            requested,
+        ),
         ("the manifest's revision", manifest_revision),
     ] {
         let Some(name) = name else { continue };

@@ -16,8 +16,10 @@ pub mod layout;
 pub mod manifest;
 pub mod metrics;
 pub mod monitor;
+pub mod paths;
 pub mod report;
 pub mod safe_open;
+pub mod state;
 pub mod verify;
 pub mod walk;
 

@@ -5,8 +5,8 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
@@ -19,14 +19,13 @@ use super::layout;
 use super::manifest::{self, Manifest, TrustPolicy};
 use super::metrics::{CacheMetrics, VerifyKind};
 use super::report::{FileStatus, Report};
+use super::state::{ModelState, Readiness};
 use super::verify::{verify, VerifyOptions};
 use crate::config::{ModelConfig, VerifySettings};
 use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
 
 /// How often the monitor wakes when nothing happens: its heartbeat, stall check and watch retry.
 const TICK: Duration = Duration::from_secs(5);
-/// A monitor whose heartbeat is older than this is wedged.
-const HEARTBEAT_LIMIT: Duration = Duration::from_secs(30);
 /// Watch set-up that failed (the root does not exist yet, the watch limit) is retried this often.
 const WATCH_RETRY: Duration = Duration::from_secs(30);
 /// inotify reports the agent's own opens a little after they happen: opens seen this soon after a
@@ -34,71 +33,6 @@ const WATCH_RETRY: Duration = Duration::from_secs(30);
 const OWN_READ_ECHO: Duration = Duration::from_secs(1);
 /// At shutdown, how long to wait for hashing to notice it was cancelled.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
-
-/// Whether a model's cache may be served from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Readiness {
-    /// The first verification has not finished.
-    Starting,
-    Verified {
-        revision: Option<String>,
-    },
-    Failed {
-        reason: String,
-    },
-}
-
-/// What the HTTP server reads about a model: readiness for /readyz, liveness for /healthz.
-pub struct ModelState {
-    pub name: String,
-    readiness: Mutex<Readiness>,
-    heartbeat: Mutex<Instant>,
-    stalled: AtomicBool,
-}
-
-impl ModelState {
-    pub fn new(name: &str) -> ModelState {
-        ModelState {
-            name: name.to_string(),
-            readiness: Mutex::new(Readiness::Starting),
-            heartbeat: Mutex::new(Instant::now()),
-            stalled: AtomicBool::new(false),
-        }
-    }
-
-    pub fn readiness(&self) -> Readiness {
-        self.readiness
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn set_readiness(&self, readiness: Readiness) {
-        *self.readiness.lock().unwrap_or_else(|p| p.into_inner()) = readiness;
-    }
-
-    fn beat(&self) {
-        *self.heartbeat.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-    }
-
-    /// Err says why the monitor is wedged.
-    pub fn liveness(&self) -> Result<(), String> {
-        let age = self
-            .heartbeat
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed();
-        if age > HEARTBEAT_LIMIT {
-            return Err(format!("its monitor has not run for {}s", age.as_secs()));
-        }
-        if self.stalled.load(Ordering::Relaxed) {
-            return Err(
-                "its verification has hashed nothing for longer than verify.stall_timeout".into(),
-            );
-        }
-        Ok(())
-    }
-}
 
 /// A verification under way.
 struct Running {

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use super::hasher::{self, Algorithm, Control, Job, JobResult};
 use super::layout::{self, Layout};
 use super::manifest::{Digest, ExpectedFile, Manifest};
+use super::paths::check_relative_path;
 use super::report::{FileReport, FileStatus, Report, Verdict};
 use super::safe_open::{OpenFailure, Root, Snapshot, Strategy};
 use super::walk;
@@ -61,32 +62,6 @@ pub enum VerifyError {
     },
     #[error("verification of {0} was cancelled")]
     Cancelled(PathBuf),
-}
-
-/// Checks that a manifest path is relative and normalised: no leading `/`, no empty, `.` or `..`
-/// components, no NUL. Anything else could name a file outside the model, or a different file
-/// than the one the manifest's author meant.
-pub fn check_relative_path(path: &str) -> Result<(), String> {
-    if path.is_empty() {
-        return Err("the path is empty".into());
-    }
-    if path.contains('\0') {
-        return Err("the path contains a NUL byte".into());
-    }
-    if path.starts_with('/') {
-        return Err("the path is absolute".into());
-    }
-    for component in path.split('/') {
-        match component {
-            "" => return Err("the path has an empty component (`//` or a trailing `/`)".into()),
-            "." => {
-                return Err("the path has a `.` component; manifests use normalised paths".into())
-            }
-            ".." => return Err("the path has a `..` component".into()),
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// What the first look at a file decided: a final status, or the jobs to hash it.

@@ -352,27 +352,27 @@ impl GpuCollector {
                 out.gauge(dcgm, labels, v);
             }
         };
-        let mhz = |v: Option<u32>| v.map(f64::from);
+        let as_f64 = |v: Option<u32>| v.map(f64::from);
         scalar(
             out,
             "mlnode_gpu_sm_clock_hertz",
             reading.sm_clock_mhz.map(|v| f64::from(v) * 1e6),
             "DCGM_FI_DEV_SM_CLOCK",
-            mhz(reading.sm_clock_mhz),
+            as_f64(reading.sm_clock_mhz),
         );
         scalar(
             out,
             "mlnode_gpu_memory_clock_hertz",
             reading.mem_clock_mhz.map(|v| f64::from(v) * 1e6),
             "DCGM_FI_DEV_MEM_CLOCK",
-            mhz(reading.mem_clock_mhz),
+            as_f64(reading.mem_clock_mhz),
         );
         scalar(
             out,
             "mlnode_gpu_temperature_celsius",
-            mhz(reading.temperature_c),
+            as_f64(reading.temperature_c),
             "DCGM_FI_DEV_GPU_TEMP",
-            mhz(reading.temperature_c),
+            as_f64(reading.temperature_c),
         );
         scalar(
             out,
@@ -386,7 +386,7 @@ impl GpuCollector {
             "mlnode_gpu_utilization_ratio",
             reading.utilization_gpu_pct.map(|v| f64::from(v) / 100.0),
             "DCGM_FI_DEV_GPU_UTIL",
-            mhz(reading.utilization_gpu_pct),
+            as_f64(reading.utilization_gpu_pct),
         );
         if let Some(mj) = reading.energy_mj {
             out.counter("mlnode_gpu_energy_joules_total", labels, mj as f64 / 1000.0);

@@ -57,7 +57,7 @@ pub struct GpuReading {
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::{NvmlSettings, Toggle};
+use crate::config::{HostnameLabel, NvmlSettings, PodLabels, Toggle};
 use crate::kubelet::pod_resources::SharedAssignments;
 
 /// The running GPU collector: its state (shared with the pod-resources poller) and its stop switch.
@@ -84,9 +84,9 @@ impl GpuRuntime {
         let count = source.device_count()?;
         let state = Arc::new(Mutex::new(state::GpuState::default()));
         let style = collector::LabelStyle {
-            lowercase_hostname: (settings.hostname_label == "hostname")
+            lowercase_hostname: (settings.hostname_label == HostnameLabel::Lowercase)
                 .then(|| node_name.to_string()),
-            legacy_pod_labels: settings.pod_labels == "legacy",
+            legacy_pod_labels: settings.pod_labels == PodLabels::Legacy,
         };
         let collector = collector::GpuCollector::new(
             state.clone(),

@@ -14,8 +14,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::gates::{self, AcceleratorFacts, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
-use super::node::{conditions_patch, differs, own_conditions, taint_patch};
-use crate::cache::monitor::ModelState;
+use super::node::{conditions_patch, differs, own_conditions, same_taint, taint_patch};
+use crate::cache::state::ModelState;
 use crate::config::{ReadinessSettings, TaintMode};
 use crate::gpu::state::GpuState;
 use crate::metrics::AgentMetrics;
@@ -104,12 +104,9 @@ impl Controller {
         sources: Sources,
         metrics: ReadinessMetrics,
         up: AgentMetrics,
-    ) -> Result<Controller, String> {
-        let taint = match settings.startup_taint.as_str() {
-            "" => None,
-            text => Some(super::node::parse_taint(text)?),
-        };
-        Ok(Controller {
+    ) -> Controller {
+        let taint = settings.startup_taint.as_ref().map(super::node::taint);
+        Controller {
             nodes: Api::all(client.clone()),
             events: Api::namespaced(client, "default"),
             fatal_xids: settings.fatal_xids.iter().copied().collect(),
@@ -119,7 +116,7 @@ impl Controller {
             sources,
             metrics,
             up,
-        })
+        }
     }
 
     pub async fn run(self, shutdown: CancellationToken) {
@@ -362,8 +359,5 @@ fn has_taint(node: &Node, taint: &Taint) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .is_some_and(|list| {
-            list.iter()
-                .any(|t| t.key == taint.key && t.effect == taint.effect)
-        })
+        .is_some_and(|list| list.iter().any(|t| same_taint(t, taint)))
 }

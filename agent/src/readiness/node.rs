@@ -9,33 +9,20 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use serde_json::{json, Value};
 
 use super::gates::Gate;
+use crate::config::TaintSpec;
 
-/// `key[=value]:Effect`, as kubectl and `--register-with-taints` write a taint.
-pub fn parse_taint(text: &str) -> Result<Taint, String> {
-    let (key_value, effect) = text.rsplit_once(':').ok_or_else(|| {
-        format!("{text:?}: expected key[=value]:Effect, such as mlnode.dev/not-ready:NoSchedule")
-    })?;
-    if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect) {
-        return Err(format!(
-            "{text:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
-        ));
-    }
-    let (key, value) = match key_value.split_once('=') {
-        Some((key, value)) => (key, Some(value.to_string())),
-        None => (key_value, None),
-    };
-    if key.is_empty() {
-        return Err(format!("{text:?}: the taint key is empty"));
-    }
-    Ok(Taint {
-        key: key.into(),
-        value,
-        effect: effect.into(),
+/// The API's form of the configured taint.
+pub fn taint(spec: &TaintSpec) -> Taint {
+    Taint {
+        key: spec.key.clone(),
+        value: spec.value.clone(),
+        effect: spec.effect.as_str().into(),
         time_added: None,
-    })
+    }
 }
 
-fn same_taint(a: &Taint, b: &Taint) -> bool {
+/// Taints are identified by key and effect (a value change is the same taint).
+pub fn same_taint(a: &Taint, b: &Taint) -> bool {
     a.key == b.key && a.effect == b.effect
 }
 
@@ -139,6 +126,10 @@ mod tests {
         .unwrap()
     }
 
+    fn parse_taint(text: &str) -> Result<Taint, String> {
+        text.parse::<TaintSpec>().map(|spec| taint(&spec))
+    }
+
     #[test]
     fn taint_syntax() {
         let t = parse_taint("mlnode.dev/not-ready:NoSchedule").unwrap();
@@ -152,6 +143,9 @@ mod tests {
         );
         assert!(parse_taint("no-effect").is_err());
         assert!(parse_taint("k:Sometimes").is_err());
+        assert!(parse_taint(":NoSchedule").is_err());
+        let spec: TaintSpec = "a=b:NoExecute".parse().unwrap();
+        assert_eq!(spec.to_string(), "a=b:NoExecute", "the text round-trips");
     }
 
     #[test]

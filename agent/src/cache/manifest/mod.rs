@@ -175,7 +175,7 @@ pub enum ManifestError {
     },
     #[error("manifest {path} is not a native manifest (keys \"revision\", \"files\") nor a model_signing bundle (keys \"mediaType\", \"dsseEnvelope\")")]
     UnknownFormat { path: PathBuf },
-    #[error("manifest {path} is a model_signing bundle, and its digests are only trusted once its signature is checked: pass the signer's key with --public-key PEM (or --allow-unsigned to trust it unchecked)")]
+    #[error("manifest {path} is a model_signing bundle, and its digests are only trusted once its signature is checked: give the signer's key (--public-key PEM, or public_key in the model's config), or trust it unchecked (--allow-unsigned, or allow_unsigned)")]
     Unsigned { path: PathBuf },
     #[error("manifest {path}: the signature does not verify with public key {key}: {reason}")]
     BadSignature {
