@@ -41,7 +41,7 @@ fn alert_rules_check_and_pass_their_unit_tests() {
         text
     };
     let checked = run(&["check", "rules", "rules.json"]);
-    assert!(checked.contains("SUCCESS: 17 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 18 rules found"), "{checked}");
     run(&["test", "rules", "mlnode.test.yaml"]);
 }
 

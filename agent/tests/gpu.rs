@@ -403,6 +403,44 @@ fn missing_library_leaves_the_agent_running_with_collector_down() {
     assert!(log.contains("/nonexistent/libnvidia-ml.so.1"), "{log}");
 }
 
+/// A GPU whose handle call answers RESET_REQUIRED (the state after an XID 48/79-class failure),
+/// IRQ_ISSUE or UNKNOWN is flagged with why, its readings are dropped rather than kept as if
+/// current, and the others keep reporting; when it can be read again, both come back.
+#[test]
+fn a_gpu_in_a_failure_state_is_flagged_and_its_readings_dropped() {
+    let mut scenario = Scenario::new();
+    let agent = start(&scenario, "");
+    let utilization =
+        |m: &str, gpu: &str| sample(m, "mlnode_gpu_utilization_ratio", &[("gpu", gpu)]);
+    agent.wait_for("8 GPUs read", Duration::from_secs(20), |m| {
+        utilization(m, "2").is_some()
+    });
+    for (code, reason) in [(16, "reset_required"), (11, "irq_issue"), (999, "unknown")] {
+        scenario.set(2, "handle_error", json!(code));
+        agent.wait_for(reason, Duration::from_secs(10), |m| {
+            sample(m, "mlnode_gpu_failure", &[("gpu", "2"), ("reason", reason)]) == Some(1.0)
+        });
+        let metrics = agent.metrics();
+        assert_eq!(
+            utilization(&metrics, "2"),
+            None,
+            "{reason}: no stale reading"
+        );
+        assert!(
+            utilization(&metrics, "3").is_some(),
+            "the other GPUs keep reporting"
+        );
+        assert_eq!(
+            sample(&metrics, "mlnode_gpu_lost", &[("gpu", "2")]),
+            Some(0.0)
+        );
+    }
+    scenario.set(2, "handle_error", json!(0));
+    agent.wait_for("read again", Duration::from_secs(10), |m| {
+        utilization(m, "2").is_some() && !m.contains("mlnode_gpu_failure{")
+    });
+}
+
 /// When NVML stops answering altogether (it cannot count the GPUs), the collector is down and no
 /// reading is exported as if current; when it answers again, both come back. One log line each way.
 #[test]

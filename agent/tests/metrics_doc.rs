@@ -70,7 +70,7 @@ fn exposed() -> BTreeMap<String, String> {
 
 /// A GPU collector with one GPU whose every field was read, and one XID.
 fn register_gpu(registry: &prometheus::Registry) {
-    use mlnode_agent::gpu::state::{DeviceRead, GpuState};
+    use mlnode_agent::gpu::state::{DeviceRead, GpuFailure, GpuState};
     use mlnode_agent::gpu::{GpuIdentity, GpuReading, MemoryReading};
     let mut state = GpuState::default();
     let identity = GpuIdentity {
@@ -94,8 +94,28 @@ fn register_gpu(registry: &prometheus::Registry) {
         utilization_gpu_pct: Some(1),
         energy_mj: Some(1),
     };
-    state.apply(0, DeviceRead::Read { identity, reading }, 1.0);
+    state.apply(
+        0,
+        DeviceRead::Read {
+            identity: identity.clone(),
+            reading,
+        },
+        1.0,
+    );
     state.record_xid(0, 79);
+    // A second GPU that needs a reset, so the failure family is exposed too.
+    state.apply(
+        1,
+        DeviceRead::Read {
+            identity: GpuIdentity {
+                index: 1,
+                ..identity
+            },
+            reading: GpuReading::default(),
+        },
+        1.0,
+    );
+    state.apply(1, DeviceRead::Failed(GpuFailure::ResetRequired), 1.0);
     let collector = mlnode_agent::gpu::collector::GpuCollector::new(
         std::sync::Arc::new(std::sync::Mutex::new(state)),
         Default::default(),

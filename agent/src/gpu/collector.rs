@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
-use super::state::{GpuEntry, GpuState};
+use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::{GpuIdentity, CLOCK_EVENT_REASONS};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
 use crate::metrics::family::{descs, with_label, Families, FamilySpec};
@@ -36,7 +36,7 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 16] = [
+const FAMILIES: [FamilySpec; 17] = [
     (
         "mlnode_gpu_memory_free_bytes",
         "Framebuffer memory free.",
@@ -106,6 +106,11 @@ const FAMILIES: [FamilySpec; 16] = [
     (
         "mlnode_gpu_lost",
         "1 when NVML reports the GPU fell off the bus, else 0.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_failure",
+        "1 while NVML cannot read the GPU, with why (lost, reset_required, irq_issue, no_permission, unknown); absent while it can. Its readings are then absent, not stale.",
         MetricType::GAUGE,
     ),
     (
@@ -252,7 +257,15 @@ impl Collector for GpuCollector {
                 continue;
             };
             let labels = self.labels(identity, &state.driver_version, &assignments);
-            out.gauge("mlnode_gpu_lost", &labels, f64::from(u8::from(entry.lost)));
+            let lost = entry.failure == Some(GpuFailure::Lost);
+            out.gauge("mlnode_gpu_lost", &labels, f64::from(u8::from(lost)));
+            if let Some(failure) = entry.failure {
+                out.gauge(
+                    "mlnode_gpu_failure",
+                    &with_label(&labels, "reason", failure.as_str()),
+                    1.0,
+                );
+            }
             self.collect_counters(entry, &labels, &mut out);
             if let Some(reading) = &entry.reading {
                 self.collect_reading(reading, &labels, &mut out);
@@ -284,7 +297,7 @@ impl GpuCollector {
         if let Some(xid) = entry.last_xid {
             out.gauge("mlnode_gpu_last_xid", labels, xid as f64);
         }
-        if self.dcgm_names && !entry.lost {
+        if self.dcgm_names && entry.failure != Some(GpuFailure::Lost) {
             out.gauge(
                 "DCGM_FI_DEV_XID_ERRORS",
                 labels,

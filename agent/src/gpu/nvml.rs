@@ -14,7 +14,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
-use super::state::{DeviceRead, GpuState};
+use super::state::{DeviceRead, GpuFailure, GpuState};
 use super::{GpuIdentity, GpuReading, MemoryReading};
 use crate::metrics::AgentMetrics;
 
@@ -55,34 +55,33 @@ impl NvmlSource {
     pub fn read(&self, index: u32) -> Option<DeviceRead> {
         let device = match self.nvml.device_by_index(index) {
             Ok(device) => device,
-            Err(NvmlError::GpuLost) => return Some(DeviceRead::Lost),
             Err(e) => {
-                tracing::debug!(gpu = index, error = %e, "cannot get a handle for the GPU");
-                return None;
+                return Some(DeviceRead::Failed(
+                    failure_of(&e).unwrap_or(GpuFailure::Unknown),
+                ))
             }
         };
         use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
-        let mut lost = false;
+        let mut failed = None;
         let identity = GpuIdentity {
             index,
-            uuid: field(device.uuid(), &mut lost).unwrap_or_default(),
-            pci_bus_id: field(device.pci_info().map(|p| p.bus_id), &mut lost).unwrap_or_default(),
-            model_name: field(device.name(), &mut lost).unwrap_or_default(),
+            uuid: field(device.uuid(), &mut failed).unwrap_or_default(),
+            pci_bus_id: field(device.pci_info().map(|p| p.bus_id), &mut failed).unwrap_or_default(),
+            model_name: field(device.name(), &mut failed).unwrap_or_default(),
         };
         let reading = GpuReading {
-            memory: field(self.memory(&device), &mut lost),
-            clock_event_reasons: field(self.clock_event_reasons(&device), &mut lost),
-            sm_clock_mhz: field(device.clock_info(Clock::SM), &mut lost),
-            mem_clock_mhz: field(device.clock_info(Clock::Memory), &mut lost),
-            temperature_c: field(device.temperature(TemperatureSensor::Gpu), &mut lost),
-            power_mw: field(device.power_usage(), &mut lost),
-            utilization_gpu_pct: field(device.utilization_rates().map(|u| u.gpu), &mut lost),
-            energy_mj: field(device.total_energy_consumption(), &mut lost),
+            memory: field(self.memory(&device), &mut failed),
+            clock_event_reasons: field(self.clock_event_reasons(&device), &mut failed),
+            sm_clock_mhz: field(device.clock_info(Clock::SM), &mut failed),
+            mem_clock_mhz: field(device.clock_info(Clock::Memory), &mut failed),
+            temperature_c: field(device.temperature(TemperatureSensor::Gpu), &mut failed),
+            power_mw: field(device.power_usage(), &mut failed),
+            utilization_gpu_pct: field(device.utilization_rates().map(|u| u.gpu), &mut failed),
+            energy_mj: field(device.total_energy_consumption(), &mut failed),
         };
-        Some(if lost {
-            DeviceRead::Lost
-        } else {
-            DeviceRead::Read { identity, reading }
+        Some(match failed {
+            Some(failure) => DeviceRead::Failed(failure),
+            None => DeviceRead::Read { identity, reading },
         })
     }
 
@@ -140,15 +139,36 @@ impl NvmlSource {
     }
 }
 
-/// A field's value; None when unsupported or unreadable. GPU_IS_LOST on any call marks the GPU lost.
-fn field<T>(result: Result<T, NvmlError>, lost: &mut bool) -> Option<T> {
+/// The device-wide failure an NVML error reports, if it reports one (NOT_SUPPORTED, say, concerns
+/// one call only).
+fn failure_of(error: &NvmlError) -> Option<GpuFailure> {
+    match error {
+        NvmlError::GpuLost => Some(GpuFailure::Lost),
+        NvmlError::ResetRequired => Some(GpuFailure::ResetRequired),
+        NvmlError::IrqIssue => Some(GpuFailure::IrqIssue),
+        NvmlError::NoPermission => Some(GpuFailure::NoPermission),
+        NvmlError::Unknown => Some(GpuFailure::Unknown),
+        _ => None,
+    }
+}
+
+/// A field's value; None when unsupported or unreadable. A device-wide failure on any call (lost,
+/// reset required, IRQ trouble) fails the whole read; NO_PERMISSION or UNKNOWN on one field is
+/// that field's alone (MIG hides some fields from unprivileged callers).
+fn field<T>(result: Result<T, NvmlError>, failed: &mut Option<GpuFailure>) -> Option<T> {
     match result {
         Ok(value) => Some(value),
-        Err(NvmlError::GpuLost) => {
-            *lost = true;
+        Err(e) => {
+            let device_wide = [
+                GpuFailure::Lost,
+                GpuFailure::ResetRequired,
+                GpuFailure::IrqIssue,
+            ];
+            if let Some(failure) = failure_of(&e).filter(|f| device_wide.contains(f)) {
+                failed.get_or_insert(failure);
+            }
             None
         }
-        Err(_) => None,
     }
 }
 
@@ -232,15 +252,27 @@ fn sample_loop(
                     tracing::info!("NVML answers again");
                 }
                 for (index, read) in reads {
-                    let was_lost = state.gpus.get(&index).is_some_and(|g| g.lost);
-                    if read == DeviceRead::Lost && !was_lost {
-                        let uuid = state
-                            .gpus
-                            .get(&index)
-                            .and_then(|g| g.identity.as_ref())
-                            .map(|i| i.uuid.clone())
-                            .unwrap_or_default();
-                        tracing::error!(gpu = index, uuid = %uuid, "GPU fell off the bus (NVML: GPU is lost)");
+                    let before = state.gpus.get(&index).and_then(|g| g.failure);
+                    if let DeviceRead::Failed(failure) = &read {
+                        if before != Some(*failure) {
+                            let uuid = state
+                                .gpus
+                                .get(&index)
+                                .and_then(|g| g.identity.as_ref())
+                                .map(|i| i.uuid.clone())
+                                .unwrap_or_default();
+                            if *failure == GpuFailure::Lost {
+                                tracing::error!(gpu = index, uuid = %uuid, "GPU fell off the bus (NVML: GPU is lost)");
+                            } else {
+                                tracing::error!(gpu = index, uuid = %uuid, failure = failure.as_str(), "GPU cannot be read; its readings are dropped until it can");
+                            }
+                        }
+                    } else if let Some(failure) = before {
+                        tracing::info!(
+                            gpu = index,
+                            was = failure.as_str(),
+                            "GPU can be read again"
+                        );
                     }
                     state.apply(index, read, elapsed);
                 }

@@ -8,9 +8,11 @@ use super::{GpuIdentity, GpuReading, CLOCK_EVENT_REASONS};
 #[derive(Clone, Debug, Default)]
 pub struct GpuEntry {
     pub identity: Option<GpuIdentity>,
-    /// None once the GPU is lost (or before its first read).
+    /// None while the GPU is failing (or before its first read): no reading is exported as if
+    /// current.
     pub reading: Option<GpuReading>,
-    pub lost: bool,
+    /// Why NVML cannot read the GPU now, if it cannot.
+    pub failure: Option<GpuFailure>,
     /// Seconds each clock event reason was seen active, in [`CLOCK_EVENT_REASONS`] order.
     pub reason_seconds: [f64; CLOCK_EVENT_REASONS.len()],
     /// Critical XID events seen since the agent started, per XID.
@@ -26,6 +28,35 @@ pub struct GpuState {
     pub failing: Option<String>,
 }
 
+/// Why NVML cannot read a GPU: the error classes of `nvml.h` that describe the device rather than
+/// one call, each a state an alert or the `AcceleratorHealthy` gate can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuFailure {
+    /// NVML_ERROR_GPU_IS_LOST (15): fell off the bus.
+    Lost,
+    /// NVML_ERROR_RESET_REQUIRED (16): the usual state after an XID 48/79-class failure.
+    ResetRequired,
+    /// NVML_ERROR_IRQ_ISSUE (11): the driver cannot talk to the GPU's interrupts.
+    IrqIssue,
+    /// NVML_ERROR_NO_PERMISSION (4): the agent may not read it (a device node it cannot open).
+    NoPermission,
+    /// NVML_ERROR_UNKNOWN (999), or any other error getting the GPU's handle.
+    Unknown,
+}
+
+impl GpuFailure {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuFailure::Lost => "lost",
+            GpuFailure::ResetRequired => "reset_required",
+            GpuFailure::IrqIssue => "irq_issue",
+            GpuFailure::NoPermission => "no_permission",
+            GpuFailure::Unknown => "unknown",
+        }
+    }
+}
+
 /// The outcome of reading one GPU.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DeviceRead {
@@ -33,8 +64,7 @@ pub enum DeviceRead {
         identity: GpuIdentity,
         reading: GpuReading,
     },
-    /// NVML answered GPU_IS_LOST: the GPU fell off the bus.
-    Lost,
+    Failed(GpuFailure),
 }
 
 impl GpuState {
@@ -55,11 +85,11 @@ impl GpuState {
                 }
                 entry.identity = Some(identity);
                 entry.reading = Some(reading);
-                entry.lost = false;
+                entry.failure = None;
             }
-            DeviceRead::Lost => {
+            DeviceRead::Failed(failure) => {
                 entry.reading = None;
-                entry.lost = true;
+                entry.failure = Some(failure);
             }
         }
     }
@@ -120,9 +150,9 @@ mod tests {
         let mut state = GpuState::default();
         state.apply(0, reasons(0x4), 1.0);
         state.record_xid(0, 79);
-        state.apply(0, DeviceRead::Lost, 1.0);
+        state.apply(0, DeviceRead::Failed(GpuFailure::Lost), 1.0);
         let entry = &state.gpus[&0];
-        assert!(entry.lost && entry.reading.is_none());
+        assert!(entry.failure == Some(GpuFailure::Lost) && entry.reading.is_none());
         assert_eq!(entry.identity.as_ref().unwrap().uuid, "GPU-1");
         assert_eq!(entry.xids[&79], 1);
         assert_eq!(entry.reason_seconds[2], 1.0);

@@ -180,13 +180,13 @@ impl Controller {
                     .push(format!("nvml stopped answering: {reason}"));
             }
             for (index, entry) in &state.gpus {
-                if entry.lost {
+                if let Some(failure) = entry.failure {
                     let uuid = entry
                         .identity
                         .as_ref()
                         .map(|i| i.uuid.clone())
                         .unwrap_or_default();
-                    facts.lost_gpus.push((*index, uuid));
+                    facts.failed_gpus.push((*index, uuid, failure));
                 }
                 if !entry.xids.is_empty() {
                     facts

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cache::state::Readiness;
+use crate::gpu::state::GpuFailure;
 
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
 pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
@@ -79,8 +80,8 @@ pub fn model_cache_gate(models: &[(String, Readiness)]) -> Gate {
 pub struct AcceleratorFacts {
     /// A collector that should be there (`enabled: true`) but is not: name and why.
     pub missing_collectors: Vec<String>,
-    /// GPUs NVML reports lost: index and UUID.
-    pub lost_gpus: Vec<(u32, String)>,
+    /// GPUs NVML cannot read: index, UUID and why.
+    pub failed_gpus: Vec<(u32, String, GpuFailure)>,
     /// XIDs seen since the agent started, per GPU index.
     pub xids: BTreeMap<u32, BTreeSet<u64>>,
     /// Uncorrected ECC events since the agent started, per Neuron device index.
@@ -96,8 +97,21 @@ pub fn accelerator_gate(facts: &AcceleratorFacts, fatal_xids: &BTreeSet<u64>) ->
     for reason in &facts.missing_collectors {
         problems.push(("CollectorUnavailable", reason.clone()));
     }
-    for (index, uuid) in &facts.lost_gpus {
-        problems.push(("GPULost", format!("GPU {index} ({uuid}) fell off the bus")));
+    for (index, uuid, failure) in &facts.failed_gpus {
+        problems.push(match failure {
+            GpuFailure::Lost => ("GPULost", format!("GPU {index} ({uuid}) fell off the bus")),
+            GpuFailure::ResetRequired => (
+                "GPUResetRequired",
+                format!("GPU {index} ({uuid}) needs a reset (NVML: reset required)"),
+            ),
+            other => (
+                "GPUUnreadable",
+                format!(
+                    "GPU {index} ({uuid}) cannot be read (NVML: {})",
+                    other.as_str()
+                ),
+            ),
+        });
     }
     for (index, xids) in &facts.xids {
         let fatal: Vec<String> = xids
@@ -205,10 +219,22 @@ mod tests {
     fn lost_gpu_ecc_and_missing_collectors_fail_it() {
         let lost = AcceleratorFacts {
             gpus: 8,
-            lost_gpus: vec![(2, "GPU-abc".into())],
+            failed_gpus: vec![(2, "GPU-abc".into(), GpuFailure::Lost)],
             ..Default::default()
         };
         assert_eq!(accelerator_gate(&lost, &fatal()).reason, "GPULost");
+        let reset = AcceleratorFacts {
+            gpus: 8,
+            failed_gpus: vec![(5, "GPU-def".into(), GpuFailure::ResetRequired)],
+            ..Default::default()
+        };
+        let gate = accelerator_gate(&reset, &fatal());
+        assert_eq!((gate.ok, gate.reason.as_str()), (false, "GPUResetRequired"));
+        assert!(
+            gate.message.contains("GPU 5 (GPU-def) needs a reset"),
+            "{}",
+            gate.message
+        );
         let ecc = AcceleratorFacts {
             neuron_devices: 12,
             neuron_uncorrected_ecc: [(4, 1)].into(),

@@ -8,6 +8,7 @@
 //! "temperature_c", "power_mw", "utilization": {"gpu", "memory"}, "energy_mj", "xid_events": [..],
 //! "lost": false, "unsupported": ["reserved", "clocks_event_reasons", "power", ...]}]}`.
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
+//! `handle_error` (per device) is the NVML code the handle call answers instead of a handle.
 //! `unsupported` names fields whose call answers NVML_ERROR_NOT_SUPPORTED (`reserved`: the v2 memory
 //! call, so a caller must fall back to v1; `clocks_event_reasons`: the new call only, so a caller
 //! must fall back to the deprecated throttle-reasons call; `throttle_reasons`: both). `lost: true`
@@ -66,6 +67,9 @@ struct Device {
     energy_mj: u64,
     xid_events: Vec<u64>,
     lost: bool,
+    /// An NVML return code the handle call answers instead of a handle (16: RESET_REQUIRED,
+    /// 11: IRQ_ISSUE, 4: NO_PERMISSION, 999: UNKNOWN); 0: none.
+    handle_error: nvmlReturn_t,
     unsupported: Vec<String>,
 }
 
@@ -230,7 +234,12 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
         return UNINITIALIZED;
     }
     match scenario() {
-        Some(s) if (index as usize) < s.devices.len() => put(device, handle_of(index as usize)),
+        Some(s) if (index as usize) < s.devices.len() => {
+            match s.devices[index as usize].handle_error {
+                0 => put(device, handle_of(index as usize)),
+                code => code,
+            }
+        }
         Some(_) => INVALID_ARGUMENT,
         None => UNKNOWN,
     }
