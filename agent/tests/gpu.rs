@@ -266,6 +266,43 @@ fn xid_events_count_per_xid_and_set_the_last() {
     assert!(agent.log().contains("XID error"), "XIDs are logged");
 }
 
+/// One GPU refusing XID registration (it says it supports the events, then NVML answers
+/// NOT_SUPPORTED) costs only that GPU: the ones registered before and after it still deliver, and
+/// an XID NVML cannot identify (999) is counted, not dropped.
+#[test]
+fn one_gpu_refusing_xid_registration_costs_only_that_gpu() {
+    let mut scenario = Scenario::new();
+    scenario.value["devices"][3]["unsupported"] = json!(["register_events"]);
+    scenario.write();
+    let agent = start(&scenario, "");
+    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    });
+    scenario.set(1, "xid_events", json!([79]));
+    scenario.set(6, "xid_events", json!([999]));
+    agent.wait_for(
+        "XIDs before and after the refusing GPU",
+        Duration::from_secs(5),
+        |m| {
+            sample(
+                m,
+                "mlnode_gpu_xid_errors_total",
+                &[("gpu", "1"), ("xid", "79")],
+            ) == Some(1.0)
+                && sample(
+                    m,
+                    "mlnode_gpu_xid_errors_total",
+                    &[("gpu", "6"), ("xid", "999")],
+                ) == Some(1.0)
+        },
+    );
+    assert!(
+        agent.log().contains("the others are unaffected"),
+        "{}",
+        agent.log()
+    );
+}
+
 #[test]
 fn a_lost_gpu_is_named_while_the_others_keep_reporting() {
     let mut scenario = Scenario::new();

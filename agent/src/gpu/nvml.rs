@@ -293,6 +293,30 @@ fn sample_loop(
     }
 }
 
+/// Registers `device` for critical XID events on `set`, leaving the set in NVML's hands whatever
+/// the answer. nvml-wrapper's `register_events` frees the whole set on any error, which would
+/// silently drop every GPU registered before; NVML itself says only UNKNOWN leaves the set
+/// undefined.
+fn register_xids(
+    nvml: &Nvml,
+    device: &Device,
+    set: &nvml_wrapper::EventSet,
+) -> Result<(), NvmlError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceRegisterEvents
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    // SAFETY: both handles are valid while `device` and `set` live; NVML copies what it needs.
+    nvml_try(unsafe {
+        sym(
+            device.handle(),
+            EventTypes::CRITICAL_XID_ERROR.bits(),
+            set.handle(),
+        )
+    })
+}
+
 fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
     let nvml = &source.nvml;
     let Ok(mut set) = nvml.create_event_set() else {
@@ -300,6 +324,7 @@ fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
         return;
     };
     let count = source.device_count().unwrap_or(0);
+    let mut registered: Vec<u32> = Vec::new();
     for index in 0..count {
         let Ok(device) = nvml.device_by_index(index) else {
             continue;
@@ -311,23 +336,36 @@ fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
             tracing::info!(gpu = index, "GPU does not report XID events");
             continue;
         }
-        set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-            Ok(set) => set,
-            Err(e) => {
-                // nvml-wrapper frees the set when registration fails; start a new one.
-                tracing::warn!(gpu = index, error = %e.error, "cannot listen for XID events on this GPU");
-                match nvml.create_event_set() {
-                    Ok(set) => set,
-                    Err(_) => return,
-                }
+        match register_xids(nvml, &device, &set) {
+            Ok(()) => registered.push(index),
+            Err(NvmlError::Unknown) => {
+                // The set is undefined now: a new one, with the GPUs the old one had.
+                tracing::warn!(gpu = index, "NVML lost the XID event set registering this GPU; registering the others again");
+                let Ok(fresh) = nvml.create_event_set() else {
+                    tracing::warn!(
+                        "NVML cannot create an event set; XID errors will not be counted"
+                    );
+                    return;
+                };
+                set = fresh;
+                registered.retain(|&i| {
+                    nvml.device_by_index(i)
+                        .is_ok_and(|d| register_xids(nvml, &d, &set).is_ok())
+                });
             }
-        };
+            Err(e) => {
+                tracing::warn!(gpu = index, error = %e, "cannot listen for XID events on this GPU; the others are unaffected");
+            }
+        }
     }
     while !stop.is_stopped() {
         match set.wait(XID_WAIT_MS) {
             Ok(event) => {
-                let Some(XidError::Value(xid)) = event.event_data else {
-                    continue;
+                // NVML's 999 is an XID it could not identify: still an XID, counted as 999.
+                let xid = match event.event_data {
+                    Some(XidError::Value(xid)) => xid,
+                    Some(XidError::Unknown) => 999,
+                    None => continue,
                 };
                 let Ok(index) = event.device.index() else {
                     continue;

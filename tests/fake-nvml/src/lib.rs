@@ -455,7 +455,9 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     types: c_ulonglong,
     set: nvmlEventSet_t,
 ) -> nvmlReturn_t {
-    with_device(device, "events", |_| {
+    // Its own name, so that a scenario can refuse the registration of a GPU that says it
+    // supports XID events (`unsupported: ["register_events"]`).
+    with_device(device, "register_events", |_| {
         if types & !EVENT_TYPE_XID_CRITICAL_ERROR != 0 {
             return NOT_SUPPORTED;
         }
