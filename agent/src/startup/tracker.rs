@@ -98,6 +98,26 @@ impl StartupMetrics {
     }
 }
 
+/// The pod watch's backoff. kube's `default_backoff` starts again from 800 ms at every event it
+/// passes on, and a relist is a burst of events: an API server answering every watch with 410 Gone
+/// would be relisted about once a second, forever. Here events do not reset it; only two minutes
+/// without an error do (the timer inside kube's `DefaultBackoff`), so a persistent 410 backs off
+/// to 30 s between relists.
+#[derive(Default)]
+struct ErrorsOnlyBackoff(watcher::DefaultBackoff);
+
+impl Iterator for ErrorsOnlyBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next()
+    }
+}
+
+impl kube::runtime::utils::Backoff for ErrorsOnlyBackoff {
+    fn reset(&mut self) {}
+}
+
 /// The model a pod serves: its `mlnode.dev/model-name` annotation, else the configured model whose
 /// cache it mounts (a hostPath at, above or below the model's `host_path`, or the model's PVC).
 pub fn model_of(pod: &Pod, models: &[ModelConfig]) -> Option<String> {
@@ -161,7 +181,8 @@ impl Tracker {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let config =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
-        let mut stream = std::pin::pin!(watcher(pods, config).default_backoff());
+        let mut stream =
+            std::pin::pin!(watcher(pods, config).backoff(ErrorsOnlyBackoff::default()));
         let started_at = unix_now();
         // (pod uid, restart count) already reported; pruned as pods go, so it stays as small as
         // the node's pod count.
@@ -318,4 +339,25 @@ fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
         t.0.as_millisecond() as f64 / 1000.0
     };
     Some((seconds(started) - 1.0, seconds(ready) + 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relist_does_not_reset_the_watch_backoff() {
+        use kube::runtime::utils::Backoff;
+        let mut backoff = ErrorsOnlyBackoff::default();
+        let mut last = std::time::Duration::ZERO;
+        // Error, relist (events reset a default backoff), error, relist, ...
+        for _ in 0..6 {
+            last = backoff.next().unwrap();
+            backoff.reset();
+        }
+        assert!(
+            last >= std::time::Duration::from_secs(5),
+            "still {last:?} after 6 failed watches"
+        );
+    }
 }
