@@ -732,3 +732,55 @@ fn a_blake2_bundle_is_refused_as_an_unsupported_algorithm() {
         out.stderr
     );
 }
+
+/// A single-file model, as model_signing signs one (its one resource is named "."), and as a
+/// native manifest names it: verified alone, its siblings not extras; a changed byte fails it.
+#[test]
+fn a_single_file_model_verifies_with_a_bundle_or_a_native_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    std::fs::write(&file, common::content(9, 50_000)).unwrap();
+    std::fs::write(dir.path().join("sibling.txt"), b"not part of the model").unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let bundle = keys.path().join("model.sig");
+    let status = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/model_signing/sign.py"))
+        .arg(&file)
+        .arg(&bundle)
+        .arg(keys.path())
+        .arg("files")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let key = keys.path().join("public.pem");
+    let out = verify(
+        &file,
+        &bundle,
+        &["--public-key", key.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    assert_eq!(
+        json(&out)["files"].as_array().unwrap().len(),
+        1,
+        "{}",
+        out.stdout
+    );
+
+    let native = serde_json::json!({"files": {"model.safetensors": common::sha256_hex(&std::fs::read(&file).unwrap())}});
+    let (_m, manifest) = write_temp(&native.to_string());
+    assert_eq!(verify(&file, &manifest, &[]).code, 0);
+
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let out = verify(
+        &file,
+        &bundle,
+        &["--public-key", key.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(out.code, 1);
+    assert_eq!(
+        file_status(&json(&out), "model.safetensors"),
+        "digest_mismatch"
+    );
+}

@@ -111,6 +111,10 @@ impl Router {
     }
 
     fn route_path(&self, path: &Path) -> Option<Work> {
+        // A single-file model: the watch is on the file itself, and any change to it is the model's.
+        if path == self.root && self.root.is_file() {
+            return Some(Work::Full);
+        }
         if let Ok(rel) = path.strip_prefix(&self.root) {
             let rel = rel.to_string_lossy();
             return match &self.hf_commit {

@@ -131,6 +131,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// A verification that failed as a whole before any file was looked at.
+    pub fn failed(error: String, revision: Option<String>) -> Report {
+        Report {
+            status: Verdict::Failed,
+            revision,
+            error: Some(error),
+            listing_error: None,
+            files: Vec::new(),
+            bytes_hashed: 0,
+            seconds: 0.0,
+        }
+    }
+
     /// Files per status word, every word present (zero included) so callers can export all of them.
     pub fn counts(&self) -> Vec<(FileStatus, usize)> {
         FileStatus::ALL

@@ -75,12 +75,61 @@ enum Plan {
     },
 }
 
-/// Verifies the model at `root_path` against `manifest`, hashing on the current rayon pool.
+/// Verifies the model at `root_path` against `manifest`, hashing on the current rayon pool. The
+/// model is a directory (plain or a Hugging Face repo cache) or a single file.
 pub fn verify(
     root_path: &Path,
     manifest: &Manifest,
     options: &VerifyOptions,
     control: &Control,
+) -> Result<Report, VerifyError> {
+    let is_file = std::fs::symlink_metadata(root_path).is_ok_and(|m| m.is_file());
+    let (Some(dir), Some(name), true) = (
+        root_path.parent(),
+        root_path.file_name().and_then(|n| n.to_str()),
+        is_file,
+    ) else {
+        return verify_tree(root_path, manifest, options, control, true);
+    };
+    // A single-file model: model_signing names its one resource "." (the path relative to itself),
+    // a native manifest names the file. Verified in its directory, with no extras: its siblings
+    // are not part of it.
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let [only] = manifest.files.as_slice() else {
+        return Ok(Report::failed(
+            format!(
+                "{} is a single file, but the manifest lists {} files",
+                root_path.display(),
+                manifest.files.len()
+            ),
+            manifest.revision.clone(),
+        ));
+    };
+    if only.path != "." && only.path != name {
+        return Ok(Report::failed(
+            format!(
+                "{} is a single file, but the manifest's one file is {:?}",
+                root_path.display(),
+                only.path
+            ),
+            manifest.revision.clone(),
+        ));
+    }
+    let mut single = manifest.clone();
+    single.files[0].path = name.to_string();
+    verify_tree(dir, &single, options, control, false)
+}
+
+fn verify_tree(
+    root_path: &Path,
+    manifest: &Manifest,
+    options: &VerifyOptions,
+    control: &Control,
+    list_extras: bool,
 ) -> Result<Report, VerifyError> {
     let started = Instant::now();
     let hashed_before = control.hashed_bytes.load(Ordering::Relaxed);
@@ -207,7 +256,12 @@ pub fn verify(
         .manifest_path
         .as_ref()
         .and_then(|p| std::fs::canonicalize(p).ok());
-    let listing_error = match walk::list_files(&model_dir) {
+    let listing = if list_extras {
+        walk::list_files(&model_dir)
+    } else {
+        Ok(walk::Listing::default())
+    };
+    let listing_error = match listing {
         Ok(listing) => {
             let unlisted = listing.unlisted_summary();
             files.extend(
