@@ -50,7 +50,10 @@ impl Router {
         manifest: &Manifest,
     ) -> Router {
         let mut blobs: HashMap<String, Vec<String>> = HashMap::new();
-        for file in &manifest.files {
+        // Blob names matter only in a hub cache, where snapshot entries point at them; a plain
+        // directory's events name the files themselves (and a map per file would cost ~200 bytes
+        // each on a million-file cache).
+        for file in manifest.files.iter().filter(|_| hf_commit.is_some()) {
             if let Digest::Whole(sha256) = &file.digest {
                 blobs
                     .entry(sha256.to_hex())

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
+use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -92,7 +93,9 @@ pub struct Monitor {
 /// The model's manifest as last loaded, with its bytes to tell a real change from a touch.
 struct Loaded {
     manifest: Arc<Manifest>,
-    bytes: Vec<u8>,
+    /// SHA-256 of the manifest file: a touch changes nothing, new bytes reload it (the bytes
+    /// themselves are ~110 per entry, too many to keep for a million-file cache).
+    digest: [u8; 32],
 }
 
 impl Monitor {
@@ -291,7 +294,8 @@ impl Monitor {
         if work.reload || loaded.is_none() {
             match self.load_manifest().await {
                 Ok((manifest, bytes)) => {
-                    let changed = loaded.as_ref().is_none_or(|l| l.bytes != bytes);
+                    let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+                    let changed = loaded.as_ref().is_none_or(|l| l.digest != digest);
                     if changed {
                         if loaded.is_some() {
                             tracing::info!(model_name = %self.model.name, manifest = %self.model.manifest.display(), "manifest changed; verifying everything");
@@ -303,7 +307,7 @@ impl Monitor {
                         );
                         *loaded = Some(Loaded {
                             manifest: Arc::new(manifest),
-                            bytes,
+                            digest,
                         });
                         full = true;
                     }
@@ -423,6 +427,16 @@ impl Monitor {
                 reason: failure_summary(&current),
             }
         });
+        // Kept between verifications for merging and the failure summary; an ok file's computed
+        // digest is never read again (64 hex bytes per file on a million-file cache).
+        let mut current = current;
+        for file in current
+            .files
+            .iter_mut()
+            .filter(|f| f.status == FileStatus::Ok)
+        {
+            file.sha256 = None;
+        }
         *report = Some(current);
     }
 
