@@ -587,7 +587,13 @@ pub fn load_with_sources(
 ) -> Result<(Config, Sources), ConfigError> {
     let (base, text) = match file {
         Some(path) => {
-            let text = read_config_file(path)?;
+            let text =
+                crate::files::read_bounded_text(path, CONFIG_FILE_LIMIT).map_err(|source| {
+                    ConfigError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                })?;
             (format!("file {}", path.display()), text)
         }
         None => ("embedded default".to_string(), embedded_default_yaml()),
@@ -642,15 +648,6 @@ pub fn load_with_sources(
 
 /// A config file is small; a larger one is a mistake (or not a config file).
 const CONFIG_FILE_LIMIT: u64 = 4 << 20;
-
-fn read_config_file(path: &Path) -> Result<String, ConfigError> {
-    let fail = |source: std::io::Error| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let bytes = crate::files::read_bounded(path, CONFIG_FILE_LIMIT).map_err(fail)?;
-    String::from_utf8(bytes).map_err(|_| fail(std::io::Error::other("not UTF-8 text")))
-}
 
 fn apply(tree: &mut Value, o: &Override) -> Result<(), ConfigError> {
     let invalid = |reason: String| ConfigError::Invalid {

@@ -7,21 +7,28 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// Reads `path` whole, failing on anything but a regular file or a file over `limit` bytes.
-pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
-    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+/// Opens `path` for reading without blocking (opening a FIFO would otherwise wait for a writer
+/// forever), with `flags` added (`O_NOFOLLOW`, say), and refuses anything but a regular file.
+pub fn open_regular(path: &Path, flags: libc::c_int) -> std::io::Result<std::fs::File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | flags)
         .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
         return Err(std::io::Error::other(format!(
             "not a regular file ({})",
-            kind_of(&meta.file_type())
+            kind_of(&kind)
         )));
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize);
+    Ok(file)
+}
+
+/// Reads `path` whole, failing on anything but a regular file or a file over `limit` bytes.
+pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let file = open_regular(path, 0)?;
+    let size = file.metadata()?.len();
+    let mut bytes = Vec::with_capacity(size.min(limit) as usize);
     file.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(std::io::Error::other(format!(
@@ -30,6 +37,12 @@ pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
         )));
     }
     Ok(bytes)
+}
+
+/// [`read_bounded`], for text: bytes that are not UTF-8 are an error.
+pub fn read_bounded_text(path: &Path, limit: u64) -> std::io::Result<String> {
+    String::from_utf8(read_bounded(path, limit)?)
+        .map_err(|_| std::io::Error::other("not UTF-8 text"))
 }
 
 fn kind_of(kind: &std::fs::FileType) -> &'static str {

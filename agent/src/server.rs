@@ -30,7 +30,7 @@ pub fn router(state: AppState) -> axum::Router {
 /// long to send the next request: held-open or half-sent connections are closed, not kept.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once; past it a new connection is closed at once (a scraper retries).
-pub const MAX_CONNECTIONS: usize = 2048;
+const MAX_CONNECTIONS: usize = 2048;
 /// How long in-flight requests get to finish at shutdown.
 const DRAIN: Duration = Duration::from_millis(500);
 

@@ -28,6 +28,8 @@ pub enum Work {
 /// Maps event paths to the model's manifest files.
 pub struct Router {
     root: PathBuf,
+    /// ROOT is a single-file model: the watch is on the file itself.
+    single_file: bool,
     manifest_dir: PathBuf,
     /// `Some(commit)` for a Hugging Face cache: files live under `snapshots/<commit>/`.
     hf_commit: Option<String>,
@@ -75,6 +77,7 @@ impl Router {
         }
         Router {
             root: root.to_path_buf(),
+            single_file: root.is_file(),
             manifest_dir: manifest_dir.to_path_buf(),
             hf_commit,
             files: manifest.files.iter().map(|f| f.path.clone()).collect(),
@@ -114,8 +117,8 @@ impl Router {
     }
 
     fn route_path(&self, path: &Path) -> Option<Work> {
-        // A single-file model: the watch is on the file itself, and any change to it is the model's.
-        if path == self.root && self.root.is_file() {
+        // A single-file model: any change to the file is a change to the whole model.
+        if self.single_file && path == self.root {
             return Some(Work::Full);
         }
         if let Ok(rel) = path.strip_prefix(&self.root) {

@@ -250,17 +250,9 @@ enum LockState {
 /// anything but a regular file counts as no lock.
 fn lock_state(path: &Path) -> LockState {
     use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    else {
+    let Ok(file) = crate::files::open_regular(path, libc::O_NOFOLLOW) else {
         return LockState::Absent;
     };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return LockState::Absent;
-    }
     // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
     if rc == 0 {

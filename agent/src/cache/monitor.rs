@@ -117,6 +117,17 @@ impl Monitor {
         }
     }
 
+    /// How this model is verified, whichever files a run looks at.
+    fn verify_options(&self) -> VerifyOptions {
+        VerifyOptions {
+            revision: self.model.revision.clone(),
+            fail_on_extra: self.model.fail_on_extra,
+            ignore_unsigned_files: self.model.ignore_unsigned_files,
+            manifest_path: Some(self.model.manifest.clone()),
+            ..VerifyOptions::default()
+        }
+    }
+
     fn trust(&self) -> TrustPolicy {
         match (&self.model.public_key, self.model.allow_unsigned) {
             (Some(key), _) => TrustPolicy::PublicKey(key.clone()),
@@ -337,12 +348,8 @@ impl Monitor {
             VerifyKind::Incremental
         };
         let options = VerifyOptions {
-            revision: self.model.revision.clone(),
-            fail_on_extra: self.model.fail_on_extra,
-            ignore_unsigned_files: self.model.ignore_unsigned_files,
-            manifest_path: Some(self.model.manifest.clone()),
             only,
-            ..VerifyOptions::default()
+            ..self.verify_options()
         };
         let control = Arc::new(Control::default());
         let (pool, root, job_control) =
@@ -392,12 +399,7 @@ impl Monitor {
             }
         };
         let (hashed, seconds) = (partial.bytes_hashed, partial.seconds);
-        let extras_fail = VerifyOptions {
-            fail_on_extra: self.model.fail_on_extra,
-            ignore_unsigned_files: self.model.ignore_unsigned_files,
-            ..VerifyOptions::default()
-        };
-        let extras_fail = loaded.is_some_and(|l| extras_fail.extras_fail(&l.manifest));
+        let extras_fail = loaded.is_some_and(|l| self.verify_options().extras_fail(&l.manifest));
         let current = match (kind, report.take()) {
             (VerifyKind::Incremental, Some(mut previous)) => {
                 previous.merge(partial, extras_fail);

@@ -11,7 +11,7 @@ use super::hasher::{self, Algorithm, Control, Job, JobResult};
 use super::layout::{self, Layout};
 use super::manifest::{Digest, ExpectedFile, Manifest};
 use super::paths::check_relative_path;
-use super::report::{FileReport, FileStatus, Report, Verdict};
+use super::report::{FileReport, FileStatus, Report};
 use super::safe_open::{OpenFailure, Root, Snapshot, Strategy};
 use super::walk;
 
@@ -147,18 +147,14 @@ fn verify_tree(
     ) {
         Ok(settled) => settled,
         Err(e) => {
+            let revision = options
+                .revision
+                .clone()
+                .or_else(|| manifest.revision.clone());
             return Ok(Report {
-                status: Verdict::Failed,
-                revision: options
-                    .revision
-                    .clone()
-                    .or_else(|| manifest.revision.clone()),
-                error: Some(e.to_string()),
-                listing_error: None,
-                files: Vec::new(),
-                bytes_hashed: 0,
                 seconds: started.elapsed().as_secs_f64(),
-            })
+                ..Report::failed(e.to_string(), revision)
+            });
         }
     };
 

@@ -252,28 +252,7 @@ fn sample_loop(
                     tracing::info!("NVML answers again");
                 }
                 for (index, read) in reads {
-                    let before = state.gpus.get(&index).and_then(|g| g.failure);
-                    if let DeviceRead::Failed(failure) = &read {
-                        if before != Some(*failure) {
-                            let uuid = state
-                                .gpus
-                                .get(&index)
-                                .and_then(|g| g.identity.as_ref())
-                                .map(|i| i.uuid.clone())
-                                .unwrap_or_default();
-                            if *failure == GpuFailure::Lost {
-                                tracing::error!(gpu = index, uuid = %uuid, "GPU fell off the bus (NVML: GPU is lost)");
-                            } else {
-                                tracing::error!(gpu = index, uuid = %uuid, failure = failure.as_str(), "GPU cannot be read; its readings are dropped until it can");
-                            }
-                        }
-                    } else if let Some(failure) = before {
-                        tracing::info!(
-                            gpu = index,
-                            was = failure.as_str(),
-                            "GPU can be read again"
-                        );
-                    }
+                    log_change(&state, index, &read);
                     state.apply(index, read, elapsed);
                 }
                 up.set_up("nvml", true);
@@ -290,6 +269,38 @@ fn sample_loop(
         if stop.wait(interval) {
             return;
         }
+    }
+}
+
+/// One log line when a GPU starts or stops failing, not one per sample.
+fn log_change(state: &GpuState, index: u32, read: &DeviceRead) {
+    let entry = state.gpus.get(&index);
+    let before = entry.and_then(|g| g.failure);
+    let uuid = entry
+        .and_then(|g| g.identity.as_ref())
+        .map(|i| i.uuid.as_str())
+        .unwrap_or_default();
+    match (read, before) {
+        (DeviceRead::Failed(failure), before) if before == Some(*failure) => {}
+        (DeviceRead::Failed(GpuFailure::Lost), _) => {
+            tracing::error!(
+                gpu = index,
+                uuid,
+                "GPU fell off the bus (NVML: GPU is lost)"
+            );
+        }
+        (DeviceRead::Failed(failure), _) => {
+            tracing::error!(
+                gpu = index,
+                uuid,
+                failure = failure.as_str(),
+                "GPU cannot be read; its readings are dropped until it can"
+            );
+        }
+        (DeviceRead::Read { .. }, Some(failure)) => {
+            tracing::info!(gpu = index, was = failure.as_str(), "GPU can be read again");
+        }
+        (DeviceRead::Read { .. }, None) => {}
     }
 }
 

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::gates::{self, AcceleratorFacts, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
-use super::node::{conditions_patch, differs, own_conditions, same_taint, taint_patch};
+use super::node::{conditions_patch, differs, has_taint, own_conditions, taint_patch};
 use crate::cache::state::ModelState;
 use crate::config::{ReadinessSettings, TaintMode};
 use crate::gpu::state::GpuState;
@@ -353,11 +353,4 @@ impl Controller {
             tracing::warn!(error = %e, reason, "cannot post a Node event");
         }
     }
-}
-
-fn has_taint(node: &Node, taint: &Taint) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|list| list.iter().any(|t| same_taint(t, taint)))
 }

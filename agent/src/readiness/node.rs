@@ -21,8 +21,16 @@ pub fn taint(spec: &TaintSpec) -> Taint {
     }
 }
 
+/// Whether `node` has `taint` (by key and effect) now.
+pub fn has_taint(node: &Node, taint: &Taint) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|list| list.iter().any(|t| same_taint(t, taint)))
+}
+
 /// Taints are identified by key and effect (a value change is the same taint).
-pub fn same_taint(a: &Taint, b: &Taint) -> bool {
+fn same_taint(a: &Taint, b: &Taint) -> bool {
     a.key == b.key && a.effect == b.effect
 }
 
@@ -87,11 +95,10 @@ pub fn conditions_patch(
 
 /// The JSON patch that makes `taint` present (or absent) on `node`, or None when it already is.
 pub fn taint_patch(node: &Node, taint: &Taint, present: bool) -> Option<Value> {
-    let current = node.spec.as_ref().and_then(|s| s.taints.as_ref());
-    let has = current.is_some_and(|list| list.iter().any(|t| same_taint(t, taint)));
-    if has == present {
+    if has_taint(node, taint) == present {
         return None;
     }
+    let current = node.spec.as_ref().and_then(|s| s.taints.as_ref());
     let Some(list) = current else {
         // No taint list yet: nothing to test it against, so the node's resourceVersion guards the add.
         let version = node.metadata.resource_version.clone().unwrap_or_default();

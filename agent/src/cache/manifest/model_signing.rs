@@ -192,9 +192,8 @@ fn check_signature(
         key: key_path.to_path_buf(),
         reason,
     };
-    let pem = crate::files::read_bounded(key_path, KEY_FILE_LIMIT)
-        .map_err(|e| bad_key(format!("cannot read: {e}")))
-        .and_then(|bytes| String::from_utf8(bytes).map_err(|_| bad_key("not PEM text".into())))?;
+    let pem = crate::files::read_bounded_text(key_path, KEY_FILE_LIMIT)
+        .map_err(|e| bad_key(format!("cannot read: {e}")))?;
     let key = SignerKey::from_pem(&pem).map_err(bad_key)?;
 
     // model_signing records sha256(PEM of the key) as a hint; a mismatch means the bundle was made
