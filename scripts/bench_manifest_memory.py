@@ -9,26 +9,16 @@ Prints one Markdown table: files, peak RSS, bytes per file, and whether it fits 
 per folder) and removed afterwards; traffic stays on 127.0.0.1.
 """
 import hashlib
-import http.client
 import json
-import os
 import pathlib
 import re
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import agent_process
+
 LIMIT_MIB = 128
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_cache(root: pathlib.Path, n: int) -> pathlib.Path:
@@ -45,25 +35,14 @@ def make_cache(root: pathlib.Path, n: int) -> pathlib.Path:
 
 
 def peak_rss_after_verification(binary: pathlib.Path, root: pathlib.Path, manifest: pathlib.Path) -> float:
-    port = free_port()
-    config = root.with_suffix(".yaml")
-    config.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "node_name": "bench",
-                                  "nvml": {"enabled": False}, "neuron": {"enabled": False},
-                                  "models": [{"name": "m", "root": str(root), "manifest": str(manifest)}]}))
-    agent = subprocess.Popen([binary, "serve", "--config", config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent, port = agent_process.serve(
+        binary,
+        {"node_name": "bench", "nvml": {"enabled": False}, "neuron": {"enabled": False},
+         "models": [{"name": "m", "root": str(root), "manifest": str(manifest)}]},
+        root.parent,
+    )
     try:
-        deadline = time.time() + 1800
-        while time.time() < deadline:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                conn.request("GET", "/readyz")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            sys.exit(f"{root}: not verified within 30 minutes")
+        agent_process.wait_ready(port, 1800, str(root))
         status = open(f"/proc/{agent.pid}/status").read()
         return int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
     finally:
@@ -73,8 +52,7 @@ def peak_rss_after_verification(binary: pathlib.Path, root: pathlib.Path, manife
 
 def main():
     sizes = [int(a) for a in sys.argv[1:]] or [10_000, 100_000]
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "mlnode-agent"], cwd=REPO, check=True)
-    binary = REPO / "target/release/mlnode-agent"
+    binary = agent_process.release_binary()
     print("| files | peak RSS (MiB) | bytes per file | under the 128 MiB limit |")
     print("| ---: | ---: | ---: | --- |")
     for n in sizes:

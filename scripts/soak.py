@@ -17,20 +17,13 @@ import json
 import os
 import pathlib
 import re
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import agent_process
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def usage(pid):
@@ -96,8 +89,7 @@ def main():
     if not 10 <= args.seconds <= 3600:
         sys.exit("--seconds must be between 10 and 3600")
 
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "mlnode-agent"], cwd=REPO, check=True)
-    binary = REPO / "target/release/mlnode-agent"
+    binary = agent_process.release_binary()
     work = pathlib.Path(tempfile.mkdtemp(prefix="mlnode-soak-"))
     models = []
     for i in range(4):
@@ -106,26 +98,15 @@ def main():
         manifest = work / f"model-{i}.json"
         manifest.write_text(json.dumps({"revision": "soak", "files": make_model(root, i)}))
         models.append({"name": f"model-{i}", "root": str(root), "manifest": str(manifest)})
-    port = free_port()
-    config = work / "config.yaml"
-    config.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "node_name": "soak", "models": models,
-                                  "verify": {"debounce": "200ms"}, "nvml": {"enabled": False},
-                                  "neuron": {"enabled": False}}))
-    agent = subprocess.Popen([binary, "serve", "--config", config], stdout=subprocess.DEVNULL,
-                             stderr=open(work / "agent.log", "w"))
+    agent, port = agent_process.serve(
+        binary,
+        {"node_name": "soak", "models": models, "verify": {"debounce": "200ms"},
+         "nvml": {"enabled": False}, "neuron": {"enabled": False}},
+        work,
+        log=open(work / "agent.log", "w"),
+    )
     try:
-        started = time.time()
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/readyz")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() - started > 60:
-                sys.exit("the agent did not verify its models within 60 s")
-            time.sleep(0.2)
+        agent_process.wait_ready(port, 60, "the soak's models")
         before = usage(agent.pid)
         stop = threading.Event()
         errors: list = []
