@@ -4,8 +4,8 @@ peak resident memory (VmHWM) once its first verification is done, for each N giv
 
   python3 scripts/bench_manifest_memory.py [N ...]     (default: 10000 100000)
 
-Prints one Markdown table: files, peak RSS, bytes per file, and whether it fits the DaemonSet's
-128 MiB memory limit. Caches are generated under a temporary directory (one small file each, 1,000
+Prints one Markdown table: files, peak RSS, bytes per file, and whether it fits the memory limit
+of the DaemonSet in deploy/daemonset/base (read from it). Caches are generated under a temporary directory (one small file each, 1,000
 per folder) and removed afterwards; traffic stays on 127.0.0.1.
 """
 import hashlib
@@ -18,7 +18,11 @@ import tempfile
 
 import agent_process
 
-LIMIT_MIB = 128
+
+
+def daemonset_memory_limit_mib() -> int:
+    text = (agent_process.REPO / "deploy/daemonset/base/daemonset.yaml").read_text()
+    return int(re.search(r"limits:\s*\n\s*memory:\s*(\d+)Mi", text).group(1))
 
 
 def make_cache(root: pathlib.Path, n: int) -> pathlib.Path:
@@ -53,7 +57,8 @@ def peak_rss_after_verification(binary: pathlib.Path, root: pathlib.Path, manife
 def main():
     sizes = [int(a) for a in sys.argv[1:]] or [10_000, 100_000]
     binary = agent_process.release_binary()
-    print("| files | peak RSS (MiB) | bytes per file | under the 128 MiB limit |")
+    limit = daemonset_memory_limit_mib()
+    print(f"| files | peak RSS (MiB) | bytes per file | under the {limit} MiB limit |")
     print("| ---: | ---: | ---: | --- |")
     for n in sizes:
         work = pathlib.Path(tempfile.mkdtemp(prefix="mlnode-mem-"))
@@ -61,7 +66,7 @@ def main():
             root = work / "model"
             manifest = make_cache(root, n)
             peak = peak_rss_after_verification(binary, root, manifest)
-            print(f"| {n:,} | {peak:.1f} | {peak * 1024 * 1024 / n:,.0f} | {'yes' if peak < LIMIT_MIB else 'no'} |", flush=True)
+            print(f"| {n:,} | {peak:.1f} | {peak * 1024 * 1024 / n:,.0f} | {'yes' if peak < limit else 'no'} |", flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -225,6 +225,8 @@ fn verify(args: VerifyArgs) -> ExitCode {
         fail_on_extra: args.fail_on_extra,
         ignore_unsigned_files: args.ignore_unsigned_files,
         manifest_path: args.manifest.clone(),
+        // Only the JSON report lists the files that are ok; the summary counts them.
+        keep_ok_lines: args.json,
         ..VerifyOptions::default()
     };
     let outcome = with_pool(args.hashing.threads, |control| {

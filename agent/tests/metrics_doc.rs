@@ -33,6 +33,8 @@ fn exposed() -> BTreeMap<String, String> {
         error: None,
         listing_error: None,
         files: Vec::new(),
+        ok_not_kept: 1,
+        expected_bytes: 0,
         bytes_hashed: 0,
         seconds: 0.0,
     };
@@ -57,7 +59,6 @@ fn exposed() -> BTreeMap<String, String> {
         mlnode_agent::cache::metrics::VerifyKind::Full,
         0,
         0.1,
-        0,
     );
     mlnode_agent::metrics::encode(&registry)
         .lines()

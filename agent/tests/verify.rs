@@ -586,3 +586,56 @@ fn cancelled_control_stops_hashing() {
         0
     );
 }
+
+/// A daemon keeps only the lines of files that are not ok: a cache of more files than one
+/// hashing batch (4,096) is counted right, its one failure and its extra reported, its bytes
+/// summed; the CLI's report keeps every line of the same run.
+#[test]
+fn a_cache_larger_than_a_batch_is_counted_without_keeping_ok_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 5000;
+    let mut files = serde_json::Map::new();
+    for i in 0..n {
+        let rel = format!("d{}/f{i:05}", i % 7);
+        let data = format!("file {i}\n");
+        std::fs::create_dir_all(dir.path().join(format!("d{}", i % 7))).unwrap();
+        std::fs::write(dir.path().join(&rel), &data).unwrap();
+        files.insert(
+            rel,
+            serde_json::json!({"sha256": sha256_hex(data.as_bytes()), "size": data.len()}),
+        );
+    }
+    let total: u64 = (0..n).map(|i| format!("file {i}\n").len() as u64).sum();
+    std::fs::write(dir.path().join("d1/f04999"), "file 9999\n").unwrap();
+    std::fs::write(dir.path().join("d0/stray"), "x").unwrap();
+    let manifest = serde_json::json!({"files": files}).to_string();
+
+    let daemon = run_with(
+        dir.path(),
+        &manifest,
+        VerifyOptions {
+            keep_ok_lines: false,
+            ..VerifyOptions::default()
+        },
+    );
+    let count = |report: &Report, want: FileStatus| {
+        report
+            .counts()
+            .into_iter()
+            .find(|(s, _)| *s == want)
+            .unwrap()
+            .1
+    };
+    assert_eq!(count(&daemon, FileStatus::Ok), n - 1);
+    assert_eq!(count(&daemon, FileStatus::DigestMismatch), 1);
+    assert_eq!(count(&daemon, FileStatus::Extra), 1);
+    assert_eq!(daemon.files.len(), 2, "{:#?}", daemon.files);
+    assert_eq!(status(&daemon, "d1/f04999"), FileStatus::DigestMismatch);
+    assert_eq!(status(&daemon, "d0/stray"), FileStatus::Extra);
+    assert_eq!(daemon.expected_bytes, total);
+    assert_eq!(daemon.status, Verdict::Failed);
+
+    let cli = run_with(dir.path(), &manifest, VerifyOptions::default());
+    assert_eq!(cli.files.len(), n + 1);
+    assert_eq!(cli.counts(), daemon.counts());
+}

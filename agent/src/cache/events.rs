@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use notify::event::{AccessKind, AccessMode, EventKind, MetadataKind, ModifyKind};
 use notify::Event;
@@ -33,7 +34,8 @@ pub struct Router {
     manifest_dir: PathBuf,
     /// `Some(commit)` for a Hugging Face cache: files live under `snapshots/<commit>/`.
     hf_commit: Option<String>,
-    files: HashSet<String>,
+    /// The manifest in force: its sorted files tell which paths are the model's.
+    manifest: Arc<Manifest>,
     /// Hub blob name → the manifest files whose snapshot entries point at it.
     blobs: HashMap<String, Vec<String>>,
 }
@@ -49,7 +51,7 @@ impl Router {
         root: &Path,
         manifest_dir: &Path,
         hf_commit: Option<String>,
-        manifest: &Manifest,
+        manifest: Arc<Manifest>,
     ) -> Router {
         let mut blobs: HashMap<String, Vec<String>> = HashMap::new();
         // Blob names matter only in a hub cache, where snapshot entries point at them; a plain
@@ -60,17 +62,17 @@ impl Router {
                 blobs
                     .entry(sha256.to_hex())
                     .or_default()
-                    .push(file.path.clone());
+                    .push(file.path.to_string());
             }
             if let Some(commit) = &hf_commit {
-                let entry = root.join("snapshots").join(commit).join(&file.path);
+                let entry = root.join("snapshots").join(commit).join(&*file.path);
                 if let Some(blob) = std::fs::read_link(entry)
                     .ok()
                     .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
                 {
                     let paths = blobs.entry(blob).or_default();
-                    if !paths.contains(&file.path) {
-                        paths.push(file.path.clone());
+                    if !paths.iter().any(|p| **p == *file.path) {
+                        paths.push(file.path.to_string());
                     }
                 }
             }
@@ -80,7 +82,7 @@ impl Router {
             single_file: root.is_file(),
             manifest_dir: manifest_dir.to_path_buf(),
             hf_commit,
-            files: manifest.files.iter().map(|f| f.path.clone()).collect(),
+            manifest,
             blobs,
         }
     }
@@ -155,16 +157,15 @@ impl Router {
     fn route_model_path(&self, rel: &str) -> Work {
         let named = rel.strip_prefix(LOCAL_DIR_METADATA).unwrap_or(rel);
         let candidate = strip_download_suffix(named);
-        if self.files.contains(candidate) {
+        if self.manifest.lists(candidate) {
             return Work::Files(HashSet::from([candidate.to_string()]));
         }
         // A directory that was renamed or removed takes its files with it.
-        let prefix = format!("{rel}/");
         let under: HashSet<String> = self
-            .files
+            .manifest
+            .under(rel)
             .iter()
-            .filter(|f| f.starts_with(&prefix))
-            .cloned()
+            .map(|f| f.path.to_string())
             .collect();
         if under.is_empty() {
             Work::Listing
@@ -206,7 +207,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, p)| ExpectedFile {
-                    path: p.to_string(),
+                    path: (*p).into(),
                     size: None,
                     digest: Digest::Whole(Sha256([i as u8; 32])),
                 })
@@ -227,11 +228,11 @@ mod tests {
             Path::new("/models/llama"),
             Path::new("/etc/mlnode"),
             None,
-            &manifest(&[
+            Arc::new(manifest(&[
                 "config.json",
                 "weights/a.safetensors",
                 "weights/b.safetensors",
-            ]),
+            ])),
         )
     }
 
@@ -329,7 +330,7 @@ mod tests {
             Path::new("/hub/models--a--b"),
             Path::new("/etc/mlnode"),
             Some(commit.into()),
-            &m,
+            Arc::new(m),
         );
         let create = EventKind::Create(CreateKind::File);
         assert_eq!(

@@ -148,7 +148,6 @@ impl CacheMetrics {
         kind: VerifyKind,
         hashed: u64,
         seconds: f64,
-        expected_bytes: u64,
     ) {
         self.set_verified(
             model,
@@ -164,7 +163,7 @@ impl CacheMetrics {
         });
         self.bytes
             .with_label_values(&[model])
-            .set(expected_bytes as i64);
+            .set(report.expected_bytes as i64);
         self.hashed_bytes.with_label_values(&[model]).inc_by(hashed);
         self.duration
             .with_label_values(&[model, kind.as_str()])

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
-use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +39,8 @@ struct Running {
     handle: tokio::task::JoinHandle<Result<Report, String>>,
     control: Arc<Control>,
     kind: VerifyKind,
+    /// The manifest files an incremental run looks at again.
+    looked: HashSet<String>,
     last_bytes: u64,
     last_progress: Instant,
 }
@@ -90,7 +91,7 @@ pub struct Monitor {
     loads: LoadActivity,
 }
 
-/// The model's manifest as last loaded, with its bytes to tell a real change from a touch.
+/// The model's manifest as last loaded, and the digest of its bytes.
 struct Loaded {
     manifest: Arc<Manifest>,
     /// SHA-256 of the manifest file: a touch changes nothing, new bytes reload it (the bytes
@@ -124,6 +125,7 @@ impl Monitor {
             fail_on_extra: self.model.fail_on_extra,
             ignore_unsigned_files: self.model.ignore_unsigned_files,
             manifest_path: Some(self.model.manifest.clone()),
+            keep_ok_lines: false,
             ..VerifyOptions::default()
         }
     }
@@ -272,7 +274,7 @@ impl Monitor {
                     own_reads_until = Instant::now() + OWN_READ_ECHO;
                     self.state.stalled.store(false, Ordering::Relaxed);
                     let outcome = result.unwrap_or_else(|e| Err(format!("verification task failed: {e}")));
-                    self.finish(job.kind, outcome, &mut report, loaded.as_ref(), &mut router);
+                    self.finish(&job, outcome, &mut report, loaded.as_ref(), &mut router);
                 }
                 _ = sleep_until(due), if due.is_some() => {}
             }
@@ -304,8 +306,7 @@ impl Monitor {
         let mut full = work.full || report.is_none();
         if work.reload || loaded.is_none() {
             match self.load_manifest().await {
-                Ok((manifest, bytes)) => {
-                    let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+                Ok((manifest, digest)) => {
                     let changed = loaded.as_ref().is_none_or(|l| l.digest != digest);
                     if changed {
                         if loaded.is_some() {
@@ -362,18 +363,17 @@ impl Monitor {
             handle,
             control,
             kind,
+            looked: work.files,
             last_bytes: 0,
             last_progress: Instant::now(),
         })
     }
 
-    async fn load_manifest(&self) -> Result<(Manifest, Vec<u8>), String> {
+    async fn load_manifest(&self) -> Result<(Manifest, [u8; 32]), String> {
         let path = self.model.manifest.clone();
         let trust = self.trust();
         tokio::task::spawn_blocking(move || {
-            let bytes = manifest::read(&path).map_err(|e| e.to_string())?;
-            let manifest = manifest::parse(&path, &bytes, &trust).map_err(|e| e.to_string())?;
-            Ok((manifest, bytes))
+            manifest::load_with_digest(&path, &trust).map_err(|e| e.to_string())
         })
         .await
         .unwrap_or_else(|e| Err(format!("manifest task failed: {e}")))
@@ -381,13 +381,14 @@ impl Monitor {
 
     fn finish(
         &self,
-        kind: VerifyKind,
+        job: &Running,
         outcome: Result<Report, String>,
         report: &mut Option<Report>,
         loaded: Option<&Loaded>,
         router: &mut Option<Router>,
     ) {
         let name = &self.model.name;
+        let kind = job.kind;
         let partial = match outcome {
             Ok(partial) => partial,
             Err(reason) => {
@@ -402,23 +403,16 @@ impl Monitor {
         let extras_fail = loaded.is_some_and(|l| self.verify_options().extras_fail(&l.manifest));
         let current = match (kind, report.take()) {
             (VerifyKind::Incremental, Some(mut previous)) => {
-                previous.merge(partial, extras_fail);
+                previous.merge(partial, &job.looked, extras_fail);
                 previous
             }
             _ => partial,
         };
         let Some(loaded) = loaded else { return };
         if kind == VerifyKind::Full {
-            *router = Some(self.router(&loaded.manifest, &current));
+            *router = Some(self.router(loaded.manifest.clone(), &current));
         }
-        self.metrics.observe(
-            name,
-            &current,
-            kind,
-            hashed,
-            seconds,
-            expected_bytes(&loaded.manifest, &current),
-        );
+        self.metrics.observe(name, &current, kind, hashed, seconds);
         log_result(name, &current, kind, hashed, seconds);
         self.state.set_readiness(if current.is_verified() {
             Readiness::Verified {
@@ -429,20 +423,10 @@ impl Monitor {
                 reason: failure_summary(&current),
             }
         });
-        // Kept between verifications for merging and the failure summary; an ok file's computed
-        // digest is never read again (64 hex bytes per file on a million-file cache).
-        let mut current = current;
-        for file in current
-            .files
-            .iter_mut()
-            .filter(|f| f.status == FileStatus::Ok)
-        {
-            file.sha256 = None;
-        }
         *report = Some(current);
     }
 
-    fn router(&self, manifest: &Manifest, report: &Report) -> Router {
+    fn router(&self, manifest: Arc<Manifest>, report: &Report) -> Router {
         let root =
             std::fs::canonicalize(&self.model.root).unwrap_or_else(|_| self.model.root.clone());
         let hf_commit = layout::is_hf_repo(&root)
@@ -549,24 +533,6 @@ async fn sleep_until(due: Option<Instant>) {
     if let Some(due) = due {
         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
     }
-}
-
-/// The manifest's sizes, or the sizes seen on disk where the manifest gives none.
-fn expected_bytes(manifest: &Manifest, report: &Report) -> u64 {
-    let seen: std::collections::HashMap<&str, u64> = report
-        .files
-        .iter()
-        .filter_map(|f| Some((f.path.as_str(), f.size?)))
-        .collect();
-    manifest
-        .files
-        .iter()
-        .map(|f| {
-            f.size
-                .or_else(|| seen.get(f.path.as_str()).copied())
-                .unwrap_or(0)
-        })
-        .sum()
 }
 
 fn failing(report: &Report) -> impl Iterator<Item = &super::report::FileReport> {

@@ -125,7 +125,16 @@ pub struct Report {
     /// this a failure: the manifest's files decide the verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listing_error: Option<String>,
+    /// The lines kept: every file's, or only those not `ok` when the verification was asked to
+    /// keep no `ok` lines (a daemon: on a million-file cache they would be most of its memory).
     pub files: Vec<FileReport>,
+    /// Files found `ok` whose lines were not kept.
+    #[serde(skip)]
+    pub ok_not_kept: usize,
+    /// What the manifest's files should weigh: their sizes in the manifest, or on disk where it
+    /// gives none. An incremental run keeps the last full run's figure.
+    #[serde(skip)]
+    pub expected_bytes: u64,
     pub bytes_hashed: u64,
     pub seconds: f64,
 }
@@ -139,6 +148,8 @@ impl Report {
             error: Some(error),
             listing_error: None,
             files: Vec::new(),
+            ok_not_kept: 0,
+            expected_bytes: 0,
             bytes_hashed: 0,
             seconds: 0.0,
         }
@@ -150,7 +161,12 @@ impl Report {
             .iter()
             .map(|&status| {
                 let n = self.files.iter().filter(|f| f.status == status).count();
-                (status, n)
+                let unkept = if status == FileStatus::Ok {
+                    self.ok_not_kept
+                } else {
+                    0
+                };
+                (status, n + unkept)
             })
             .collect()
     }
@@ -181,13 +197,23 @@ impl Report {
         }
     }
 
-    /// Folds in an incremental run, which looked again at some manifest files and re-listed the
-    /// extras: its lines replace theirs, the rest is kept.
-    pub fn merge(&mut self, partial: Report, fail_on_extra: bool) {
-        let seen: std::collections::HashSet<&str> =
-            partial.files.iter().map(|f| f.path.as_str()).collect();
-        self.files
-            .retain(|f| f.status != FileStatus::Extra && !seen.contains(f.path.as_str()));
+    /// Folds in an incremental run, which looked again at the manifest files `looked` and
+    /// re-listed the extras: its lines replace theirs, the rest is kept.
+    pub fn merge(
+        &mut self,
+        partial: Report,
+        looked: &std::collections::HashSet<String>,
+        fail_on_extra: bool,
+    ) {
+        let mut had_lines = 0;
+        self.files.retain(|f| {
+            let again = f.status != FileStatus::Extra && looked.contains(&f.path);
+            had_lines += usize::from(again);
+            f.status != FileStatus::Extra && !again
+        });
+        // A file looked at again without a kept line was ok, and counted as such.
+        self.ok_not_kept =
+            self.ok_not_kept.saturating_sub(looked.len() - had_lines) + partial.ok_not_kept;
         self.files.extend(partial.files);
         self.files.sort_by(|a, b| a.path.cmp(&b.path));
         self.revision = partial.revision.or(self.revision.take());
@@ -201,5 +227,61 @@ impl Report {
             self.listing_error.as_deref(),
             fail_on_extra,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn report(files: Vec<FileReport>, ok_not_kept: usize) -> Report {
+        let status = Report::verdict_of(&files, None, None, false);
+        Report {
+            status,
+            error: None,
+            files,
+            ok_not_kept,
+            ..Report::failed(String::new(), None)
+        }
+    }
+
+    fn count(report: &Report, status: FileStatus) -> usize {
+        report
+            .counts()
+            .into_iter()
+            .find(|(s, _)| *s == status)
+            .map_or(0, |(_, n)| n)
+    }
+
+    #[test]
+    fn merging_without_ok_lines_keeps_the_counts_right() {
+        // 10 files: 9 ok (not kept), "b" missing, and an extra.
+        let mut full = report(
+            vec![
+                FileReport::new("b", FileStatus::Missing),
+                FileReport::new("x", FileStatus::Extra),
+            ],
+            9,
+        );
+        // "b" is back and "c" (ok until now) is corrupt.
+        let partial = report(vec![FileReport::new("c", FileStatus::DigestMismatch)], 1);
+        let looked: HashSet<String> = ["b", "c"].map(String::from).into();
+        full.merge(partial, &looked, false);
+        assert_eq!(count(&full, FileStatus::Ok), 9);
+        assert_eq!(count(&full, FileStatus::Missing), 0);
+        assert_eq!(count(&full, FileStatus::DigestMismatch), 1);
+        assert_eq!(
+            count(&full, FileStatus::Extra),
+            0,
+            "extras are listed afresh"
+        );
+        assert_eq!(full.status, Verdict::Failed);
+
+        let fixed = report(Vec::new(), 1);
+        full.merge(fixed, &HashSet::from(["c".to_string()]), false);
+        assert_eq!(count(&full, FileStatus::Ok), 10);
+        assert!(full.files.is_empty());
+        assert_eq!(full.status, Verdict::Verified);
     }
 }

@@ -30,6 +30,8 @@ pub struct VerifyOptions {
     /// Look only at these manifest paths (an incremental run after file events); extras are
     /// always listed afresh. None: every file.
     pub only: Option<HashSet<String>>,
+    /// Keep the report lines of `ok` files (the CLI prints them); without, they are only counted.
+    pub keep_ok_lines: bool,
 }
 
 impl VerifyOptions {
@@ -49,6 +51,7 @@ impl Default for VerifyOptions {
             strategy: Strategy::Auto,
             manifest_path: None,
             only: None,
+            keep_ok_lines: true,
         }
     }
 }
@@ -63,6 +66,11 @@ pub enum VerifyError {
     #[error("verification of {0} was cancelled")]
     Cancelled(PathBuf),
 }
+
+/// Manifest files looked at and hashed together: what a verification holds per file (plans, jobs,
+/// results) is bounded by this, not by the size of the manifest. Models of fewer files than this,
+/// which is nearly all of them, are hashed in one batch, so no core waits at a batch's end.
+const BATCH: usize = 4096;
 
 /// What the first look at a file decided: a final status, or the jobs to hash it.
 enum Plan {
@@ -109,7 +117,7 @@ pub fn verify(
             manifest.revision.clone(),
         ));
     };
-    if only.path != "." && only.path != name {
+    if &*only.path != "." && &*only.path != name {
         return Ok(Report::failed(
             format!(
                 "{} is a single file, but the manifest's one file is {:?}",
@@ -120,7 +128,7 @@ pub fn verify(
         ));
     }
     let mut single = manifest.clone();
-    single.files[0].path = name.to_string();
+    single.files[0].path = name.into();
     verify_tree(dir, &single, options, control, false)
 }
 
@@ -158,19 +166,94 @@ fn verify_tree(
         }
     };
 
-    let selected: Vec<&ExpectedFile> = manifest
-        .files
-        .iter()
-        .filter(|f| {
-            options
-                .only
-                .as_ref()
-                .is_none_or(|only| only.contains(&f.path))
+    let mut files = Vec::new();
+    let mut ok_not_kept = 0;
+    let mut expected_bytes = 0;
+    for batch in manifest.files.chunks(BATCH) {
+        let selected: Vec<&ExpectedFile> = batch
+            .iter()
+            .filter(|f| {
+                options
+                    .only
+                    .as_ref()
+                    .is_none_or(|only| only.contains(&*f.path))
+            })
+            .collect();
+        let lines = verify_batch(&root, &layout, &selected, control);
+        if control.is_cancelled() {
+            return Err(VerifyError::Cancelled(root_path.to_path_buf()));
+        }
+        for (expected, line) in selected.iter().zip(lines) {
+            expected_bytes += expected.size.or(line.size).unwrap_or(0);
+            if line.status == FileStatus::Ok && !options.keep_ok_lines {
+                ok_not_kept += 1;
+            } else {
+                files.push(line);
+            }
+        }
+    }
+
+    let model_dir = canonical.join(layout.model_dir());
+    let manifest_path = options
+        .manifest_path
+        .as_ref()
+        .and_then(|p| std::fs::canonicalize(p).ok());
+    let listing = if list_extras {
+        walk::walk_files(&model_dir, |found| {
+            let name = match found {
+                walk::Found::Utf8(path) => {
+                    if manifest.lists(path)
+                        || manifest.ignores(path)
+                        || manifest_path.as_deref() == Some(model_dir.join(path).as_path())
+                    {
+                        return;
+                    }
+                    path.to_string()
+                }
+                walk::Found::Escaped(name) => name,
+            };
+            files.push(FileReport::new(name, FileStatus::Extra));
         })
-        .collect();
+    } else {
+        Ok(walk::Unlisted::default())
+    };
+    let listing_error = match listing {
+        Ok(unlisted) => unlisted.summary(),
+        Err(e) => Some(format!(
+            "cannot list the files of {}: {e}",
+            model_dir.display()
+        )),
+    };
+
+    let status = Report::verdict_of(
+        &files,
+        None,
+        listing_error.as_deref(),
+        options.extras_fail(manifest),
+    );
+    Ok(Report {
+        status,
+        revision,
+        error: None,
+        listing_error,
+        files,
+        ok_not_kept,
+        expected_bytes,
+        bytes_hashed: control.hashed_bytes.load(Ordering::Relaxed) - hashed_before,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Looks at, hashes and judges one batch of manifest files; one line per file, in their order.
+fn verify_batch(
+    root: &Root,
+    layout: &Layout,
+    selected: &[&ExpectedFile],
+    control: &Control,
+) -> Vec<FileReport> {
     let firsts: Vec<Result<(Snapshot, Option<String>), FileReport>> = selected
         .par_iter()
-        .map(|expected| first_look(&root, &layout, expected))
+        .map(|expected| first_look(root, layout, expected))
         .collect();
 
     let mut jobs = Vec::new();
@@ -215,14 +298,11 @@ fn verify_tree(
         });
     }
 
-    let results = hasher::run(&root, &jobs, control);
-    if control.is_cancelled() {
-        return Err(VerifyError::Cancelled(root_path.to_path_buf()));
-    }
-
-    let mut files = Vec::with_capacity(plans.len());
-    for (expected, plan) in selected.iter().zip(plans) {
-        let report = match plan {
+    let results = hasher::run(root, &jobs, control);
+    selected
+        .iter()
+        .zip(plans)
+        .map(|(expected, plan)| match plan {
             Plan::Done(report) => report,
             Plan::Hash {
                 first_job,
@@ -232,7 +312,7 @@ fn verify_tree(
             } => {
                 let report = judge(expected, &results[first_job..first_job + jobs], snapshot);
                 if download_explains(&report)
-                    && layout.download_in_progress(&root, &expected.path, blob.as_deref())
+                    && layout.download_in_progress(root, &expected.path, blob.as_deref())
                 {
                     FileReport {
                         status: FileStatus::InProgress,
@@ -242,56 +322,8 @@ fn verify_tree(
                     report
                 }
             }
-        };
-        files.push(report);
-    }
-
-    let model_dir = canonical.join(layout.model_dir());
-    let listed: HashSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
-    let manifest_path = options
-        .manifest_path
-        .as_ref()
-        .and_then(|p| std::fs::canonicalize(p).ok());
-    let listing = if list_extras {
-        walk::list_files(&model_dir)
-    } else {
-        Ok(walk::Listing::default())
-    };
-    let listing_error = match listing {
-        Ok(listing) => {
-            let unlisted = listing.unlisted_summary();
-            files.extend(
-                listing
-                    .files
-                    .into_iter()
-                    .filter(|path| !listed.contains(path.as_str()) && !manifest.ignores(path))
-                    .filter(|path| manifest_path.as_deref() != Some(model_dir.join(path).as_path()))
-                    .chain(listing.not_utf8)
-                    .map(|path| FileReport::new(path, FileStatus::Extra)),
-            );
-            unlisted
-        }
-        Err(e) => Some(format!(
-            "cannot list the files of {}: {e}",
-            model_dir.display()
-        )),
-    };
-
-    let status = Report::verdict_of(
-        &files,
-        None,
-        listing_error.as_deref(),
-        options.extras_fail(manifest),
-    );
-    Ok(Report {
-        status,
-        revision,
-        error: None,
-        listing_error,
-        files,
-        bytes_hashed: control.hashed_bytes.load(Ordering::Relaxed) - hashed_before,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+        })
+        .collect()
 }
 
 fn status_of(failure: OpenFailure) -> (FileStatus, String) {
@@ -318,7 +350,7 @@ fn first_look(
     layout: &Layout,
     expected: &ExpectedFile,
 ) -> Result<(Snapshot, Option<String>), FileReport> {
-    let path = expected.path.as_str();
+    let path = &*expected.path;
     if let Err(reason) = check_relative_path(path) {
         return Err(FileReport::new(path, FileStatus::UnsafePath).with_error(reason));
     }
@@ -367,7 +399,7 @@ fn first_look(
 
 /// Turns the results of a file's jobs into its report line.
 fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> FileReport {
-    let path = expected.path.as_str();
+    let path = &*expected.path;
     let base = FileReport::new(path, FileStatus::Ok).with_size(snapshot.size);
     let mut digests = Vec::with_capacity(results.len());
     for result in results {

@@ -19,29 +19,45 @@ const UNLISTED_DESCRIBED: usize = 5;
 /// anyone wants to read.
 const PATH_SHOWN: usize = 120;
 
-/// What a walk found.
+/// The places a walk could not list: how many, and a description of the first few.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unlisted {
+    pub count: usize,
+    pub described: Vec<String>,
+}
+
+impl Unlisted {
+    /// "3 place(s) ... could not be listed: a/b: permission denied; ..." or None.
+    pub fn summary(&self) -> Option<String> {
+        (self.count > 0).then(|| {
+            format!(
+                "{} place(s) below the model could not be listed, so extra files there are unknown: {}",
+                self.count,
+                self.described.join("; ")
+            )
+        })
+    }
+}
+
+/// One non-directory entry a walk found, relative to the walked directory, `/`-separated.
+pub enum Found<'a> {
+    Utf8(&'a str),
+    /// A path that is not UTF-8, escaped by [`escape`] (never in a manifest, so always extra).
+    Escaped(String),
+}
+
+/// What a walk found, collected.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
-    /// Every non-directory entry with a UTF-8 path, relative, `/`-separated, sorted.
+    /// Every non-directory entry with a UTF-8 path, sorted.
     pub files: Vec<String>,
-    /// Entries whose paths are not UTF-8, escaped by [`escape`] (never in a manifest, so always
-    /// extra).
     pub not_utf8: Vec<String>,
-    /// How many places could not be listed, and a description of the first few.
-    pub unlisted: usize,
-    pub unlisted_described: Vec<String>,
+    pub unlisted: Unlisted,
 }
 
 impl Listing {
-    /// "3 places could not be listed: a/b: permission denied; ..." or None.
     pub fn unlisted_summary(&self) -> Option<String> {
-        (self.unlisted > 0).then(|| {
-            format!(
-                "{} place(s) below the model could not be listed, so extra files there are unknown: {}",
-                self.unlisted,
-                self.unlisted_described.join("; ")
-            )
-        })
+        self.unlisted.summary()
     }
 }
 
@@ -74,6 +90,17 @@ fn shorten(text: String) -> String {
 /// Lists every non-directory entry below `dir`. Err only when `dir` itself is not a directory to
 /// list (missing, or a symlink).
 pub fn list_files(dir: &Path) -> std::io::Result<Listing> {
+    let mut listing = Listing::default();
+    listing.unlisted = walk_files(dir, |found| match found {
+        Found::Utf8(path) => listing.files.push(path.to_string()),
+        Found::Escaped(name) => listing.not_utf8.push(name),
+    })?;
+    Ok(listing)
+}
+
+/// Calls `found` for every non-directory entry below `dir`, in name order, without collecting
+/// them: a million-file tree is checked against its manifest as it is read.
+pub fn walk_files(dir: &Path, mut found: impl FnMut(Found<'_>)) -> std::io::Result<Unlisted> {
     let meta = std::fs::symlink_metadata(dir)?;
     if meta.file_type().is_symlink() {
         return Err(std::io::Error::other(format!(
@@ -81,7 +108,7 @@ pub fn list_files(dir: &Path) -> std::io::Result<Listing> {
             dir.display()
         )));
     }
-    let mut listing = Listing::default();
+    let mut unlisted = Unlisted::default();
     let walker = walkdir::WalkDir::new(dir)
         .min_depth(1)
         .follow_links(false)
@@ -98,8 +125,8 @@ pub fn list_files(dir: &Path) -> std::io::Result<Listing> {
         let entry = match entry {
             Ok(entry) => entry,
             Err(e) => {
-                listing.unlisted += 1;
-                if listing.unlisted_described.len() < UNLISTED_DESCRIBED {
+                unlisted.count += 1;
+                if unlisted.described.len() < UNLISTED_DESCRIBED {
                     let place = e
                         .path()
                         .map(|p| escape(p.strip_prefix(dir).unwrap_or(p).as_os_str()))
@@ -108,8 +135,8 @@ pub fn list_files(dir: &Path) -> std::io::Result<Listing> {
                         .io_error()
                         .map(|io| io.kind().to_string())
                         .unwrap_or_else(|| e.to_string());
-                    listing
-                        .unlisted_described
+                    unlisted
+                        .described
                         .push(format!("{}: {reason}", shorten(place)));
                 }
                 continue;
@@ -120,11 +147,11 @@ pub fn list_files(dir: &Path) -> std::io::Result<Listing> {
         }
         let rel = entry.path().strip_prefix(dir).unwrap_or(entry.path());
         match rel.to_str() {
-            Some(text) => listing.files.push(text.to_string()),
-            None => listing.not_utf8.push(escape(rel.as_os_str())),
+            Some(text) => found(Found::Utf8(text)),
+            None => found(Found::Escaped(escape(rel.as_os_str()))),
         }
     }
-    Ok(listing)
+    Ok(unlisted)
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ pub fn from_blob_names(
         };
         if let Some(digest) = digest {
             files.push(ExpectedFile {
-                path: rel,
+                path: rel.into(),
                 size: None,
                 digest,
             });

@@ -10,7 +10,10 @@ pub mod model_signing;
 pub mod native;
 
 use std::fmt;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+
+use sha2::Digest as _;
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
@@ -80,8 +83,9 @@ pub enum Digest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpectedFile {
     /// The path as the manifest spells it, relative to the model directory. It is not trusted yet:
-    /// [`crate::cache::verify`] checks it before touching the file system.
-    pub path: String,
+    /// [`crate::cache::verify`] checks it before touching the file system. Boxed: a million-file
+    /// manifest keeps a million of these, and a `String`'s capacity word is 8 MB of them.
+    pub path: Box<str>,
     /// Known for sharded entries and native entries that give it: lets a truncated file be
     /// reported without reading it.
     pub size: Option<u64>,
@@ -110,8 +114,15 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// A manifest that lists what it covers and nothing it leaves out.
-    pub fn new(format: ManifestFormat, revision: Option<String>, files: Vec<ExpectedFile>) -> Self {
+    /// A manifest that lists what it covers and nothing it leaves out. Its files are kept sorted
+    /// by path: looking one up (an event's path, a listed file) needs no index of its own, which
+    /// on a million-file cache would cost as much as the manifest.
+    pub fn new(
+        format: ManifestFormat,
+        revision: Option<String>,
+        mut files: Vec<ExpectedFile>,
+    ) -> Self {
+        files.sort_unstable_by(|a, b| a.path.cmp(&b.path));
         Manifest {
             format,
             revision,
@@ -131,6 +142,27 @@ impl Manifest {
             self.format,
             ManifestFormat::ModelSigningFiles | ManifestFormat::ModelSigningShards
         )
+    }
+
+    /// Whether the manifest lists `path`.
+    pub fn lists(&self, path: &str) -> bool {
+        self.files.binary_search_by(|f| (*f.path).cmp(path)).is_ok()
+    }
+
+    /// The listed files below directory `dir` (relative, no trailing `/`).
+    pub fn under(&self, dir: &str) -> &[ExpectedFile] {
+        let prefix = format!("{dir}/");
+        let start = self.files.partition_point(|f| *f.path < *prefix);
+        let len = self.files[start..].partition_point(|f| f.path.starts_with(&prefix));
+        &self.files[start..start + len]
+    }
+
+    /// A path listed more than once, if any.
+    pub fn first_duplicate(&self) -> Option<&str> {
+        self.files
+            .windows(2)
+            .find(|pair| pair[0].path == pair[1].path)
+            .map(|pair| &*pair[0].path)
     }
 
     /// Whether `path` (relative) is one the signer left out, or lies below one.
@@ -229,39 +261,78 @@ struct FormatProbe {
 /// The largest manifest read: a native manifest of a million files is about 150 MB.
 pub const MANIFEST_LIMIT: u64 = 256 << 20;
 
-/// Reads a manifest file: a regular file of at most [`MANIFEST_LIMIT`] bytes (a FIFO or device
-/// named as the manifest is refused, not waited on).
-pub fn read(path: &Path) -> Result<Vec<u8>, ManifestError> {
-    crate::files::read_bounded(path, MANIFEST_LIMIT).map_err(|source| ManifestError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
+/// Reads and checks a manifest file: a regular file of at most [`MANIFEST_LIMIT`] bytes (a FIFO
+/// or device named as the manifest is refused, not waited on). A bundle's signature is checked
+/// here, before any of its digests leave this function.
+pub fn load(path: &Path, trust: &TrustPolicy) -> Result<Manifest, ManifestError> {
+    Ok(load_with_digest(path, trust)?.0)
 }
 
-/// Reads and checks a manifest file. A bundle's signature is checked here, before any of its
-/// digests leave this function.
-pub fn load(path: &Path, trust: &TrustPolicy) -> Result<Manifest, ManifestError> {
-    parse(path, &read(path)?, trust)
+/// [`load`], and the SHA-256 of the bytes it read: what tells a rewritten manifest from a touched
+/// one without keeping its bytes (about 110 per entry).
+pub fn load_with_digest(
+    path: &Path,
+    trust: &TrustPolicy,
+) -> Result<(Manifest, [u8; 32]), ManifestError> {
+    let read_error = |source| ManifestError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = crate::files::open_regular(path, 0).map_err(read_error)?;
+    let size = file.metadata().map_err(read_error)?.len();
+    if size > MANIFEST_LIMIT {
+        return Err(read_error(std::io::Error::other(format!(
+            "larger than the {MANIFEST_LIMIT} bytes allowed"
+        ))));
+    }
+    from_source(path, file, trust)
 }
 
 /// [`load`] on bytes already read; `path` only names the manifest in errors.
 pub fn parse(path: &Path, bytes: &[u8], trust: &TrustPolicy) -> Result<Manifest, ManifestError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ManifestError::Empty {
-            path: path.to_path_buf(),
-        });
-    }
-    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
-        return Err(ManifestError::invalid(
-            path,
-            "$",
-            "a manifest is a JSON object ({...}), this is not one",
-        ));
-    }
-    let probe: FormatProbe = parse_json(path, bytes)?;
-    if probe.media_type.is_some() || probe.dsse_envelope.is_some() {
-        model_signing::parse(path, bytes, trust)
+    Ok(from_source(path, std::io::Cursor::new(bytes), trust)?.0)
+}
+
+/// Two passes over the source, neither holding a native manifest's bytes: the first tells the
+/// format from the top-level keys, the second parses it (streamed for a native manifest, whose
+/// entries are all that is kept) and hashes what it reads.
+fn from_source<S: Read + Seek>(
+    path: &Path,
+    mut source: S,
+    trust: &TrustPolicy,
+) -> Result<(Manifest, [u8; 32]), ManifestError> {
+    let read_error = |source| ManifestError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let probe: FormatProbe = {
+        let mut reader = BufReader::new(&mut source);
+        match first_non_space(&mut reader).map_err(read_error)? {
+            None => {
+                return Err(ManifestError::Empty {
+                    path: path.to_path_buf(),
+                })
+            }
+            Some(b'{') => {}
+            Some(_) => {
+                return Err(ManifestError::invalid(
+                    path,
+                    "$",
+                    "a manifest is a JSON object ({...}), this is not one",
+                ))
+            }
+        }
+        parse_json_from(path, serde_json::Deserializer::from_reader(reader))?
+    };
+    source.seek(SeekFrom::Start(0)).map_err(read_error)?;
+    let mut hashing = HashingReader {
+        inner: source.take(MANIFEST_LIMIT),
+        sha256: sha2::Sha256::new(),
+    };
+    let manifest = if probe.media_type.is_some() || probe.dsse_envelope.is_some() {
+        let mut bytes = Vec::new();
+        hashing.read_to_end(&mut bytes).map_err(read_error)?;
+        model_signing::parse(path, &bytes, trust)?
     } else if probe.files.is_some() {
         // A configured key means "only what this key signed": an unsigned manifest put in the
         // bundle's place must not be trusted instead (a downgrade).
@@ -271,11 +342,47 @@ pub fn parse(path: &Path, bytes: &[u8], trust: &TrustPolicy) -> Result<Manifest,
                 key: key.clone(),
             });
         }
-        native::parse(path, bytes)
+        native::parse(path, BufReader::new(&mut hashing))?
     } else {
-        Err(ManifestError::UnknownFormat {
+        return Err(ManifestError::UnknownFormat {
             path: path.to_path_buf(),
-        })
+        });
+    };
+    Ok((manifest, hashing.sha256.finalize().into()))
+}
+
+/// The first byte that is not JSON white space, left unread; None at the end.
+fn first_non_space(reader: &mut impl BufRead) -> std::io::Result<Option<u8>> {
+    loop {
+        let buffer = reader.fill_buf()?;
+        if buffer.is_empty() {
+            return Ok(None);
+        }
+        match buffer.iter().position(|b| !b.is_ascii_whitespace()) {
+            Some(at) => {
+                let byte = buffer[at];
+                reader.consume(at);
+                return Ok(Some(byte));
+            }
+            None => {
+                let all = buffer.len();
+                reader.consume(all);
+            }
+        }
+    }
+}
+
+/// Hashes what passes through it.
+struct HashingReader<R> {
+    inner: R,
+    sha256: sha2::Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buffer)?;
+        self.sha256.update(&buffer[..n]);
+        Ok(n)
     }
 }
 
@@ -284,7 +391,14 @@ pub(crate) fn parse_json<'a, T: Deserialize<'a>>(
     path: &Path,
     bytes: &'a [u8],
 ) -> Result<T, ManifestError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
+    parse_json_from(path, serde_json::Deserializer::from_slice(bytes))
+}
+
+/// [`parse_json`] from any JSON source, a stream included; the whole input must be one value.
+pub(crate) fn parse_json_from<'de, R: serde_json::de::Read<'de>, T: Deserialize<'de>>(
+    path: &Path,
+    mut de: serde_json::Deserializer<R>,
+) -> Result<T, ManifestError> {
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = json_path(e.path());
         let inner = e.into_inner();
@@ -317,31 +431,40 @@ fn describe_json_error(e: &serde_json::Error) -> String {
     }
 }
 
-/// A JSON object whose keys must be unique. serde_json keeps the last of two equal keys without a
-/// word; in a manifest that would let a second entry silently replace the digest of the first.
-pub(crate) struct UniqueMap<V>(pub Vec<(String, V)>);
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor<V>(std::marker::PhantomData<V>);
-        impl<'de, V: Deserialize<'de>> de::Visitor<'de> for Visitor<V> {
-            type Value = UniqueMap<V>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut seen = std::collections::HashSet::new();
-                let mut entries = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if !seen.insert(key.clone()) {
-                        return Err(de::Error::custom(format!("duplicate key {key:?}")));
-                    }
-                    let value = map.next_value()?;
-                    entries.push((key, value));
-                }
-                Ok(UniqueMap(entries))
-            }
-        }
-        deserializer.deserialize_map(Visitor(std::marker::PhantomData))
+    #[test]
+    fn files_are_found_by_path_and_by_directory_without_an_index() {
+        let digest = "a".repeat(64);
+        let json = format!(
+            r#"{{"files": {{"w/b": "{digest}", "c": "{digest}", "w/a": "{digest}", "w.x": "{digest}", "wz/a": "{digest}"}}}}"#
+        );
+        let manifest = parse(
+            Path::new("m.json"),
+            json.as_bytes(),
+            &TrustPolicy::RequireKey,
+        )
+        .unwrap();
+        assert!(manifest.lists("w/a") && manifest.lists("c"));
+        assert!(!manifest.lists("w") && !manifest.lists("w/"));
+        let under: Vec<&str> = manifest.under("w").iter().map(|f| &*f.path).collect();
+        assert_eq!(under, ["w/a", "w/b"]);
+        assert!(manifest.under("c").is_empty());
+    }
+
+    #[test]
+    fn a_streamed_manifest_is_digested_whole_trailing_space_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        let native = format!("  {{\"files\": {{\"a\": \"{}\"}}}}\n\n", "b".repeat(64));
+        std::fs::write(&path, &native).unwrap();
+        let (manifest, digest) = load_with_digest(&path, &TrustPolicy::RequireKey).unwrap();
+        assert_eq!(manifest.files.len(), 1);
+        assert_eq!(
+            digest,
+            <[u8; 32]>::from(sha2::Sha256::digest(native.as_bytes()))
+        );
     }
 }

@@ -413,7 +413,7 @@ fn files_manifest(
             ));
         }
         files.push(ExpectedFile {
-            path: resource.name.clone(),
+            path: resource.name.clone().into(),
             size: None,
             digest: Digest::Whole(*digest),
         });
@@ -482,7 +482,7 @@ fn shards_manifest(
             covered = shard.end;
         }
         files.push(ExpectedFile {
-            path: file.to_string(),
+            path: file.into(),
             size: Some(covered),
             digest: Digest::Shards(shards),
         });

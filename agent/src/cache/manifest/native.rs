@@ -5,20 +5,50 @@
 //! lower-case hex digits are errors, because each of them hides a mistake in the pipeline.
 
 use std::fmt;
+use std::io::Read;
 use std::path::Path;
 
 use serde::de::{self, Deserializer, MapAccess};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    parse_json, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256, UniqueMap,
+    parse_json_from, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256,
 };
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NativeDocument {
     revision: Option<String>,
-    files: UniqueMap<NativeEntry>,
+    files: NativeFiles,
+}
+
+/// The `files` object, read entry by entry into what the verifier keeps: no map of the paths on
+/// the side (duplicates are found once the entries are sorted).
+struct NativeFiles(Vec<ExpectedFile>);
+
+impl<'de> Deserialize<'de> for NativeFiles {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = NativeFiles;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object of paths and digests")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NativeFiles, A::Error> {
+                let mut files = Vec::new();
+                while let Some(path) = map.next_key::<String>()? {
+                    let entry: NativeEntry = map.next_value()?;
+                    files.push(ExpectedFile {
+                        path: path.into(),
+                        size: entry.size,
+                        digest: Digest::Whole(entry.sha256),
+                    });
+                }
+                Ok(NativeFiles(files))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// A file entry: either the digest alone or `{"sha256", "size"}`.
@@ -57,8 +87,10 @@ impl<'de> Deserialize<'de> for NativeEntry {
     }
 }
 
-pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Manifest, ManifestError> {
-    let document: NativeDocument = parse_json(path, bytes)?;
+/// Parses a native manifest as it streams in.
+pub(super) fn parse(path: &Path, source: impl Read) -> Result<Manifest, ManifestError> {
+    let document: NativeDocument =
+        parse_json_from(path, serde_json::Deserializer::from_reader(source))?;
     if document.files.0.is_empty() {
         return Err(ManifestError::invalid(
             path,
@@ -75,21 +107,17 @@ pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<Manifest, ManifestError
             ));
         }
     }
-    let files = document
-        .files
-        .0
-        .into_iter()
-        .map(|(path, entry)| ExpectedFile {
+    let manifest = Manifest::new(ManifestFormat::Native, document.revision, document.files.0);
+    // serde_json keeps the last of two equal keys without a word; in a manifest that would let a
+    // second entry silently replace the digest of the first.
+    if let Some(twice) = manifest.first_duplicate() {
+        return Err(ManifestError::invalid(
             path,
-            size: entry.size,
-            digest: Digest::Whole(entry.sha256),
-        })
-        .collect();
-    Ok(Manifest::new(
-        ManifestFormat::Native,
-        document.revision,
-        files,
-    ))
+            "$[\"files\"]",
+            format!("duplicate key {twice:?}"),
+        ));
+    }
+    Ok(manifest)
 }
 
 /// The native manifest as `mlnode-agent manifest` writes it: paths sorted, sizes included so
