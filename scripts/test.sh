@@ -26,6 +26,17 @@ if ! command -v kubectl >/dev/null 2>&1 && ! command -v kustomize >/dev/null 2>&
         || echo "scripts/test.sh: no kubectl or kustomize to be had; the manifest tests will be skipped" >&2
 fi
 
+# The dashboards are type-checked against Grafana's own schema package (@grafana/schema, pinned
+# in tests/dashboards-schema/package-lock.json) with Node.js.
+if ! command -v npm >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null 2>&1 \
+        || echo "scripts/test.sh: no Node.js to be had; the dashboard schema test will be skipped" >&2
+fi
+if command -v npm >/dev/null 2>&1 && [ ! -d tests/dashboards-schema/node_modules/@grafana/schema ]; then
+    npm ci --prefix tests/dashboards-schema --no-audit --no-fund --loglevel=error
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

@@ -392,7 +392,7 @@ impl Default for ReadinessSettings {
             enabled: Toggle::Auto,
             startup_taint: None,
             taint_mode: TaintMode::BootstrapOnly,
-            fatal_xids: vec![48, 62, 63, 64, 74, 79, 92, 94, 95],
+            fatal_xids: vec![48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
             interval: Duration::from_secs(10),
             heartbeat: Duration::from_secs(300),
         }

@@ -41,7 +41,16 @@ fn alert_rules_check_and_pass_their_unit_tests() {
         text
     };
     let checked = run(&["check", "rules", "rules.json"]);
-    assert!(checked.contains("SUCCESS: 18 rules found"), "{checked}");
+    let rules: usize = rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["rules"].as_array().unwrap().len())
+        .sum();
+    assert!(
+        checked.contains(&format!("SUCCESS: {rules} rules found")),
+        "{checked}"
+    );
     run(&["test", "rules", "mlnode.test.yaml"]);
 }
 
@@ -78,5 +87,41 @@ fn every_alert_has_a_severity_and_a_runbook_section() {
             anchors.iter().any(|a| a == anchor),
             "{name}: no section `## {name}` in docs/runbooks.md"
         );
+    }
+}
+
+/// Every alert has a case in tests/alerts/mlnode.test.yaml where it fires and one where it must
+/// stay silent (`exp_alerts: []`): a rule that cannot fire and one that fires on anything both fail.
+#[test]
+fn every_alert_has_a_firing_and_a_silent_unit_test() {
+    let rule = prometheus_rule();
+    let tests: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo().join("tests/alerts/mlnode.test.yaml")).unwrap(),
+    )
+    .unwrap();
+    let cases: Vec<(&str, bool)> = tests["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().into_iter().flatten())
+        .map(|case| {
+            let fires = case["exp_alerts"]
+                .as_array()
+                .is_some_and(|alerts| !alerts.is_empty());
+            (case["alertname"].as_str().unwrap(), fires)
+        })
+        .collect();
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for alert in group["rules"].as_array().unwrap() {
+            let Some(name) = alert["alert"].as_str() else {
+                continue;
+            };
+            for (fires, what) in [(true, "fires"), (false, "stays silent")] {
+                assert!(
+                    cases.contains(&(name, fires)),
+                    "{name}: no unit test case where it {what}"
+                );
+            }
+        }
     }
 }

@@ -240,3 +240,64 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
         }
     }
 }
+
+/// Runs tests/dashboards-schema/check.mjs (Grafana's @grafana/schema types, through tsc) on
+/// `files`; None when Node.js or the package is not installed (scripts/test.sh installs both).
+fn grafana_schema_check(files: &[PathBuf]) -> Option<std::process::Output> {
+    let dir = repo().join("tests/dashboards-schema");
+    if !dir.join("node_modules/@grafana/schema").is_dir() {
+        eprintln!(
+            "SKIPPED: @grafana/schema is not installed (npm ci --prefix tests/dashboards-schema)"
+        );
+        return None;
+    }
+    match std::process::Command::new("node")
+        .arg(dir.join("check.mjs"))
+        .args(files)
+        .output()
+    {
+        Ok(output) => Some(output),
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run node: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn dashboards_match_grafanas_own_schema_and_a_misplaced_option_does_not() {
+    let files: Vec<PathBuf> = dashboards()
+        .iter()
+        .map(|(name, _)| repo().join("dashboards").join(name))
+        .collect();
+    let Some(output) = grafana_schema_check(&files) else {
+        return;
+    };
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // The mistake this check exists for: a barchart's stacking put where a time series keeps it.
+    let (_, mut startup) = dashboards()
+        .into_iter()
+        .find(|(name, _)| name == "startup-phases.json")
+        .unwrap();
+    let barchart = startup["panels"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|p| p["type"] == "barchart")
+        .expect("the startup dashboard has a barchart");
+    barchart["fieldConfig"]["defaults"]["custom"] =
+        serde_json::json!({"stacking": {"mode": "normal", "group": "A"}});
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("misplaced.json");
+    std::fs::write(&bad, startup.to_string()).unwrap();
+    let output = grafana_schema_check(&[bad]).unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("'\"stacking\"' does not exist"), "{stdout}");
+}
