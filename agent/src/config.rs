@@ -112,6 +112,19 @@ pub struct VerifySettings {
     /// A verification whose hashed byte count does not move for this long makes /healthz fail.
     #[serde(with = "duration_text")]
     pub stall_timeout: Duration,
+    /// CPU and I/O priority of `serve`'s hashing (docs/cache-verification.md, "Priority").
+    pub priority: PrioritySetting,
+}
+
+/// `auto`: full speed while the node is held for this agent (its startup taint is on the node, or a
+/// model's first verification before any pod has opened its weights), the kernel's idle classes
+/// otherwise. `idle` and `normal` force one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrioritySetting {
+    Auto,
+    Idle,
+    Normal,
 }
 
 impl Default for VerifySettings {
@@ -121,6 +134,7 @@ impl Default for VerifySettings {
             full_rescan_interval: Duration::from_secs(24 * 3600),
             debounce: Duration::from_millis(500),
             stall_timeout: Duration::from_secs(300),
+            priority: PrioritySetting::Auto,
         }
     }
 }

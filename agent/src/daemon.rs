@@ -8,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::metrics::CacheMetrics;
 use crate::cache::monitor::Monitor;
-use crate::cache::state::ModelState;
+use crate::cache::priority::Pools;
+use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::{Config, Toggle};
 use crate::gpu::GpuRuntime;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
@@ -104,6 +105,7 @@ async fn start_readiness(
     registry: &prometheus::Registry,
     agent_metrics: &AgentMetrics,
     models: &[Arc<ModelState>],
+    node_taint: &NodeTaint,
     gpu: Option<&GpuRuntime>,
     neuron_running: bool,
     tasks: &mut tokio::task::JoinSet<()>,
@@ -136,6 +138,7 @@ async fn start_readiness(
         gpu: gpu.map(|g| g.state.clone()),
         neuron_root: neuron_running.then(|| config.neuron.sysfs_root.clone()),
         missing_collectors: missing,
+        node_taint: node_taint.clone(),
     };
     let metrics = ReadinessMetrics::register(registry)?;
     // Up once a sync with the API server succeeds, down while they fail.
@@ -210,6 +213,7 @@ async fn run_collectors(
     registry: prometheus::Registry,
     agent_metrics: AgentMetrics,
     models: Vec<Arc<ModelState>>,
+    node_taint: NodeTaint,
     loads: LoadActivity,
     shutdown: CancellationToken,
 ) -> Result<(), DaemonError> {
@@ -262,6 +266,7 @@ async fn run_collectors(
         &registry,
         &agent_metrics,
         &models,
+        &node_taint,
         gpu.as_ref(),
         neuron.is_ok(),
         &mut tasks,
@@ -305,15 +310,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
 
     let threads = config.verify.threads;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("hash-{i}"))
-        .build()
-        .map_err(|e| DaemonError::Pool {
-            threads,
-            reason: e.to_string(),
-        })?;
-    let pool = Arc::new(pool);
+    let pools = Arc::new(Pools::new(threads).map_err(|e| DaemonError::Pool {
+        threads,
+        reason: e.to_string(),
+    })?);
+    let node_taint = NodeTaint::default();
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -338,7 +339,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         let monitor = Monitor::new(
             model.clone(),
             config.verify.clone(),
-            pool.clone(),
+            pools.clone(),
+            node_taint.clone(),
             cache_metrics.clone(),
             state,
             loads.clone(),
@@ -365,6 +367,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         registry,
         agent_metrics,
         models,
+        node_taint,
         loads,
         shutdown.clone(),
     ));

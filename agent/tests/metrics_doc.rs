@@ -39,6 +39,7 @@ fn exposed() -> BTreeMap<String, String> {
         seconds: 0.0,
     };
     cache.starting("m", Some("r"), 1);
+    cache.priority("m", mlnode_agent::cache::priority::Priority::Idle);
     register_gpu(&registry);
     let readiness =
         mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();

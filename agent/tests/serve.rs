@@ -87,6 +87,16 @@ fn corrupt_restore_and_configmap_swap_end_to_end() {
         metrics.contains("Hostname=\"test-node\""),
         "every series carries Hostname"
     );
+    let priority = |metrics: &str, which: &str| {
+        sample(
+            metrics,
+            "mlnode_model_cache_verify_priority",
+            &[("model_name", "llama"), ("priority", which)],
+        )
+    };
+    // Nothing serves from the model yet: its first verification runs at full speed.
+    assert_eq!(priority(&metrics, "normal"), Some(1.0));
+    assert_eq!(priority(&metrics, "idle"), Some(0.0));
     let (status, body) = agent.get("/readyz");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("llama: verified (revision v1)"), "{body}");
@@ -118,6 +128,16 @@ fn corrupt_restore_and_configmap_swap_end_to_end() {
     });
     eprintln!("corruption reported after {took:?}");
     let metrics = agent.metrics();
+    // A change after the first verification is re-verified in the idle classes.
+    assert_eq!(priority(&metrics, "idle"), Some(1.0));
+    agent.wait_for_log(
+        "the verification's log line",
+        Duration::from_secs(5),
+        |log| {
+            log.lines()
+                .any(|l| l.contains("failed verification") && l.contains(r#""priority":"idle""#))
+        },
+    );
     let hashed_after = sample(
         &metrics,
         "mlnode_model_cache_hashed_bytes_total",

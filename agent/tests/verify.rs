@@ -639,3 +639,71 @@ fn a_cache_larger_than_a_batch_is_counted_without_keeping_ok_lines() {
     assert_eq!(cli.files.len(), n + 1);
     assert_eq!(cli.counts(), daemon.counts());
 }
+
+/// `serve`'s verification leaves the page cache as it found it: a cold file is not left cached, a
+/// hot one (a model a server just loaded) stays cached; the CLI's leaves what it read. Needs a
+/// file system whose pages can be dropped (not tmpfs): the test says so and stops where not.
+#[test]
+fn a_verification_in_serve_leaves_the_page_cache_as_it_found_it() {
+    use mlnode_agent::cache::page_cache::Residency;
+    use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let size = 24 << 20;
+    let mut files = serde_json::Map::new();
+    for name in ["cold.bin", "hot.bin"] {
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join(name), &data).unwrap();
+        files.insert(name.into(), serde_json::json!(sha256_hex(&data)));
+    }
+    let manifest = serde_json::json!({ "files": files }).to_string();
+    let open = |name: &str| std::fs::File::open(dir.path().join(name)).unwrap();
+    let residency = |name: &str| {
+        Residency::look(&open(name), 0, size as u64)
+            .unwrap()
+            .fraction()
+    };
+    let make_cold = |name: &str| {
+        let file = open(name);
+        file.sync_all().unwrap();
+        posix_fadvise(&file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED).unwrap();
+    };
+    let make_hot = |name: &str| drop(std::fs::read(dir.path().join(name)).unwrap());
+    let run = |control: &Control| {
+        let manifest = manifest::parse(
+            Path::new("m.json"),
+            manifest.as_bytes(),
+            &TrustPolicy::RequireKey,
+        )
+        .unwrap();
+        let report = verify(dir.path(), &manifest, &VerifyOptions::default(), control).unwrap();
+        assert!(report.is_verified(), "{:#?}", report.files);
+    };
+
+    make_cold("cold.bin");
+    if residency("cold.bin") > 0.01 {
+        eprintln!(
+            "SKIPPED: pages of {} cannot be dropped from the page cache (tmpfs?)",
+            dir.path().display()
+        );
+        return;
+    }
+    make_hot("hot.bin");
+    assert!(residency("hot.bin") > 0.99);
+
+    run(&Control::restoring_page_cache());
+    assert!(
+        residency("cold.bin") < 0.01,
+        "the cold file was left cached: {}",
+        residency("cold.bin")
+    );
+    assert!(
+        residency("hot.bin") > 0.99,
+        "the hot file was dropped: {}",
+        residency("hot.bin")
+    );
+
+    // The CLI leaves what it read: the same cold file ends up cached.
+    run(&Control::default());
+    assert!(residency("cold.bin") > 0.99);
+}

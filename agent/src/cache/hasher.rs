@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use sha2::Digest as _;
 
+use super::page_cache::Restorer;
 use super::safe_open::{OpenFailure, OpenedFile, Root, Snapshot};
 
 /// Small enough that what a read copies in is still in the core's L2 when SHA-256 reads it back,
@@ -28,9 +29,20 @@ pub struct Control {
     /// What the current run expects to hash, once it knows: the length of a progress bar.
     pub planned_bytes: AtomicU64,
     cancelled: AtomicBool,
+    /// Drop the pages a job brought into the page cache once it has hashed them (`serve`: the
+    /// cache belongs to the servers on the node); pages that were cached before stay.
+    pub restore_page_cache: bool,
 }
 
 impl Control {
+    /// For `serve`: jobs leave the page cache as they found it.
+    pub fn restoring_page_cache() -> Control {
+        Control {
+            restore_page_cache: true,
+            ..Control::default()
+        }
+    }
+
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Relaxed);
     }
@@ -202,6 +214,11 @@ fn describe_change(before: &Snapshot, after: &Snapshot) -> String {
     }
 }
 
+/// The page cache is restored this many bytes at a time: the new pages of a window are dropped
+/// right after it is hashed, so a large file never sits in the cache whole (and the residency map
+/// of a window is 4 KiB).
+const RESTORE_WINDOW: u64 = 16 << 20;
+
 /// Hashes a range with positional reads, so shards of one file can be read by several workers
 /// at once. Returns None when cancelled.
 fn hash_range(
@@ -222,26 +239,35 @@ fn hash_range(
     );
     let mut offset = start;
     let end = len.map(|len| start + len);
-    loop {
+    let mut restorer = control
+        .restore_page_cache
+        .then(|| Restorer::new(RESTORE_WINDOW, end));
+    let result = loop {
         if control.is_cancelled() {
-            return Ok(None);
+            break Ok(None);
+        }
+        if let Some(restorer) = restorer.as_mut() {
+            restorer.before_read(file, offset);
         }
         let want = match end {
             Some(end) => (end - offset).min(buffer.len() as u64) as usize,
             None => buffer.len(),
         };
         if want == 0 {
-            break;
+            break Ok(Some(()));
         }
         let n = match file.read_at(&mut buffer[..want], offset) {
-            Ok(0) => break,
+            Ok(0) => break Ok(Some(())),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => break Err(e),
         };
         hasher.update(&buffer[..n]);
         offset += n as u64;
         control.hashed_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    };
+    if let Some(restorer) = restorer {
+        restorer.finish(file);
     }
-    Ok(Some((hasher.finish(), offset - start)))
+    Ok(result?.map(|()| (hasher.finish(), offset - start)))
 }

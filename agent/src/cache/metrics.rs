@@ -8,6 +8,7 @@ use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
+use super::priority::Priority;
 use super::report::{FileStatus, Report};
 
 /// Verification takes from milliseconds (a config file) to an hour (a cold 400 GB cache).
@@ -38,6 +39,7 @@ pub struct CacheMetrics {
     duration: HistogramVec,
     last_verified: GaugeVec,
     watch_overflows: IntCounterVec,
+    priority: IntGaugeVec,
     /// The revision label each model's `verified` series carries now, to drop it when it changes.
     revisions: Mutex<HashMap<String, String>>,
 }
@@ -80,6 +82,13 @@ impl CacheMetrics {
                 ),
                 &["model_name"],
             )?,
+            priority: IntGaugeVec::new(
+                Opts::new(
+                    "mlnode_model_cache_verify_priority",
+                    "1 for the CPU and I/O priority the model's latest verification runs at (normal: the node is held for this agent; idle: the kernel's idle classes), 0 for the other.",
+                ),
+                &["model_name", "priority"],
+            )?,
             revisions: Mutex::new(HashMap::new()),
         };
         registry.register(Box::new(metrics.verified.clone()))?;
@@ -89,6 +98,7 @@ impl CacheMetrics {
         registry.register(Box::new(metrics.duration.clone()))?;
         registry.register(Box::new(metrics.last_verified.clone()))?;
         registry.register(Box::new(metrics.watch_overflows.clone()))?;
+        registry.register(Box::new(metrics.priority.clone()))?;
         Ok(metrics)
     }
 
@@ -173,6 +183,14 @@ impl CacheMetrics {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
             self.last_verified.with_label_values(&[model]).set(now);
+        }
+    }
+
+    pub fn priority(&self, model: &str, now: Priority) {
+        for priority in Priority::ALL {
+            self.priority
+                .with_label_values(&[model, priority.as_str()])
+                .set(i64::from(priority == now));
         }
     }
 

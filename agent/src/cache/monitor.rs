@@ -1,7 +1,7 @@
 //! Continuous verification of one model cache: a full verification at start, incremental
 //! re-verification of the files that file events name, a full rescan on a schedule (bit rot leaves
 //! no event) and whenever events were lost. One tokio task per model, so one unreadable cache never
-//! holds up another; hashing runs on the shared rayon pool, off the async runtime.
+//! holds up another; hashing runs on the shared rayon pools (one per priority), off the async runtime.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -18,8 +18,9 @@ use super::hasher::Control;
 use super::layout;
 use super::manifest::{self, Manifest, TrustPolicy};
 use super::metrics::{CacheMetrics, VerifyKind};
+use super::priority::{self, Pools, Priority, Situation};
 use super::report::{FileStatus, Report};
-use super::state::{ModelState, Readiness};
+use super::state::{ModelState, NodeTaint, Readiness};
 use super::verify::{verify, VerifyOptions};
 use crate::config::{ModelConfig, VerifySettings};
 use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
@@ -39,6 +40,7 @@ struct Running {
     handle: tokio::task::JoinHandle<Result<Report, String>>,
     control: Arc<Control>,
     kind: VerifyKind,
+    priority: Priority,
     /// The manifest files an incremental run looks at again.
     looked: HashSet<String>,
     last_bytes: u64,
@@ -84,7 +86,8 @@ impl Pending {
 pub struct Monitor {
     model: ModelConfig,
     settings: VerifySettings,
-    pool: Arc<rayon::ThreadPool>,
+    pools: Arc<Pools>,
+    node_taint: NodeTaint,
     metrics: Arc<CacheMetrics>,
     state: Arc<ModelState>,
     /// Where weight-file opens are recorded for the startup phases (model load).
@@ -103,7 +106,8 @@ impl Monitor {
     pub fn new(
         model: ModelConfig,
         settings: VerifySettings,
-        pool: Arc<rayon::ThreadPool>,
+        pools: Arc<Pools>,
+        node_taint: NodeTaint,
         metrics: Arc<CacheMetrics>,
         state: Arc<ModelState>,
         loads: LoadActivity,
@@ -111,7 +115,8 @@ impl Monitor {
         Monitor {
             model,
             settings,
-            pool,
+            pools,
+            node_taint,
             metrics,
             state,
             loads,
@@ -352,9 +357,24 @@ impl Monitor {
             only,
             ..self.verify_options()
         };
-        let control = Arc::new(Control::default());
-        let (pool, root, job_control) =
-            (self.pool.clone(), self.model.root.clone(), control.clone());
+        let priority = priority::decide(
+            self.settings.priority,
+            Situation {
+                node_tainted: self.node_taint.is_present(),
+                first_verification: report.is_none(),
+                served: self
+                    .loads
+                    .last_open(&self.model.name, 0.0, f64::INFINITY)
+                    .is_some(),
+            },
+        );
+        self.metrics.priority(&self.model.name, priority);
+        let control = Arc::new(Control::restoring_page_cache());
+        let (pool, root, job_control) = (
+            self.pools.get(priority),
+            self.model.root.clone(),
+            control.clone(),
+        );
         let handle = tokio::task::spawn_blocking(move || {
             pool.install(|| verify(&root, &manifest, &options, &job_control))
                 .map_err(|e| e.to_string())
@@ -363,6 +383,7 @@ impl Monitor {
             handle,
             control,
             kind,
+            priority,
             looked: work.files,
             last_bytes: 0,
             last_progress: Instant::now(),
@@ -413,7 +434,7 @@ impl Monitor {
             *router = Some(self.router(loaded.manifest.clone(), &current));
         }
         self.metrics.observe(name, &current, kind, hashed, seconds);
-        log_result(name, &current, kind, hashed, seconds);
+        log_result(name, &current, job, hashed, seconds);
         self.state.set_readiness(if current.is_verified() {
             Readiness::Verified {
                 revision: current.revision.clone(),
@@ -561,7 +582,8 @@ fn failure_summary(report: &Report) -> String {
 }
 
 /// One line per verification: the audit trail an SRE greps.
-fn log_result(name: &str, report: &Report, kind: VerifyKind, hashed: u64, seconds: f64) {
+fn log_result(name: &str, report: &Report, job: &Running, hashed: u64, seconds: f64) {
+    let (kind, priority) = (job.kind.as_str(), job.priority.as_str());
     let failing: Vec<String> = failing(report)
         .map(|f| format!("{}={}", f.path, f.status.as_str()))
         .collect();
@@ -572,9 +594,9 @@ fn log_result(name: &str, report: &Report, kind: VerifyKind, hashed: u64, second
         "failed"
     };
     if report.is_verified() {
-        tracing::info!(model_name = %name, revision, outcome, kind = kind.as_str(), duration_seconds = seconds, bytes_hashed = hashed, "model cache verified");
+        tracing::info!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, "model cache verified");
     } else {
-        tracing::warn!(model_name = %name, revision, outcome, kind = kind.as_str(), duration_seconds = seconds, bytes_hashed = hashed,
+        tracing::warn!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed,
             failing_files = %failing.join(" "), error = report.error.as_deref().unwrap_or(""), "model cache failed verification");
     }
 }

@@ -3,7 +3,7 @@
 //! by the model's monitor; a leaf, so readers need not depend on the monitor.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A monitor whose heartbeat is older than this is wedged.
@@ -72,5 +72,20 @@ impl ModelState {
             );
         }
         Ok(())
+    }
+}
+
+/// Whether the node carries this agent's startup taint, as the readiness controller last saw it:
+/// written there, read by the monitors to choose their hashing priority.
+#[derive(Clone, Debug, Default)]
+pub struct NodeTaint(Arc<AtomicBool>);
+
+impl NodeTaint {
+    pub fn set(&self, present: bool) {
+        self.0.store(present, Ordering::Relaxed);
+    }
+
+    pub fn is_present(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::gates::{self, AcceleratorFacts, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
 use super::node::{conditions_patch, differs, has_taint, own_conditions, taint_patch};
-use crate::cache::state::ModelState;
+use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::{ReadinessSettings, TaintMode};
 use crate::gpu::state::GpuState;
 use crate::metrics::AgentMetrics;
@@ -68,6 +68,8 @@ pub struct Sources {
     pub neuron_root: Option<PathBuf>,
     /// Collectors required (`enabled: true`) but not running, with why.
     pub missing_collectors: Vec<String>,
+    /// Where the controller says whether our taint is on the node (the verifiers' priority).
+    pub node_taint: NodeTaint,
 }
 
 pub struct Controller {
@@ -227,7 +229,7 @@ impl Controller {
         if memory.conditions.is_none() || (self.taint.is_some() && memory.taint_present.is_none()) {
             let node = self.nodes.get(&self.node_name).await?;
             memory.conditions = Some(own_conditions(&node, &OWN_TYPES));
-            memory.taint_present = self.taint.as_ref().map(|t| has_taint(&node, t));
+            self.saw_taint(memory, self.taint.as_ref().map(|t| has_taint(&node, t)));
         }
         let current = memory.conditions.clone().unwrap_or_default();
         let changed: Vec<&Gate> = gates
@@ -255,7 +257,7 @@ impl Controller {
             // The write answers with the whole node: its taints as they are now, whoever changed
             // them. Continuous mode reconciles against that at least every heartbeat, at no extra
             // request.
-            memory.taint_present = self.taint.as_ref().map(|t| has_taint(&node, t));
+            self.saw_taint(memory, self.taint.as_ref().map(|t| has_taint(&node, t)));
             memory.last_write = Some(Instant::now());
             for gate in changed {
                 tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.ok, reason = %gate.reason, message = %gate.message, "node condition changed");
@@ -269,6 +271,12 @@ impl Controller {
             }
         }
         self.sync_taint(gates.iter().all(|g| g.ok), memory).await
+    }
+
+    /// Remembers whether the node has our taint, and tells the verifiers.
+    fn saw_taint(&self, memory: &mut Memory, present: Option<bool>) {
+        memory.taint_present = present;
+        self.sources.node_taint.set(present == Some(true));
     }
 
     /// Bootstrap-only: removes the taint once, the first time every gate passes. Continuous: the
@@ -311,7 +319,7 @@ impl Controller {
                 Err(e) => return Err(e),
             }
         }
-        memory.taint_present = Some(want_present);
+        self.saw_taint(memory, Some(want_present));
         let (reason, verb) = if want_present {
             ("StartupTaintAdded", "added")
         } else {

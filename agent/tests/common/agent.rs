@@ -95,6 +95,21 @@ impl Agent {
         }
     }
 
+    /// Polls the agent's log until `check` holds; panics with the log after `limit`.
+    #[allow(dead_code)] // not every test binary that shares this module waits on the log
+    pub fn wait_for_log(&self, what: &str, limit: Duration, check: impl Fn(&str) -> bool) {
+        let started = Instant::now();
+        while !check(&self.log()) {
+            if started.elapsed() > limit {
+                panic!(
+                    "{what}: not logged within {limit:?}\nagent log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn terminate(&mut self) -> (Option<i32>, Duration) {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),

@@ -1,0 +1,165 @@
+//! How hard a verification may use the node. While the node is held for this agent (nothing serves
+//! from it yet) hashing runs at full speed; otherwise in the kernel's idle CPU class (`SCHED_IDLE`)
+//! and idle I/O class (`IOPRIO_CLASS_IDLE`), so it only gets the cycles and disk time inference
+//! leaves over. A thread that drops to the idle classes cannot come back without `CAP_SYS_NICE`,
+//! which the agent does not have, so each priority has its own pool of hashing threads.
+
+use std::sync::Arc;
+
+use crate::config::PrioritySetting;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    Normal,
+    Idle,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 2] = [Priority::Normal, Priority::Idle];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::Idle => "idle",
+        }
+    }
+}
+
+/// What is known of the node and the model when a verification starts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Situation {
+    /// The readiness controller last saw this agent's startup taint on the node.
+    pub node_tainted: bool,
+    /// No verification of this model has finished since the agent started.
+    pub first_verification: bool,
+    /// A server has opened this model's weight files since the agent started.
+    pub served: bool,
+}
+
+/// `auto` runs at full speed exactly while nothing can be serving from the model: the node holds
+/// our taint, or the model was never verified and nobody has opened its weights.
+pub fn decide(setting: PrioritySetting, situation: Situation) -> Priority {
+    match setting {
+        PrioritySetting::Normal => Priority::Normal,
+        PrioritySetting::Idle => Priority::Idle,
+        PrioritySetting::Auto
+            if situation.node_tainted || (situation.first_verification && !situation.served) =>
+        {
+            Priority::Normal
+        }
+        PrioritySetting::Auto => Priority::Idle,
+    }
+}
+
+/// One hashing pool per priority, `threads` each (0: one per CPU the process may use, which
+/// follows the container's CPU quota).
+pub struct Pools {
+    normal: Arc<rayon::ThreadPool>,
+    idle: Arc<rayon::ThreadPool>,
+}
+
+impl Pools {
+    pub fn new(threads: usize) -> Result<Pools, rayon::ThreadPoolBuildError> {
+        let normal = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hash-{i}"))
+            .build()?;
+        let idle = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hash-idle-{i}"))
+            .start_handler(|_| {
+                if let Err(e) = lower_current_thread() {
+                    tracing::warn!(error = %e, "cannot lower a hashing thread to the idle classes; it hashes at normal priority");
+                }
+            })
+            .build()?;
+        Ok(Pools {
+            normal: Arc::new(normal),
+            idle: Arc::new(idle),
+        })
+    }
+
+    pub fn get(&self, priority: Priority) -> Arc<rayon::ThreadPool> {
+        match priority {
+            Priority::Normal => self.normal.clone(),
+            Priority::Idle => self.idle.clone(),
+        }
+    }
+}
+
+/// `ioprio_set(2)` constants from the kernel's `include/uapi/linux/ioprio.h`.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+const IOPRIO_CLASS_IDLE: libc::c_int = 3;
+const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+
+/// Puts the calling thread in the idle CPU and I/O classes. Lowering needs no privilege.
+pub fn lower_current_thread() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for SCHED_IDLE.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: ioprio_set takes three integers; who 0 is the calling thread.
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT,
+        )
+    };
+    if set != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_is_full_speed_only_while_nothing_can_be_serving() {
+        let auto = |node_tainted, first_verification, served| {
+            decide(
+                PrioritySetting::Auto,
+                Situation {
+                    node_tainted,
+                    first_verification,
+                    served,
+                },
+            )
+        };
+        assert_eq!(auto(true, false, true), Priority::Normal, "taint held");
+        assert_eq!(auto(false, true, false), Priority::Normal, "first, unused");
+        assert_eq!(auto(false, true, true), Priority::Idle, "first, but served");
+        assert_eq!(auto(false, false, false), Priority::Idle, "a rescan");
+        let any = Situation {
+            node_tainted: true,
+            first_verification: true,
+            served: false,
+        };
+        assert_eq!(decide(PrioritySetting::Idle, any), Priority::Idle);
+        assert_eq!(
+            decide(PrioritySetting::Normal, Situation::default()),
+            Priority::Normal
+        );
+    }
+
+    #[test]
+    fn the_idle_pool_hashes_in_the_idle_classes_and_the_normal_pool_does_not() {
+        let pools = Pools::new(1).unwrap();
+        let policy = |priority| {
+            pools.get(priority).install(|| {
+                // SAFETY: querying the calling thread's policy and I/O priority.
+                let sched = unsafe { libc::sched_getscheduler(0) };
+                let io = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
+                (sched, io >> IOPRIO_CLASS_SHIFT)
+            })
+        };
+        assert_eq!(policy(Priority::Idle), (libc::SCHED_IDLE, 3));
+        let (sched, io_class) = policy(Priority::Normal);
+        assert_eq!(sched, libc::SCHED_OTHER);
+        assert_ne!(io_class, 3);
+    }
+}
