@@ -24,17 +24,28 @@ pub fn open_regular(path: &Path, flags: libc::c_int) -> std::io::Result<std::fs:
     Ok(file)
 }
 
-/// Reads `path` whole, failing on anything but a regular file or a file over `limit` bytes.
-pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+/// [`open_regular`], refusing a file over `limit` bytes; returns it with its size.
+pub fn open_bounded(path: &Path, limit: u64) -> std::io::Result<(std::fs::File, u64)> {
     let file = open_regular(path, 0)?;
     let size = file.metadata()?.len();
-    let mut bytes = Vec::with_capacity(size.min(limit) as usize);
+    if size > limit {
+        return Err(too_large(limit));
+    }
+    Ok((file, size))
+}
+
+fn too_large(limit: u64) -> std::io::Error {
+    std::io::Error::other(format!("larger than the {limit} bytes allowed"))
+}
+
+/// Reads `path` whole, failing on anything but a regular file or a file over `limit` bytes (also
+/// one that grows past it while read).
+pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let (file, size) = open_bounded(path, limit)?;
+    let mut bytes = Vec::with_capacity(size as usize);
     file.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
-        return Err(std::io::Error::other(format!(
-            "larger than the {} bytes allowed",
-            limit
-        )));
+        return Err(too_large(limit));
     }
     Ok(bytes)
 }

@@ -138,17 +138,9 @@ impl Restorer {
             .map(|residency| (until, residency))
     }
 
-    /// Called before each read at `offset`.
+    /// Called before each read at `offset`: past the current window, its new pages are dropped
+    /// and the next window (looked at earlier, or now if that look was refused) becomes current.
     pub fn before_read(&mut self, file: &File, offset: u64) {
-        if self.current.is_none() && self.next.is_none() {
-            self.current = self.look(file, offset);
-            let after = self
-                .current
-                .as_ref()
-                .map_or(offset + self.window, |(until, _)| *until);
-            self.next = self.look(file, after);
-            return;
-        }
         if self
             .current
             .as_ref()
@@ -159,7 +151,7 @@ impl Restorer {
         if let Some((_, before)) = self.current.take() {
             before.drop_brought_in(file);
         }
-        self.current = self.next.take();
+        self.current = self.next.take().or_else(|| self.look(file, offset));
         let after = self
             .current
             .as_ref()

@@ -278,13 +278,7 @@ pub fn load_with_digest(
         path: path.to_path_buf(),
         source,
     };
-    let file = crate::files::open_regular(path, 0).map_err(read_error)?;
-    let size = file.metadata().map_err(read_error)?.len();
-    if size > MANIFEST_LIMIT {
-        return Err(read_error(std::io::Error::other(format!(
-            "larger than the {MANIFEST_LIMIT} bytes allowed"
-        ))));
-    }
+    let (file, _) = crate::files::open_bounded(path, MANIFEST_LIMIT).map_err(read_error)?;
     from_source(path, file, trust)
 }
 
