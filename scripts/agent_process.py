@@ -3,6 +3,7 @@ start `serve` on a loopback port with a config given as a dict, and wait until e
 verified (`/readyz` 200). Imported by its neighbours (a script's own folder is on its path)."""
 import http.client
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -23,14 +24,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(binary: pathlib.Path, config: dict, work: pathlib.Path, log=subprocess.DEVNULL):
-    """Starts `serve` with `config` (its `listen` set to a free loopback port); returns the
-    process and the port."""
+def serve(binary: pathlib.Path, config: dict, work: pathlib.Path, log=subprocess.DEVNULL, env=None):
+    """Starts `serve` with `config` (its `listen` set to a free loopback port) and `env` added to
+    this process's environment; returns the process and the port."""
     port = free_port()
     path = work / "config.yaml"
     path.write_text(json.dumps({**config, "listen": f"127.0.0.1:{port}"}))
-    agent = subprocess.Popen([binary, "serve", "--config", path], stdout=subprocess.DEVNULL, stderr=log)
+    agent = subprocess.Popen([binary, "serve", "--config", path], stdout=subprocess.DEVNULL, stderr=log,
+                             env={**os.environ, **(env or {})})
     return agent, port
+
+
+def metrics(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/metrics")
+    return conn.getresponse().read().decode()
+
+
+def sample(body: str, name: str, **labels):
+    """The value of the first sample of `name` carrying `labels`, or None."""
+    for line in body.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def wait_ready(port: int, limit_seconds: float, what: str):

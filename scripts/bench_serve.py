@@ -18,20 +18,15 @@ import os
 import pathlib
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from agent_process import free_port, sample
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid):
@@ -68,13 +63,6 @@ def wait_until(port, check, limit=600):
             pass
         time.sleep(0.2)
     sys.exit(f"condition not met within {limit}s on port {port}")
-
-
-def sample(body, name, **labels):
-    for line in body.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def measure(name, pid, port, scrapes, idle_seconds):

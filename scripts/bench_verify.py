@@ -25,7 +25,8 @@ import sys
 import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+import agent_process
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -86,17 +87,9 @@ def one_core_rate():
     return float(last.rstrip("k")) * 1000
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", type=pathlib.Path)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=pathlib.Path, help="also write the table here")
-    args = parser.parse_args()
-
-    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "mlnode-agent"], cwd=REPO, check=True)
-    agent = REPO / "target/release/mlnode-agent"
-    work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="mlnode-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+def measure(agent: pathlib.Path, work: pathlib.Path, runs: int) -> list:
+    """Makes the caches in `work` (kept for a next run) and measures every contender; returns the
+    table's lines."""
     cores = os.cpu_count()
 
     # --- the 8-file cache ---------------------------------------------------------------------
@@ -115,7 +108,7 @@ def main():
     sums.write_text("".join(f"{e['sha256']}  {p}\n" for p, e in entries.items()))
     keys = work / "keys"
     keys.mkdir(exist_ok=True)
-    signer = REPO / "tests/model_signing/sign.py"
+    signer = agent_process.REPO / "tests/model_signing/sign.py"
     bundle = work / "eight.sig"
     subprocess.run([sys.executable, signer, model, bundle, keys, "files"], check=True)
     loop = work / "python_loop.py"
@@ -135,7 +128,7 @@ def main():
     rows = []
 
     def row(cache, name, cmd, size, cwd=None):
-        seconds, rss = best_of(cmd, args.runs, cwd)
+        seconds, rss = best_of(cmd, runs, cwd)
         rows.append((cache, name, size / seconds, rss))
 
     row("8 x 512 MiB", "mlnode-agent verify", [agent, "verify", "--manifest", manifest, model], total)
@@ -167,7 +160,18 @@ def main():
         f"mlnode-agent reaches {100 * ours('8 x 512 MiB') / (cores * rate1):.0f}% (8 files) and "
         f"{100 * ours('4 GiB, 256 MiB shards') / (cores * rate1):.0f}% (sharded) of cores x one core."
     )
-    table = "\n".join(lines)
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=pathlib.Path)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=pathlib.Path, help="also write the table here")
+    args = parser.parse_args()
+    work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="mlnode-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    table = "\n".join(measure(agent_process.release_binary(), work, args.runs))
     print(table)
     if args.out:
         args.out.write_text(table + "\n")

@@ -114,6 +114,44 @@ pub struct VerifySettings {
     pub stall_timeout: Duration,
     /// CPU and I/O priority of `serve`'s hashing (docs/cache-verification.md, "Priority").
     pub priority: PrioritySetting,
+    /// The most bytes per second `serve` reads from all model caches together, for network file
+    /// systems where a full re-read costs money and bandwidth; unset: no limit.
+    pub max_bytes_per_second: Option<ByteRate>,
+}
+
+/// A read rate in bytes per second: a number (`104857600`) or a size with a unit (`100MiB`,
+/// `1.5 GB`; `Mi`/`MiB` are powers of 1,024, `M`/`MB` of 1,000, as in Kubernetes quantities).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteRate(pub u64);
+
+impl Serialize for ByteRate {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteRate {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Number(n) => Ok(ByteRate(n)),
+            Raw::Text(text) => {
+                let size = text.trim().trim_end_matches("/s");
+                size.parse::<bytesize::ByteSize>()
+                    .map(|size| ByteRate(size.as_u64()))
+                    .map_err(|e| {
+                        serde::de::Error::custom(format!(
+                            "{text:?} is not a byte rate such as 104857600, \"100MiB\" or \"1GB\": {e}"
+                        ))
+                    })
+            }
+        }
+    }
 }
 
 /// `auto`: full speed while the node is held for this agent (its startup taint is on the node, or a
@@ -135,6 +173,7 @@ impl Default for VerifySettings {
             debounce: Duration::from_millis(500),
             stall_timeout: Duration::from_secs(300),
             priority: PrioritySetting::Auto,
+            max_bytes_per_second: None,
         }
     }
 }
@@ -750,6 +789,22 @@ fn check_count(key: &str, value: usize, min: usize, max: usize) -> Result<(), (S
     Ok(())
 }
 
+/// Below 1 MiB/s a 140 GB model takes 40 hours to re-read, longer than the daily rescan; above
+/// 100 GiB/s no storage a node has is limited.
+fn check_byte_rate(key: &str, rate: u64) -> Result<(), (String, String)> {
+    const MIN: u64 = 1 << 20;
+    const MAX: u64 = 100 << 30;
+    if !(MIN..=MAX).contains(&rate) {
+        return Err((
+            key.to_string(),
+            format!(
+                "{rate} bytes/s is out of bounds: must be between {MIN} (1 MiB/s) and {MAX} (100 GiB/s)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Hashing threads beyond this only cost memory and start-up time: hashing is bound by cores and
 /// storage long before.
 pub const MAX_THREADS: usize = 256;
@@ -816,6 +871,9 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         10 * SECOND,
         DAY,
     )?;
+    if let Some(ByteRate(rate)) = verify.max_bytes_per_second {
+        check_byte_rate("verify.max_bytes_per_second", rate)?;
+    }
     let readiness = &config.readiness;
     check_duration("readiness.heartbeat", readiness.heartbeat, SECOND, HOUR)?;
     check_duration(
@@ -1121,6 +1179,10 @@ mod tests {
             ("readiness.interval", "1ms"),
             ("readiness.heartbeat", "30d"),
             ("startup.recent_max_age", "1s"),
+            ("verify.max_bytes_per_second", "0"),
+            ("verify.max_bytes_per_second", "512KiB"),
+            ("verify.max_bytes_per_second", "1PB"),
+            ("verify.max_bytes_per_second", "fast"),
         ];
         for (key, value) in cases {
             let o = Override::from_flag(&format!("{key}={value}")).unwrap();
@@ -1128,10 +1190,36 @@ mod tests {
             assert!(
                 message.contains(&format!("flag --set {key}={value}"))
                     && message.contains(key)
-                    && (message.contains("must be between") || message.contains("not a duration")),
+                    && ["must be between", "not a duration", "not a byte rate"]
+                        .iter()
+                        .any(|reason| message.contains(reason)),
                 "{key}={value}: {message}"
             );
         }
+    }
+
+    #[test]
+    fn a_byte_rate_is_a_number_or_a_size_with_kubernetes_style_units() {
+        let rate = |value: &str| {
+            let o = Override::from_flag(&format!("verify.max_bytes_per_second={value}")).unwrap();
+            from_yaml(ONE_MODEL, &[o])
+                .unwrap()
+                .verify
+                .max_bytes_per_second
+        };
+        assert_eq!(rate("2000000"), Some(ByteRate(2_000_000)));
+        assert_eq!(rate("100MiB"), Some(ByteRate(100 << 20)));
+        assert_eq!(rate("100Mi"), Some(ByteRate(100 << 20)));
+        assert_eq!(rate("100M"), Some(ByteRate(100_000_000)));
+        assert_eq!(rate("1.5 GB/s"), Some(ByteRate(1_500_000_000)));
+        assert_eq!(
+            from_yaml(ONE_MODEL, &[])
+                .unwrap()
+                .verify
+                .max_bytes_per_second,
+            None,
+            "no limit unless set"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::metrics::CacheMetrics;
 use crate::cache::monitor::Monitor;
-use crate::cache::priority::Pools;
+use crate::cache::priority::Hashers;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::{Config, Toggle};
 use crate::gpu::GpuRuntime;
@@ -310,10 +310,16 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
 
     let threads = config.verify.threads;
-    let pools = Arc::new(Pools::new(threads).map_err(|e| DaemonError::Pool {
-        threads,
-        reason: e.to_string(),
-    })?);
+    let max_rate = config.verify.max_bytes_per_second.map(|rate| rate.0);
+    let hashers = Arc::new(
+        Hashers::new(threads, max_rate).map_err(|e| DaemonError::Pool {
+            threads,
+            reason: e.to_string(),
+        })?,
+    );
+    if let Some(rate) = max_rate {
+        cache_metrics.max_bytes_per_second(&registry, rate)?;
+    }
     let node_taint = NodeTaint::default();
 
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -339,7 +345,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         let monitor = Monitor::new(
             model.clone(),
             config.verify.clone(),
-            pools.clone(),
+            hashers.clone(),
             node_taint.clone(),
             cache_metrics.clone(),
             state,

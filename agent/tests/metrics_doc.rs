@@ -40,6 +40,8 @@ fn exposed() -> BTreeMap<String, String> {
     };
     cache.starting("m", Some("r"), 1);
     cache.priority("m", mlnode_agent::cache::priority::Priority::Idle);
+    cache.throttled("m", std::time::Duration::from_millis(5));
+    cache.max_bytes_per_second(&registry, 1 << 20).unwrap();
     register_gpu(&registry);
     let readiness =
         mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();

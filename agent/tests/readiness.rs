@@ -288,7 +288,7 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
     let api = FakeApiServer::start(gpu_node(NODE));
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let _agent = start(&api, &model, &manifest, "  taint_mode: continuous\n");
+    let agent = start(&api, &model, &manifest, "  taint_mode: continuous\n");
     let tainted = || {
         api.node()["spec"]["taints"]
             .as_array()
@@ -304,6 +304,20 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
     wait_until("taint removed again", Duration::from_secs(10), || {
         !tainted()
     });
+    // verify.priority auto: the corruption was found on a node in service, in the idle classes;
+    // the re-verification that cleared it ran while the node held the taint, at full speed.
+    let log = agent.log();
+    let last_incremental = |outcome: &str| {
+        log.lines()
+            .rev()
+            .find(|l| {
+                l.contains(&format!(r#""outcome":"{outcome}""#))
+                    && l.contains(r#""kind":"incremental""#)
+            })
+            .unwrap_or_else(|| panic!("no incremental verification {outcome}: {log}"))
+    };
+    assert!(last_incremental("failed").contains(r#""priority":"idle""#));
+    assert!(last_incremental("verified").contains(r#""priority":"normal""#));
     let nvidia = api.node()["spec"]["taints"]
         .as_array()
         .unwrap()

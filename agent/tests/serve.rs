@@ -58,7 +58,13 @@ impl ConfigMapDir {
 fn corrupt_restore_and_configmap_swap_end_to_end() {
     let model = PlainModel::new();
     let mut cm = ConfigMapDir::new(&model.manifest_json("v1", true));
-    let mut agent = Agent::start(&model_config("llama", model.root(), &cm.manifest()));
+    // On a network file system an operator caps the read rate; 1 MiB/s (the least allowed) makes
+    // this half-megabyte model's first verification wait for it.
+    let config = format!(
+        "{}verify:\n  max_bytes_per_second: 1MiB\n",
+        model_config("llama", model.root(), &cm.manifest())
+    );
+    let mut agent = Agent::start(&config);
     let verified = |rev: &'static str| {
         move |m: &str| {
             sample(
@@ -94,6 +100,20 @@ fn corrupt_restore_and_configmap_swap_end_to_end() {
             &[("model_name", "llama"), ("priority", which)],
         )
     };
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_model_cache_verify_max_bytes_per_second",
+            &[]
+        ),
+        Some(f64::from(1 << 20))
+    );
+    let throttled = sample(
+        &metrics,
+        "mlnode_model_cache_verify_throttled_seconds_total",
+        &[("model_name", "llama")],
+    );
+    assert!(throttled.is_some_and(|s| s > 0.0), "{throttled:?}");
     // Nothing serves from the model yet: its first verification runs at full speed.
     assert_eq!(priority(&metrics, "normal"), Some(1.0));
     assert_eq!(priority(&metrics, "idle"), Some(0.0));

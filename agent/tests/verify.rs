@@ -649,9 +649,10 @@ fn a_verification_in_serve_leaves_the_page_cache_as_it_found_it() {
     use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let size = 24 << 20;
+    // The cold file spans three 16 MiB restore windows: the kernel's read-ahead (doubled for a
+    // sequential reader) runs past a window's end before the window is done.
     let mut files = serde_json::Map::new();
-    for name in ["cold.bin", "hot.bin"] {
+    for (name, size) in [("cold.bin", 48 << 20), ("hot.bin", 8 << 20)] {
         let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         std::fs::write(dir.path().join(name), &data).unwrap();
         files.insert(name.into(), serde_json::json!(sha256_hex(&data)));
@@ -659,9 +660,9 @@ fn a_verification_in_serve_leaves_the_page_cache_as_it_found_it() {
     let manifest = serde_json::json!({ "files": files }).to_string();
     let open = |name: &str| std::fs::File::open(dir.path().join(name)).unwrap();
     let residency = |name: &str| {
-        Residency::look(&open(name), 0, size as u64)
-            .unwrap()
-            .fraction()
+        let file = open(name);
+        let size = file.metadata().unwrap().len();
+        Residency::look(&file, 0, size).unwrap().fraction()
     };
     let make_cold = |name: &str| {
         let file = open(name);
@@ -691,7 +692,7 @@ fn a_verification_in_serve_leaves_the_page_cache_as_it_found_it() {
     make_hot("hot.bin");
     assert!(residency("hot.bin") > 0.99);
 
-    run(&Control::restoring_page_cache());
+    run(&Control::for_serve(None));
     assert!(
         residency("cold.bin") < 0.01,
         "the cold file was left cached: {}",
@@ -706,4 +707,44 @@ fn a_verification_in_serve_leaves_the_page_cache_as_it_found_it() {
     // The CLI leaves what it read: the same cold file ends up cached.
     run(&Control::default());
     assert!(residency("cold.bin") > 0.99);
+}
+
+/// `verify.max_bytes_per_second`: all of a run's workers together read no faster than the rate
+/// (less the throttle's slack), and the time they waited is counted for the metric.
+#[test]
+fn a_throttled_verification_reads_no_faster_than_the_rate() {
+    use mlnode_agent::cache::throttle::{Throttle, SLACK};
+    use std::sync::Arc;
+
+    let model = PlainModel::new();
+    let manifest = manifest::parse(
+        Path::new("m.json"),
+        model.manifest_json(COMMIT, true).as_bytes(),
+        &TrustPolicy::RequireKey,
+    )
+    .unwrap();
+    let bytes: u64 = model.files.values().map(|f| f.len() as u64).sum();
+    let rate = 1 << 20;
+    let control = Control::for_serve(Some(Arc::new(Throttle::new(rate))));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let report = pool
+        .install(|| verify(model.root(), &manifest, &VerifyOptions::default(), &control))
+        .unwrap();
+    let took = started.elapsed();
+    assert!(report.is_verified(), "{:#?}", report.files);
+    // The last read's booking ends at bytes/rate; its reader leaves at most SLACK early.
+    let at_rate = Duration::from_secs_f64(bytes as f64 / rate as f64);
+    assert!(
+        took + SLACK >= at_rate,
+        "{bytes} bytes at {rate} B/s took {took:?}"
+    );
+    assert!(
+        control.throttled() + SLACK >= at_rate / 2,
+        "waited {:?} in all",
+        control.throttled()
+    );
 }

@@ -8,13 +8,14 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use sha2::Digest as _;
 
 use super::page_cache::Restorer;
 use super::safe_open::{OpenFailure, OpenedFile, Root, Snapshot};
+use super::throttle::Throttle;
 
 /// Small enough that what a read copies in is still in the core's L2 when SHA-256 reads it back,
 /// large enough that the system call is a small part of each read. On the reference machine
@@ -32,14 +33,34 @@ pub struct Control {
     /// Drop the pages a job brought into the page cache once it has hashed them (`serve`: the
     /// cache belongs to the servers on the node); pages that were cached before stay.
     pub restore_page_cache: bool,
+    /// The read rate every worker of every run shares (`verify.max_bytes_per_second`).
+    throttle: Option<Arc<Throttle>>,
+    /// Time the workers of this run slept for the read rate, summed over workers.
+    throttled_nanos: AtomicU64,
 }
 
 impl Control {
-    /// For `serve`: jobs leave the page cache as they found it.
-    pub fn restoring_page_cache() -> Control {
+    /// For `serve`: jobs leave the page cache as they found it, and read at most at `throttle`'s
+    /// rate.
+    pub fn for_serve(throttle: Option<Arc<Throttle>>) -> Control {
         Control {
             restore_page_cache: true,
+            throttle,
             ..Control::default()
+        }
+    }
+
+    /// Time this run's workers have waited for the read rate.
+    pub fn throttled(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.throttled_nanos.load(Ordering::Relaxed))
+    }
+
+    fn read(&self, bytes: u64) {
+        self.hashed_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(throttle) = &self.throttle {
+            let slept = throttle.pace(bytes);
+            let nanos = u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX);
+            self.throttled_nanos.fetch_add(nanos, Ordering::Relaxed);
         }
     }
 
@@ -174,7 +195,12 @@ fn run_job(root: &Root, job: &Job, buffer: &mut [u8], control: &Control) -> JobR
             }
         }
         let digest = Running::new(job.algorithm, before.size);
-        let (digest, bytes) = match hash_range(&file, job.start, job.len, digest, buffer, control) {
+        let restorer = control.restore_page_cache.then(|| {
+            let end = job.len.map_or(before.size, |len| job.start + len);
+            Restorer::new(&file, RESTORE_WINDOW, job.start, end)
+        });
+        let hashed = hash_range(&file, job.start, job.len, digest, buffer, control, restorer);
+        let (digest, bytes) = match hashed {
             Ok(Some(done)) => done,
             Ok(None) => return JobResult::Cancelled,
             Err(e) => return JobResult::Io(e.to_string()),
@@ -215,12 +241,11 @@ fn describe_change(before: &Snapshot, after: &Snapshot) -> String {
 }
 
 /// The page cache is restored this many bytes at a time: the new pages of a window are dropped
-/// right after it is hashed, so a large file never sits in the cache whole (and the residency map
-/// of a window is 4 KiB).
+/// right after it is hashed, so a large file never sits in the cache whole.
 const RESTORE_WINDOW: u64 = 16 << 20;
 
 /// Hashes a range with positional reads, so shards of one file can be read by several workers
-/// at once. Returns None when cancelled.
+/// at once; `restorer` (serve) drops the pages the reads bring in. Returns None when cancelled.
 fn hash_range(
     file: &File,
     start: u64,
@@ -228,6 +253,7 @@ fn hash_range(
     mut hasher: Running,
     buffer: &mut [u8],
     control: &Control,
+    mut restorer: Option<Restorer>,
 ) -> std::io::Result<Option<(Vec<u8>, u64)>> {
     // Advice only: a failure changes nothing but speed.
     let advice_len = len.unwrap_or(0).try_into().unwrap_or(0);
@@ -239,15 +265,9 @@ fn hash_range(
     );
     let mut offset = start;
     let end = len.map(|len| start + len);
-    let mut restorer = control
-        .restore_page_cache
-        .then(|| Restorer::new(RESTORE_WINDOW, end));
     let result = loop {
         if control.is_cancelled() {
             break Ok(None);
-        }
-        if let Some(restorer) = restorer.as_mut() {
-            restorer.before_read(file, offset);
         }
         let want = match end {
             Some(end) => (end - offset).min(buffer.len() as u64) as usize,
@@ -264,7 +284,10 @@ fn hash_range(
         };
         hasher.update(&buffer[..n]);
         offset += n as u64;
-        control.hashed_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(restorer) = restorer.as_mut() {
+            restorer.after_read(file, offset);
+        }
+        control.read(n as u64);
     };
     if let Some(restorer) = restorer {
         restorer.finish(file);

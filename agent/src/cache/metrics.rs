@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 use super::priority::Priority;
@@ -40,6 +41,8 @@ pub struct CacheMetrics {
     last_verified: GaugeVec,
     watch_overflows: IntCounterVec,
     priority: IntGaugeVec,
+    throttled: CounterVec,
+    max_read_rate: IntGauge,
     /// The revision label each model's `verified` series carries now, to drop it when it changes.
     revisions: Mutex<HashMap<String, String>>,
 }
@@ -89,6 +92,17 @@ impl CacheMetrics {
                 ),
                 &["model_name", "priority"],
             )?,
+            throttled: CounterVec::new(
+                Opts::new(
+                    "mlnode_model_cache_verify_throttled_seconds_total",
+                    "Time the model's hashing threads waited for verify.max_bytes_per_second, summed over threads.",
+                ),
+                &["model_name"],
+            )?,
+            max_read_rate: IntGauge::with_opts(Opts::new(
+                "mlnode_model_cache_verify_max_bytes_per_second",
+                "verify.max_bytes_per_second: the most bytes per second all verifications together read. Absent when there is no limit.",
+            ))?,
             revisions: Mutex::new(HashMap::new()),
         };
         registry.register(Box::new(metrics.verified.clone()))?;
@@ -99,6 +113,7 @@ impl CacheMetrics {
         registry.register(Box::new(metrics.last_verified.clone()))?;
         registry.register(Box::new(metrics.watch_overflows.clone()))?;
         registry.register(Box::new(metrics.priority.clone()))?;
+        registry.register(Box::new(metrics.throttled.clone()))?;
         Ok(metrics)
     }
 
@@ -191,6 +206,22 @@ impl CacheMetrics {
             self.priority
                 .with_label_values(&[model, priority.as_str()])
                 .set(i64::from(priority == now));
+        }
+    }
+
+    /// Exports the read rate limit; only called when one is set, so that no limit shows as no
+    /// series rather than as a limit of 0.
+    pub fn max_bytes_per_second(&self, registry: &Registry, rate: u64) -> prometheus::Result<()> {
+        self.max_read_rate
+            .set(i64::try_from(rate).unwrap_or(i64::MAX));
+        registry.register(Box::new(self.max_read_rate.clone()))
+    }
+
+    pub fn throttled(&self, model: &str, waited: std::time::Duration) {
+        if !waited.is_zero() {
+            self.throttled
+                .with_label_values(&[model])
+                .inc_by(waited.as_secs_f64());
         }
     }
 

@@ -22,6 +22,7 @@ pub mod priority;
 pub mod report;
 pub mod safe_open;
 pub mod state;
+pub mod throttle;
 pub mod verify;
 pub mod walk;
 

@@ -1,7 +1,7 @@
 //! Continuous verification of one model cache: a full verification at start, incremental
 //! re-verification of the files that file events name, a full rescan on a schedule (bit rot leaves
 //! no event) and whenever events were lost. One tokio task per model, so one unreadable cache never
-//! holds up another; hashing runs on the shared rayon pools (one per priority), off the async runtime.
+//! holds up another; hashing runs on the shared rayon pools (one per priority, [`Hashers`]), off the async runtime.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ use super::hasher::Control;
 use super::layout;
 use super::manifest::{self, Manifest, TrustPolicy};
 use super::metrics::{CacheMetrics, VerifyKind};
-use super::priority::{self, Pools, Priority, Situation};
+use super::priority::{self, Hashers, Priority, Situation};
 use super::report::{FileStatus, Report};
 use super::state::{ModelState, NodeTaint, Readiness};
 use super::verify::{verify, VerifyOptions};
@@ -86,7 +86,7 @@ impl Pending {
 pub struct Monitor {
     model: ModelConfig,
     settings: VerifySettings,
-    pools: Arc<Pools>,
+    hashers: Arc<Hashers>,
     node_taint: NodeTaint,
     metrics: Arc<CacheMetrics>,
     state: Arc<ModelState>,
@@ -106,7 +106,7 @@ impl Monitor {
     pub fn new(
         model: ModelConfig,
         settings: VerifySettings,
-        pools: Arc<Pools>,
+        hashers: Arc<Hashers>,
         node_taint: NodeTaint,
         metrics: Arc<CacheMetrics>,
         state: Arc<ModelState>,
@@ -115,7 +115,7 @@ impl Monitor {
         Monitor {
             model,
             settings,
-            pools,
+            hashers,
             node_taint,
             metrics,
             state,
@@ -369,9 +369,9 @@ impl Monitor {
             },
         );
         self.metrics.priority(&self.model.name, priority);
-        let control = Arc::new(Control::restoring_page_cache());
+        let control = Arc::new(self.hashers.control());
         let (pool, root, job_control) = (
-            self.pools.get(priority),
+            self.hashers.pool(priority),
             self.model.root.clone(),
             control.clone(),
         );
@@ -410,6 +410,7 @@ impl Monitor {
     ) {
         let name = &self.model.name;
         let kind = job.kind;
+        self.metrics.throttled(name, job.control.throttled());
         let partial = match outcome {
             Ok(partial) => partial,
             Err(reason) => {
@@ -584,6 +585,7 @@ fn failure_summary(report: &Report) -> String {
 /// One line per verification: the audit trail an SRE greps.
 fn log_result(name: &str, report: &Report, job: &Running, hashed: u64, seconds: f64) {
     let (kind, priority) = (job.kind.as_str(), job.priority.as_str());
+    let throttled_seconds = job.control.throttled().as_secs_f64();
     let failing: Vec<String> = failing(report)
         .map(|f| format!("{}={}", f.path, f.status.as_str()))
         .collect();
@@ -594,9 +596,9 @@ fn log_result(name: &str, report: &Report, job: &Running, hashed: u64, seconds: 
         "failed"
     };
     if report.is_verified() {
-        tracing::info!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, "model cache verified");
+        tracing::info!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds, "model cache verified");
     } else {
-        tracing::warn!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed,
+        tracing::warn!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds,
             failing_files = %failing.join(" "), error = report.error.as_deref().unwrap_or(""), "model cache failed verification");
     }
 }

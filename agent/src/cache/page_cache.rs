@@ -3,19 +3,28 @@
 //! model a server just loaded) stay. Residency comes from `mincore(2)` on a read-only mapping that
 //! is never touched (so a file truncated meanwhile cannot raise SIGBUS); dropping is
 //! `posix_fadvise(DONTNEED)`, which leaves dirty pages alone.
+//!
+//! The residency of a job's whole range is looked at before its first read: the kernel's
+//! read-ahead runs ahead of the reads by up to twice the device's read-ahead size (and file systems
+//! such as Lustre read further), so pages looked at later could already be the job's own. One bit
+//! per page: 32 KiB per GiB read.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
+/// mincore is asked about this much of the range at a time, to bound its byte-per-page vector.
+const LOOK_CHUNK: u64 = 64 << 20;
+
 /// Which pages of `[start, start + len)` of a file were resident when looked at.
 pub struct Residency {
     /// Page-aligned start of the looked-at range.
     start: u64,
     page: u64,
-    /// One entry per page: whether it was resident.
-    resident: Vec<bool>,
+    pages: usize,
+    /// One bit per page, set when it was resident.
+    resident: Vec<u64>,
 }
 
 fn page_size() -> u64 {
@@ -24,70 +33,91 @@ fn page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096).max(1)
 }
 
+/// The mincore bytes of `[offset, offset + span)`, `offset` page-aligned.
+fn mincore(file: &File, offset: u64, span: u64, page: u64) -> std::io::Result<Vec<u8>> {
+    let offset = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
+    let span = usize::try_from(span).map_err(std::io::Error::other)?;
+    // SAFETY: a fresh read-only shared mapping of our own descriptor; it is never read through,
+    // only passed to mincore and unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            offset,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut vector = vec![0u8; span.div_ceil(page as usize)];
+    // SAFETY: `map` spans `span` bytes and `vector` has one byte per page of it.
+    let looked = unsafe { libc::mincore(map, span, vector.as_mut_ptr()) };
+    let error = std::io::Error::last_os_error();
+    // SAFETY: unmapping exactly what was mapped above.
+    unsafe { libc::munmap(map, span) };
+    if looked != 0 {
+        return Err(error);
+    }
+    Ok(vector)
+}
+
 impl Residency {
     /// Looks at the pages covering `[start, start + len)`.
     pub fn look(file: &File, start: u64, len: u64) -> std::io::Result<Residency> {
         let page = page_size();
         let aligned = start - start % page;
         let span = (start + len).div_ceil(page) * page - aligned;
-        let pages = (span / page) as usize;
-        if pages == 0 {
-            return Ok(Residency {
-                start: aligned,
-                page,
-                resident: Vec::new(),
-            });
-        }
-        let offset = libc::off_t::try_from(aligned).map_err(std::io::Error::other)?;
-        // SAFETY: a fresh read-only shared mapping of our own descriptor; it is never read through,
-        // only passed to mincore and unmapped below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span as usize,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                offset,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut vector = vec![0u8; pages];
-        // SAFETY: `map` spans `span` bytes and `vector` has one byte per page of it.
-        let looked = unsafe { libc::mincore(map, span as usize, vector.as_mut_ptr()) };
-        let error = std::io::Error::last_os_error();
-        // SAFETY: unmapping exactly what was mapped above.
-        unsafe { libc::munmap(map, span as usize) };
-        if looked != 0 {
-            return Err(error);
+        let pages = usize::try_from(span / page).map_err(std::io::Error::other)?;
+        let mut resident = vec![0u64; pages.div_ceil(64)];
+        let mut index = 0;
+        let mut offset = aligned;
+        while offset < aligned + span {
+            let chunk = LOOK_CHUNK.min(aligned + span - offset);
+            for byte in mincore(file, offset, chunk, page)? {
+                if byte & 1 == 1 {
+                    resident[index / 64] |= 1 << (index % 64);
+                }
+                index += 1;
+            }
+            offset += chunk;
         }
         Ok(Residency {
             start: aligned,
             page,
-            resident: vector.iter().map(|b| b & 1 == 1).collect(),
+            pages,
+            resident,
         })
+    }
+
+    fn was_resident(&self, page: usize) -> bool {
+        self.resident[page / 64] & (1 << (page % 64)) != 0
     }
 
     /// The fraction of the looked-at pages that were resident (1 for an empty range).
     pub fn fraction(&self) -> f64 {
-        if self.resident.is_empty() {
+        if self.pages == 0 {
             return 1.0;
         }
-        self.resident.iter().filter(|r| **r).count() as f64 / self.resident.len() as f64
+        let count: u32 = self.resident.iter().map(|word| word.count_ones()).sum();
+        f64::from(count) / self.pages as f64
     }
 
-    /// Drops from the page cache every run of pages that was not resident when looked at.
-    pub fn drop_brought_in(&self, file: &File) {
-        let mut page = 0;
-        while page < self.resident.len() {
-            if self.resident[page] {
+    /// Drops from the page cache every run of pages in `[from, until)` that was not resident when
+    /// looked at (the range is cut to the looked-at one).
+    pub fn drop_brought_in(&self, file: &File, from: u64, until: u64) {
+        let first = (from.saturating_sub(self.start) / self.page) as usize;
+        let last = (until.saturating_sub(self.start).div_ceil(self.page) as usize).min(self.pages);
+        let mut page = first;
+        while page < last {
+            if self.was_resident(page) {
                 page += 1;
                 continue;
             }
             let run_start = page;
-            while page < self.resident.len() && !self.resident[page] {
+            while page < last && !self.was_resident(page) {
                 page += 1;
             }
             let offset = self.start + run_start as u64 * self.page;
@@ -103,66 +133,89 @@ impl Residency {
     }
 }
 
-/// Restores the page cache behind a sequential read of `[start, end)` (`end` None: to the end of
-/// the file), a window at a time. The residency of each window is looked at one window ahead of
-/// the reads, because the kernel's read-ahead for one window already brings in the start of the
-/// next: looked at later, those pages would seem to have been cached before.
+/// Restores the page cache behind a sequential read of `[start, end)`: the pages the reads bring
+/// in are dropped a window at a time as the reads pass, so a large file never sits in the cache
+/// whole, and the rest (read-ahead included) when the read is done.
 pub struct Restorer {
     window: u64,
-    end: Option<u64>,
-    /// The window being read: where it ends, and what was cached of it before.
-    current: Option<(u64, Residency)>,
-    /// The window after it, looked at before the current one was read.
-    next: Option<(u64, Residency)>,
+    end: u64,
+    /// Where the next drop starts: everything before it has been restored.
+    restored: u64,
+    /// None when the look was refused: then nothing is dropped (better cached than lost).
+    before: Option<Residency>,
 }
 
 impl Restorer {
-    pub fn new(window: u64, end: Option<u64>) -> Restorer {
+    /// Looks at `[start, end)` now, before the first read.
+    pub fn new(file: &File, window: u64, start: u64, end: u64) -> Restorer {
+        let before = match Residency::look(file, start, end.saturating_sub(start)) {
+            Ok(residency) => Some(residency),
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(error = %e, "cannot see which pages of a model file are cached (mmap or mincore refused); the pages a verification reads stay cached");
+                });
+                None
+            }
+        };
         Restorer {
             window,
             end,
-            current: None,
-            next: None,
+            restored: start,
+            before,
         }
     }
 
-    /// Looks at `[from, from + window)`, cut at the end; None when empty or refused (then nothing
-    /// of it is dropped: better cached than lost).
-    fn look(&self, file: &File, from: u64) -> Option<(u64, Residency)> {
-        let until = self
-            .end
-            .map_or(from + self.window, |end| end.min(from + self.window));
-        (until > from)
-            .then(|| Residency::look(file, from, until - from).ok())
-            .flatten()
-            .map(|residency| (until, residency))
-    }
-
-    /// Called before each read at `offset`: past the current window, its new pages are dropped
-    /// and the next window (looked at earlier, or now if that look was refused) becomes current.
-    pub fn before_read(&mut self, file: &File, offset: u64) {
-        if self
-            .current
-            .as_ref()
-            .is_some_and(|(until, _)| offset < *until)
-        {
-            return;
+    /// Called after each read that ended at `offset`: once a whole window lies behind it, the
+    /// pages that window's reads brought in are dropped.
+    pub fn after_read(&mut self, file: &File, offset: u64) {
+        if offset >= self.restored + self.window {
+            let until = offset - (offset - self.restored) % self.window;
+            self.drop(file, until);
         }
-        if let Some((_, before)) = self.current.take() {
-            before.drop_brought_in(file);
-        }
-        self.current = self.next.take().or_else(|| self.look(file, offset));
-        let after = self
-            .current
-            .as_ref()
-            .map_or(offset + self.window, |(until, _)| *until);
-        self.next = self.look(file, after);
     }
 
     /// After the last read (or a stop): drops what the reads brought in, read-ahead included.
-    pub fn finish(self, file: &File) {
-        for (_, before) in self.current.into_iter().chain(self.next) {
-            before.drop_brought_in(file);
+    pub fn finish(mut self, file: &File) {
+        self.drop(file, self.end);
+    }
+
+    fn drop(&mut self, file: &File, until: u64) {
+        if let Some(before) = &self.before {
+            before.drop_brought_in(file, self.restored, until);
         }
+        self.restored = until;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residency_is_one_bit_per_page_across_look_chunks() {
+        // Not tmpfs, whose pages cannot be dropped: the test says so and stops there.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let page = page_size();
+        let size = LOOK_CHUNK + 3 * page;
+        std::fs::write(&path, vec![7u8; size as usize]).unwrap();
+        let file = File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        posix_fadvise(&file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED).unwrap();
+        if Residency::look(&file, 0, size).unwrap().fraction() > 0.01 {
+            eprintln!("SKIPPED: the pages of {} cannot be dropped", path.display());
+            return;
+        }
+        // One page in the first look chunk and the last page (in the second) made resident.
+        let mut buffer = vec![0u8; page as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buffer, 5 * page).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buffer, size - page).unwrap();
+        let residency = Residency::look(&file, 0, size).unwrap();
+        assert!(residency.was_resident(5));
+        assert!(residency.was_resident(residency.pages - 1));
+        // Read-ahead may bring in neighbours of the pages read, never the middle of the file.
+        assert!(!residency.was_resident(residency.pages / 2));
+        assert!(residency.fraction() < 0.1, "{}", residency.fraction());
     }
 }

@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use super::hasher::Control;
+use super::throttle::Throttle;
 use crate::config::PrioritySetting;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,15 +53,19 @@ pub fn decide(setting: PrioritySetting, situation: Situation) -> Priority {
     }
 }
 
-/// One hashing pool per priority, `threads` each (0: one per CPU the process may use, which
-/// follows the container's CPU quota).
-pub struct Pools {
+/// `serve`'s hashing threads: one pool per priority, `threads` each (0: one per CPU the process
+/// may use, which follows the container's CPU quota), and the read rate they all share.
+pub struct Hashers {
     normal: Arc<rayon::ThreadPool>,
     idle: Arc<rayon::ThreadPool>,
+    throttle: Option<Arc<Throttle>>,
 }
 
-impl Pools {
-    pub fn new(threads: usize) -> Result<Pools, rayon::ThreadPoolBuildError> {
+impl Hashers {
+    pub fn new(
+        threads: usize,
+        max_bytes_per_second: Option<u64>,
+    ) -> Result<Hashers, rayon::ThreadPoolBuildError> {
         let normal = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("hash-{i}"))
@@ -73,17 +79,23 @@ impl Pools {
                 }
             })
             .build()?;
-        Ok(Pools {
+        Ok(Hashers {
             normal: Arc::new(normal),
             idle: Arc::new(idle),
+            throttle: max_bytes_per_second.map(|rate| Arc::new(Throttle::new(rate))),
         })
     }
 
-    pub fn get(&self, priority: Priority) -> Arc<rayon::ThreadPool> {
+    pub fn pool(&self, priority: Priority) -> Arc<rayon::ThreadPool> {
         match priority {
             Priority::Normal => self.normal.clone(),
             Priority::Idle => self.idle.clone(),
         }
+    }
+
+    /// The control of one verification in `serve`.
+    pub fn control(&self) -> Control {
+        Control::for_serve(self.throttle.clone())
     }
 }
 
@@ -148,9 +160,9 @@ mod tests {
 
     #[test]
     fn the_idle_pool_hashes_in_the_idle_classes_and_the_normal_pool_does_not() {
-        let pools = Pools::new(1).unwrap();
+        let hashers = Hashers::new(1, None).unwrap();
         let policy = |priority| {
-            pools.get(priority).install(|| {
+            hashers.pool(priority).install(|| {
                 // SAFETY: querying the calling thread's policy and I/O priority.
                 let sched = unsafe { libc::sched_getscheduler(0) };
                 let io = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
