@@ -4,10 +4,10 @@
 //! is never touched (so a file truncated meanwhile cannot raise SIGBUS); dropping is
 //! `posix_fadvise(DONTNEED)`, which leaves dirty pages alone.
 //!
-//! The residency of a job's whole range is looked at before its first read: the kernel's
-//! read-ahead runs ahead of the reads by up to twice the device's read-ahead size (and file systems
-//! such as Lustre read further), so pages looked at later could already be the job's own. One bit
-//! per page: 32 KiB per GiB read.
+//! Residency is looked at [`LOOK_AHEAD`] ahead of the reads: the kernel's read-ahead runs ahead of
+//! them by up to twice the device's read-ahead size (and file systems such as Lustre read further),
+//! so pages looked at just before their read could already be the job's own. One bit per page: 32
+//! KiB per GiB read.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -16,13 +16,20 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
 /// mincore is asked about this much of the range at a time, to bound its byte-per-page vector.
 const LOOK_CHUNK: u64 = 64 << 20;
+/// How far ahead of the reads residency is looked at: beyond any read-ahead (Linux's default
+/// maximum is 2 x `read_ahead_kb`; Lustre's per-file default, 64 MiB), and small enough that the
+/// first read of a huge file does not wait for a look at all of it.
+pub const LOOK_AHEAD: u64 = 4 * LOOK_CHUNK;
 
-/// Which pages of `[start, start + len)` of a file were resident when looked at.
+/// Which pages of `[start, start + len)` of a file were resident when looked at; looked at from
+/// the start, as far as [`Residency::look_until`] has got.
 pub struct Residency {
-    /// Page-aligned start of the looked-at range.
+    /// Page-aligned start of the range.
     start: u64,
     page: u64,
     pages: usize,
+    /// The pages looked at so far, from the start.
+    looked: usize,
     /// One bit per page, set when it was resident.
     resident: Vec<u64>,
 }
@@ -65,44 +72,58 @@ fn mincore(file: &File, offset: u64, span: u64, page: u64) -> std::io::Result<Ve
 }
 
 impl Residency {
-    /// Looks at the pages covering `[start, start + len)`.
-    pub fn look(file: &File, start: u64, len: u64) -> std::io::Result<Residency> {
+    /// The pages covering `[start, start + len)`, none looked at yet.
+    pub fn new(start: u64, len: u64) -> Residency {
         let page = page_size();
         let aligned = start - start % page;
-        let span = (start + len).div_ceil(page) * page - aligned;
-        let pages = usize::try_from(span / page).map_err(std::io::Error::other)?;
-        let mut resident = vec![0u64; pages.div_ceil(64)];
-        let mut index = 0;
-        let mut offset = aligned;
-        while offset < aligned + span {
-            let chunk = LOOK_CHUNK.min(aligned + span - offset);
-            for byte in mincore(file, offset, chunk, page)? {
-                if byte & 1 == 1 {
-                    resident[index / 64] |= 1 << (index % 64);
-                }
-                index += 1;
-            }
-            offset += chunk;
-        }
-        Ok(Residency {
+        let pages = ((start + len).div_ceil(page) * page - aligned) / page;
+        let pages = usize::try_from(pages).unwrap_or(usize::MAX);
+        Residency {
             start: aligned,
             page,
             pages,
-            resident,
-        })
+            looked: 0,
+            resident: vec![0u64; pages.div_ceil(64)],
+        }
     }
 
+    /// Looks at the pages covering `[start, start + len)` now.
+    pub fn look(file: &File, start: u64, len: u64) -> std::io::Result<Residency> {
+        let mut residency = Residency::new(start, len);
+        residency.look_until(file, start + len)?;
+        Ok(residency)
+    }
+
+    /// Looks at the pages not yet looked at up to `until`.
+    pub fn look_until(&mut self, file: &File, until: u64) -> std::io::Result<()> {
+        let last = (until.saturating_sub(self.start).div_ceil(self.page) as usize).min(self.pages);
+        while self.looked < last {
+            let chunk = (last - self.looked).min((LOOK_CHUNK / self.page) as usize);
+            let offset = self.start + self.looked as u64 * self.page;
+            let bytes = mincore(file, offset, chunk as u64 * self.page, self.page)?;
+            for (i, byte) in bytes.iter().enumerate() {
+                if byte & 1 == 1 {
+                    let index = self.looked + i;
+                    self.resident[index / 64] |= 1 << (index % 64);
+                }
+            }
+            self.looked += chunk;
+        }
+        Ok(())
+    }
+
+    /// A page not looked at counts as resident: better left cached than dropped from a server.
     fn was_resident(&self, page: usize) -> bool {
-        self.resident[page / 64] & (1 << (page % 64)) != 0
+        page >= self.looked || self.resident[page / 64] & (1 << (page % 64)) != 0
     }
 
-    /// The fraction of the looked-at pages that were resident (1 for an empty range).
+    /// The fraction of the looked-at pages that were resident (1 when none were looked at).
     pub fn fraction(&self) -> f64 {
-        if self.pages == 0 {
+        if self.looked == 0 {
             return 1.0;
         }
         let count: u32 = self.resident.iter().map(|word| word.count_ones()).sum();
-        f64::from(count) / self.pages as f64
+        f64::from(count) / self.looked as f64
     }
 
     /// Drops from the page cache every run of pages in `[from, until)` that was not resident when
@@ -141,50 +162,55 @@ pub struct Restorer {
     end: u64,
     /// Where the next drop starts: everything before it has been restored.
     restored: u64,
-    /// None when the look was refused: then nothing is dropped (better cached than lost).
-    before: Option<Residency>,
+    /// Pages past a refused look count as resident (kept), and looking stops.
+    before: Residency,
+    refused: bool,
 }
 
 impl Restorer {
-    /// Looks at `[start, end)` now, before the first read.
+    /// Looks at the start of `[start, end)` now, before the first read.
     pub fn new(file: &File, window: u64, start: u64, end: u64) -> Restorer {
-        let before = match Residency::look(file, start, end.saturating_sub(start)) {
-            Ok(residency) => Some(residency),
-            Err(e) => {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
-                    tracing::warn!(error = %e, "cannot see which pages of a model file are cached (mmap or mincore refused); the pages a verification reads stay cached");
-                });
-                None
-            }
-        };
-        Restorer {
+        let mut restorer = Restorer {
             window,
             end,
             restored: start,
-            before,
+            before: Residency::new(start, end.saturating_sub(start)),
+            refused: false,
+        };
+        restorer.look_ahead(file, start);
+        restorer
+    }
+
+    fn look_ahead(&mut self, file: &File, offset: u64) {
+        if self.refused {
+            return;
+        }
+        if let Err(e) = self
+            .before
+            .look_until(file, offset.saturating_add(LOOK_AHEAD))
+        {
+            self.refused = true;
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(error = %e, "cannot see which pages of a model file are cached (mmap or mincore refused); the pages a verification reads stay cached");
+            });
         }
     }
 
-    /// Called after each read that ended at `offset`: once a whole window lies behind it, the
-    /// pages that window's reads brought in are dropped.
+    /// Called after each read that ended at `offset`: residency is looked at further ahead, and
+    /// once a whole window lies behind the reads, the pages its reads brought in are dropped.
     pub fn after_read(&mut self, file: &File, offset: u64) {
         if offset >= self.restored + self.window {
             let until = offset - (offset - self.restored) % self.window;
-            self.drop(file, until);
+            self.before.drop_brought_in(file, self.restored, until);
+            self.restored = until;
+            self.look_ahead(file, offset);
         }
     }
 
     /// After the last read (or a stop): drops what the reads brought in, read-ahead included.
-    pub fn finish(mut self, file: &File) {
-        self.drop(file, self.end);
-    }
-
-    fn drop(&mut self, file: &File, until: u64) {
-        if let Some(before) = &self.before {
-            before.drop_brought_in(file, self.restored, until);
-        }
-        self.restored = until;
+    pub fn finish(self, file: &File) {
+        self.before.drop_brought_in(file, self.restored, self.end);
     }
 }
 

@@ -1,9 +1,12 @@
 //! Continuous verification of one model cache: a full verification at start, incremental
 //! re-verification of the files that file events name, a full rescan on a schedule (bit rot leaves
 //! no event) and whenever events were lost. One tokio task per model, so one unreadable cache never
-//! holds up another; hashing runs on the shared rayon pools (one per priority, [`Hashers`]), off the async runtime.
+//! holds up another; hashing runs on the shared rayon pools (one per priority, [`Hashers`]), off the
+//! async runtime. What to do when is decided by [`plan::Planner`]; this task performs it.
 
-use std::collections::HashSet;
+pub mod plan;
+
+use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,13 +27,14 @@ use super::state::{ModelState, NodeTaint, Readiness};
 use super::verify::{verify, VerifyOptions};
 use crate::config::{ModelConfig, VerifySettings};
 use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
+use plan::{Action, Input, Outcome, Planner, Timing, Todo};
 
-/// How often the monitor wakes when nothing happens: its heartbeat, stall check and watch retry.
+/// How often the monitor wakes when nothing happens: its heartbeat, stall check, ROOT check and
+/// manifest retry.
 const TICK: Duration = Duration::from_secs(5);
 /// Watch set-up that failed (the root does not exist yet, the watch limit) is retried this often.
 const WATCH_RETRY: Duration = Duration::from_secs(30);
-/// inotify reports the agent's own opens a little after they happen: opens seen this soon after a
-/// verification ends are still its own.
+/// inotify reports the agent's own opens a little after they happen (see [`Timing`]).
 const OWN_READ_ECHO: Duration = Duration::from_secs(1);
 /// At shutdown, how long to wait for hashing to notice it was cancelled.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
@@ -45,42 +49,6 @@ struct Running {
     looked: HashSet<String>,
     last_bytes: u64,
     last_progress: Instant,
-}
-
-/// Work collected from events, done once they have been quiet for `debounce`.
-#[derive(Default)]
-struct Pending {
-    full: bool,
-    reload: bool,
-    listing: bool,
-    files: HashSet<String>,
-    last_event: Option<Instant>,
-}
-
-impl Pending {
-    fn add(&mut self, work: Work) {
-        match work {
-            Work::Full => self.full = true,
-            Work::ReloadManifest => self.reload = true,
-            Work::Listing => self.listing = true,
-            Work::Files(files) => self.files.extend(files),
-            // Narrowed to the files whose last look failed to open or read them before it gets here.
-            Work::Access(files) => self.files.extend(files),
-        }
-        self.last_event = Some(Instant::now());
-    }
-
-    fn is_empty(&self) -> bool {
-        !self.full && !self.reload && !self.listing && self.files.is_empty()
-    }
-
-    /// When the work may start: immediately for scheduled work, after `debounce` for events.
-    fn due(&self, debounce: Duration) -> Option<Instant> {
-        if self.is_empty() {
-            return None;
-        }
-        Some(self.last_event.map_or_else(Instant::now, |t| t + debounce))
-    }
 }
 
 pub struct Monitor {
@@ -143,82 +111,66 @@ impl Monitor {
         }
     }
 
+    fn timing(&self) -> Timing {
+        Timing {
+            debounce: self.settings.debounce,
+            full_rescan_interval: self.settings.full_rescan_interval,
+            watch_retry: WATCH_RETRY,
+            manifest_retry: TICK,
+            own_read_echo: OWN_READ_ECHO,
+        }
+    }
+
     /// Runs until `shutdown`; a verification under way is then cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
         let name = self.model.name.clone();
         let (tx, mut events) = mpsc::unbounded_channel();
         let mut watch: Option<(notify::RecommendedWatcher, RootIdentity)> = None;
-        let mut last_watch_attempt: Option<Instant> = None;
         let mut loaded: Option<Loaded> = None;
         let mut router: Option<Router> = None;
         let mut report: Option<Report> = None;
         let mut running: Option<Running> = None;
         let mut last_error = String::new();
-        // Opens until then are the agent's own hashing, not a server loading the model.
-        let mut own_reads_until = Instant::now();
-        let mut pending = Pending {
-            reload: true,
-            full: true,
-            ..Pending::default()
-        };
+        let mut planner = Planner::new(self.timing(), Instant::now());
         let mut tick = tokio::time::interval(TICK);
-        let rescan_every = self.settings.full_rescan_interval;
-        let mut rescan =
-            tokio::time::interval_at(tokio::time::Instant::now() + rescan_every, rescan_every);
+        let mut inputs = VecDeque::from([Input::Wake]);
 
         loop {
             self.state.beat();
-
-            // (Re)establish the watch: at start, when set-up failed, and when ROOT was replaced.
-            let root_moved = watch
-                .as_ref()
-                .is_some_and(|(_, id)| !id.still_matches(&self.model.root));
-            let retry_due = last_watch_attempt.is_none_or(|t| t.elapsed() >= WATCH_RETRY);
-            if (watch.is_none() && retry_due) || root_moved {
-                let first_attempt = last_watch_attempt.is_none();
-                last_watch_attempt = Some(Instant::now());
-                watch = match self.watch(tx.clone()) {
-                    Ok(w) => {
-                        // Whatever happened while nothing was watching is only found by looking.
-                        if !first_attempt {
-                            pending.full = true;
+            while let Some(input) = inputs.pop_front() {
+                for action in planner.on(input, Instant::now()) {
+                    match action {
+                        Action::Watch => {
+                            watch = match self.watch(tx.clone()) {
+                                Ok(watching) => Some(watching),
+                                Err(WatchError { reason, limit }) => {
+                                    if limit {
+                                        self.metrics.watch_overflow(&name);
+                                    }
+                                    tracing::warn!(model_name = %name, error = %reason, "cannot watch the model cache; relying on periodic rescans until it can");
+                                    None
+                                }
+                            };
+                            inputs.push_back(Input::Watched(watch.is_some()));
                         }
-                        Some(w)
-                    }
-                    Err(WatchError { reason, limit }) => {
-                        if limit {
-                            self.metrics.watch_overflow(&name);
+                        Action::RecordLoad => self.loads.record(&name, unix_now()),
+                        Action::Verify(todo) => {
+                            // Loading a manifest of a million entries takes seconds; SIGTERM must
+                            // not wait for it (the parse finishes on its blocking thread, unobserved).
+                            let started = tokio::select! {
+                                started = self.start(todo, &mut loaded, &mut router, &report, &mut last_error) => started,
+                                _ = shutdown.cancelled() => return,
+                            };
+                            match started {
+                                Ok(job) => running = Some(job),
+                                Err(outcome) => inputs.push_back(Input::Finished(outcome)),
+                            }
                         }
-                        tracing::warn!(model_name = %name, error = %reason, "cannot watch the model cache; relying on periodic rescans until it can");
-                        None
-                    }
-                };
-            }
-
-            if running.is_none() {
-                if let Some(due) = pending.due(self.settings.debounce) {
-                    if due <= Instant::now() {
-                        // Loading a manifest of a million entries takes seconds; SIGTERM must not
-                        // wait for it (the parse finishes on its blocking thread, unobserved).
-                        running = tokio::select! {
-                            started = self.start(
-                                &mut pending,
-                                &mut loaded,
-                                &mut router,
-                                &report,
-                                &mut last_error,
-                            ) => started,
-                            _ = shutdown.cancelled() => return,
-                        };
                     }
                 }
             }
 
-            let due = if running.is_none() {
-                pending.due(self.settings.debounce)
-            } else {
-                None
-            };
+            let wake = tokio::time::Instant::from_std(planner.next_wake());
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     if let Some(job) = running.take() {
@@ -231,59 +183,75 @@ impl Monitor {
                     return;
                 }
                 Some(event) = events.recv() => {
-                    match event {
-                        Ok(event) => {
-                            if matches!(event.kind, notify::EventKind::Access(notify::event::AccessKind::Open(_)))
-                                && running.is_none()
-                                && Instant::now() > own_reads_until
-                                && event.paths.iter().any(|p| is_weight_file(p))
-                            {
-                                self.loads.record(&name, unix_now());
-                            }
-                            if event.need_rescan() {
-                                self.metrics.watch_overflow(&name);
-                                tracing::warn!(model_name = %name, "file-watch queue overflowed; verifying everything");
-                            }
-                            match &router {
-                                Some(router) => router
-                                    .route(&event)
-                                    .into_iter()
-                                    .filter_map(|w| worth_a_look(w, report.as_ref()))
-                                    .for_each(|w| pending.add(w)),
-                                // Before the first verification maps files to events, any change
-                                // means the next verification must look at everything.
-                                None if event.need_rescan() || changes_content(&event.kind) => pending.add(Work::Full),
-                                None => {}
-                            }
-                        }
-                        Err(e) => {
-                            if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
-                                self.metrics.watch_overflow(&name);
-                            }
-                            tracing::warn!(model_name = %name, error = %e, "file watch error; verifying everything");
-                            pending.add(Work::Full);
-                        }
-                    }
+                    inputs.extend(self.on_event(event, router.as_ref(), report.as_ref()));
                 }
                 _ = tick.tick() => {
                     if let Some(job) = running.as_mut() {
                         self.check_progress(job);
                     }
-                    if loaded.is_none() {
-                        pending.reload = true;
+                    if watch.as_ref().is_some_and(|(_, id)| !id.still_matches(&self.model.root)) {
+                        inputs.push_back(Input::RootReplaced);
                     }
+                    inputs.push_back(Input::Wake);
                 }
-                _ = rescan.tick() => pending.full = true,
                 result = async { (&mut running.as_mut().expect("guarded by if").handle).await }, if running.is_some() => {
                     let job = running.take().expect("guarded by if");
-                    own_reads_until = Instant::now() + OWN_READ_ECHO;
                     self.state.stalled.store(false, Ordering::Relaxed);
                     let outcome = result.unwrap_or_else(|e| Err(format!("verification task failed: {e}")));
-                    self.finish(&job, outcome, &mut report, loaded.as_ref(), &mut router);
+                    let outcome = self.finish(&job, outcome, &mut report, loaded.as_ref(), &mut router);
+                    inputs.push_back(Input::Finished(outcome));
                 }
-                _ = sleep_until(due), if due.is_some() => {}
+                _ = tokio::time::sleep_until(wake) => inputs.push_back(Input::Wake),
             }
         }
+    }
+
+    /// What one file event tells the planner: a weight file opened, work routed to manifest files.
+    fn on_event(
+        &self,
+        event: notify::Result<notify::Event>,
+        router: Option<&Router>,
+        report: Option<&Report>,
+    ) -> Vec<Input> {
+        let name = &self.model.name;
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
+                    self.metrics.watch_overflow(name);
+                }
+                tracing::warn!(model_name = %name, error = %e, "file watch error; verifying everything");
+                return vec![Input::Work(Work::Full)];
+            }
+        };
+        let mut inputs = Vec::new();
+        if matches!(
+            event.kind,
+            notify::EventKind::Access(notify::event::AccessKind::Open(_))
+        ) && event.paths.iter().any(|p| is_weight_file(p))
+        {
+            inputs.push(Input::WeightFileOpened);
+        }
+        if event.need_rescan() {
+            self.metrics.watch_overflow(name);
+            tracing::warn!(model_name = %name, "file-watch queue overflowed; verifying everything");
+        }
+        match router {
+            Some(router) => inputs.extend(
+                router
+                    .route(&event)
+                    .into_iter()
+                    .filter_map(|w| worth_a_look(w, report))
+                    .map(Input::Work),
+            ),
+            // Before the first verification maps files to events, any change means the next
+            // verification must look at everything.
+            None if event.need_rescan() || changes_content(&event.kind) => {
+                inputs.push(Input::Work(Work::Full));
+            }
+            None => {}
+        }
+        inputs
     }
 
     fn check_progress(&self, job: &mut Running) {
@@ -298,17 +266,17 @@ impl Monitor {
         }
     }
 
-    /// Takes the pending work and starts the verification it calls for.
+    /// Starts the verification `work` calls for; without one (the manifest unusable, nothing to
+    /// look at after all), says how the attempt ended.
     async fn start(
         &self,
-        pending: &mut Pending,
+        work: Todo,
         loaded: &mut Option<Loaded>,
         router: &mut Option<Router>,
         report: &Option<Report>,
         last_error: &mut String,
-    ) -> Option<Running> {
-        let work = std::mem::take(pending);
-        let mut full = work.full || report.is_none();
+    ) -> Result<Running, Outcome> {
+        let mut full = work.full;
         if work.reload || loaded.is_none() {
             match self.load_manifest().await {
                 Ok((manifest, digest)) => {
@@ -339,14 +307,17 @@ impl Monitor {
                     *router = None;
                     self.state.set_readiness(Readiness::Failed { reason });
                     self.metrics.unverifiable(&self.model.name);
-                    return None;
+                    return Err(Outcome::NoManifest);
                 }
             }
         }
-        let manifest = loaded.as_ref()?.manifest.clone();
+        let Some(manifest) = loaded.as_ref().map(|l| l.manifest.clone()) else {
+            return Err(Outcome::NoManifest);
+        };
         let only = (!full).then(|| work.files.clone());
         if !full && work.files.is_empty() && !work.listing {
-            return None;
+            // A reload that found the same manifest: the model's state stands.
+            return Err(Outcome::Report);
         }
         let kind = if full {
             VerifyKind::Full
@@ -379,7 +350,7 @@ impl Monitor {
             pool.install(|| verify(&root, &manifest, &options, &job_control))
                 .map_err(|e| e.to_string())
         });
-        Some(Running {
+        Ok(Running {
             handle,
             control,
             kind,
@@ -400,6 +371,7 @@ impl Monitor {
         .unwrap_or_else(|e| Err(format!("manifest task failed: {e}")))
     }
 
+    /// Publishes a verification's result; says whether it gave the model's state.
     fn finish(
         &self,
         job: &Running,
@@ -407,7 +379,7 @@ impl Monitor {
         report: &mut Option<Report>,
         loaded: Option<&Loaded>,
         router: &mut Option<Router>,
-    ) {
+    ) -> Outcome {
         let name = &self.model.name;
         let kind = job.kind;
         self.metrics.throttled(name, job.control.throttled());
@@ -418,7 +390,7 @@ impl Monitor {
                 self.state.set_readiness(Readiness::Failed { reason });
                 self.metrics.unverifiable(name);
                 *report = None;
-                return;
+                return Outcome::Failed;
             }
         };
         let (hashed, seconds) = (partial.bytes_hashed, partial.seconds);
@@ -430,7 +402,9 @@ impl Monitor {
             }
             _ => partial,
         };
-        let Some(loaded) = loaded else { return };
+        let Some(loaded) = loaded else {
+            return Outcome::Failed;
+        };
         if kind == VerifyKind::Full {
             *router = Some(self.router(loaded.manifest.clone(), &current));
         }
@@ -446,6 +420,7 @@ impl Monitor {
             }
         });
         *report = Some(current);
+        Outcome::Report
     }
 
     fn router(&self, manifest: Arc<Manifest>, report: &Report) -> Router {
@@ -549,12 +524,6 @@ fn manifest_dir(manifest: &Path) -> PathBuf {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf())
-}
-
-async fn sleep_until(due: Option<Instant>) {
-    if let Some(due) = due {
-        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-    }
 }
 
 fn failing(report: &Report) -> impl Iterator<Item = &super::report::FileReport> {

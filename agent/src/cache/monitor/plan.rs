@@ -1,0 +1,418 @@
+//! The monitor's decisions as a pure function of what happened and when: when to (re)watch, when
+//! collected work is due (debounce), when a full rescan is due, and whether an open of a weight file
+//! is a server loading the model or the agent's own hashing. The task in `mod.rs` only turns file
+//! events, timers and finished verifications into [`Input`]s and performs the [`Action`]s; every
+//! rule here is tested on made-up instants, no clock involved.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use crate::cache::events::Work;
+
+/// The loop's timing rules.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Quiet time after the last file event before the work it named starts.
+    pub debounce: Duration,
+    pub full_rescan_interval: Duration,
+    /// A watch set-up that failed (ROOT missing, the watch limit) is retried this often.
+    pub watch_retry: Duration,
+    /// A manifest that could not be used is tried again this often.
+    pub manifest_retry: Duration,
+    /// inotify reports the agent's own opens a little after they happen: opens seen this soon
+    /// after a verification ends are still its own.
+    pub own_read_echo: Duration,
+}
+
+/// What the next verification must look at.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Todo {
+    /// Every file, and the extras.
+    pub full: bool,
+    /// Read the manifest again first.
+    pub reload: bool,
+    /// List the extras again.
+    pub listing: bool,
+    pub files: HashSet<String>,
+}
+
+impl Todo {
+    fn add(&mut self, work: Work) {
+        match work {
+            Work::Full => self.full = true,
+            Work::ReloadManifest => self.reload = true,
+            Work::Listing => self.listing = true,
+            Work::Files(files) | Work::Access(files) => self.files.extend(files),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == Todo::default()
+    }
+}
+
+#[derive(Debug)]
+pub enum Input {
+    /// Time passed: a tick, or the instant [`Planner::next_wake`] named.
+    Wake,
+    /// The watch asked for by [`Action::Watch`] is set up (true) or could not be (false).
+    Watched(bool),
+    /// ROOT is no longer the directory the watch was set on (replaced by a rename).
+    RootReplaced,
+    /// Work routed from file events.
+    Work(Work),
+    /// Someone opened one of the model's weight files.
+    WeightFileOpened,
+    /// The verification asked for ended.
+    Finished(Outcome),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A verdict, either way: the model's state is known.
+    Report,
+    /// It could not run (ROOT unreadable): the next run must look at everything.
+    Failed,
+    /// The manifest could not be read or trusted: it is read again after `manifest_retry`.
+    NoManifest,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Set up the file watch (again), then say [`Input::Watched`].
+    Watch,
+    /// Start a verification, then say [`Input::Finished`].
+    Verify(Todo),
+    /// A server is loading the model: record it for the startup phases and the priority.
+    RecordLoad,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Watch {
+    /// Never asked for: the first set-up finds nothing that a verification would not.
+    Never,
+    Asked {
+        before: bool,
+    },
+    Watching,
+    /// The last attempt failed at this instant.
+    Failed {
+        at: Instant,
+    },
+}
+
+pub struct Planner {
+    timing: Timing,
+    todo: Todo,
+    /// The last file event: work from events waits for `debounce` of quiet after it. None: the
+    /// work is scheduled (start, rescan, retry) and due at once.
+    last_event: Option<Instant>,
+    verifying: bool,
+    /// Until then opens are the agent's own hashing (while verifying, and an echo after).
+    own_reads_until: Option<Instant>,
+    watch: Watch,
+    next_rescan: Instant,
+    /// The last verification could not run: the next one starts from the manifest, whole.
+    unverified: bool,
+    manifest_retry_at: Option<Instant>,
+}
+
+impl Planner {
+    /// At start: everything is to do, the manifest to read.
+    pub fn new(timing: Timing, now: Instant) -> Planner {
+        Planner {
+            timing,
+            todo: Todo {
+                full: true,
+                reload: true,
+                ..Todo::default()
+            },
+            last_event: None,
+            verifying: false,
+            own_reads_until: None,
+            watch: Watch::Never,
+            next_rescan: now + timing.full_rescan_interval,
+            unverified: true,
+            manifest_retry_at: None,
+        }
+    }
+
+    pub fn on(&mut self, input: Input, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        match input {
+            Input::Wake => {}
+            Input::Watched(true) => {
+                // Whatever happened while nothing (or the old ROOT) was watched is only found by
+                // looking.
+                if self.watch == (Watch::Asked { before: true }) {
+                    self.todo.full = true;
+                }
+                self.watch = Watch::Watching;
+            }
+            Input::Watched(false) => self.watch = Watch::Failed { at: now },
+            Input::RootReplaced => {
+                self.watch = Watch::Asked { before: true };
+                actions.push(Action::Watch);
+            }
+            Input::Work(work) => {
+                self.todo.add(work);
+                self.last_event = Some(now);
+            }
+            Input::WeightFileOpened => {
+                let own = self.verifying || self.own_reads_until.is_some_and(|until| now < until);
+                if !own {
+                    actions.push(Action::RecordLoad);
+                }
+            }
+            Input::Finished(outcome) => {
+                self.verifying = false;
+                self.own_reads_until = Some(now + self.timing.own_read_echo);
+                self.unverified = outcome != Outcome::Report;
+                if outcome == Outcome::NoManifest {
+                    self.manifest_retry_at = Some(now + self.timing.manifest_retry);
+                }
+            }
+        }
+        let watch_due = match self.watch {
+            Watch::Never => Some(false),
+            Watch::Failed { at } if now >= at + self.timing.watch_retry => Some(true),
+            _ => None,
+        };
+        if let Some(before) = watch_due {
+            self.watch = Watch::Asked { before };
+            actions.push(Action::Watch);
+        }
+        if now >= self.next_rescan {
+            self.todo.full = true;
+            self.last_event = None;
+            self.next_rescan = now + self.timing.full_rescan_interval;
+        }
+        if self.manifest_retry_at.is_some_and(|at| now >= at) {
+            self.manifest_retry_at = None;
+            self.todo.reload = true;
+        }
+        if !self.verifying && self.is_due(now) {
+            let mut todo = std::mem::take(&mut self.todo);
+            if self.unverified {
+                todo.full = true;
+                todo.reload = true;
+            }
+            self.last_event = None;
+            self.verifying = true;
+            actions.push(Action::Verify(todo));
+        }
+        actions
+    }
+
+    /// Collected work may start at once when scheduled, `debounce` after the last event otherwise.
+    fn is_due(&self, now: Instant) -> bool {
+        !self.todo.is_empty()
+            && self
+                .last_event
+                .is_none_or(|event| now >= event + self.timing.debounce)
+    }
+
+    /// The next instant at which time alone changes a decision: the task sleeps until then.
+    pub fn next_wake(&self) -> Instant {
+        let mut wake = self.next_rescan;
+        if let Watch::Failed { at } = self.watch {
+            wake = wake.min(at + self.timing.watch_retry);
+        }
+        if let Some(at) = self.manifest_retry_at {
+            wake = wake.min(at);
+        }
+        if let (false, false, Some(event)) = (self.verifying, self.todo.is_empty(), self.last_event)
+        {
+            wake = wake.min(event + self.timing.debounce);
+        }
+        wake
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMING: Timing = Timing {
+        debounce: Duration::from_millis(500),
+        full_rescan_interval: Duration::from_secs(24 * 3600),
+        watch_retry: Duration::from_secs(30),
+        manifest_retry: Duration::from_secs(5),
+        own_read_echo: Duration::from_secs(1),
+    };
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn files(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn verify(full: bool, reload: bool, names: &[&str]) -> Action {
+        Action::Verify(Todo {
+            full,
+            reload,
+            listing: false,
+            files: files(names),
+        })
+    }
+
+    /// A planner past its start: watching, first verification done.
+    fn settled(t0: Instant) -> Planner {
+        let mut planner = Planner::new(TIMING, t0);
+        planner.on(Input::Wake, t0);
+        planner.on(Input::Watched(true), t0);
+        planner.on(Input::Finished(Outcome::Report), t0 + ms(100));
+        planner
+    }
+
+    #[test]
+    fn at_start_it_watches_and_verifies_everything_from_the_manifest() {
+        let t0 = Instant::now();
+        let mut planner = Planner::new(TIMING, t0);
+        assert_eq!(
+            planner.on(Input::Wake, t0),
+            [Action::Watch, verify(true, true, &[])]
+        );
+        assert_eq!(planner.on(Input::Watched(true), t0), [], "no second look");
+        assert_eq!(planner.on(Input::Finished(Outcome::Report), t0), []);
+        assert_eq!(planner.on(Input::Wake, t0 + TIMING.watch_retry), []);
+    }
+
+    #[test]
+    fn event_work_waits_for_a_quiet_debounce_and_is_merged() {
+        let t0 = Instant::now();
+        let mut planner = settled(t0);
+        let t = t0 + Duration::from_secs(10);
+        assert_eq!(planner.on(Input::Work(Work::Files(files(&["a"]))), t), []);
+        assert_eq!(planner.next_wake(), t + TIMING.debounce);
+        // A second event restarts the quiet time.
+        let t2 = t + ms(300);
+        assert_eq!(planner.on(Input::Work(Work::Files(files(&["b"]))), t2), []);
+        assert_eq!(planner.on(Input::Wake, t + TIMING.debounce), []);
+        assert_eq!(planner.next_wake(), t2 + TIMING.debounce);
+        assert_eq!(
+            planner.on(Input::Wake, t2 + TIMING.debounce),
+            [verify(false, false, &["a", "b"])]
+        );
+    }
+
+    #[test]
+    fn work_that_arrives_during_a_verification_starts_after_it() {
+        let t0 = Instant::now();
+        let mut planner = settled(t0);
+        let t = t0 + Duration::from_secs(10);
+        planner.on(Input::Work(Work::Files(files(&["a"]))), t);
+        assert_eq!(planner.on(Input::Wake, t + TIMING.debounce).len(), 1);
+        planner.on(Input::Work(Work::Listing), t + ms(600));
+        assert_eq!(planner.on(Input::Wake, t + ms(5000)), [], "one at a time");
+        assert_eq!(
+            planner.on(Input::Finished(Outcome::Report), t + ms(6000)),
+            [Action::Verify(Todo {
+                listing: true,
+                ..Todo::default()
+            })],
+            "its debounce ran out meanwhile"
+        );
+    }
+
+    #[test]
+    fn a_full_rescan_comes_every_interval_without_debounce() {
+        let t0 = Instant::now();
+        let mut planner = settled(t0);
+        let due = t0 + TIMING.full_rescan_interval;
+        assert_eq!(planner.next_wake(), due);
+        assert_eq!(planner.on(Input::Wake, due - ms(1)), []);
+        assert_eq!(planner.on(Input::Wake, due), [verify(true, false, &[])]);
+        planner.on(Input::Finished(Outcome::Report), due + ms(10));
+        assert_eq!(planner.next_wake(), due + TIMING.full_rescan_interval);
+    }
+
+    #[test]
+    fn a_failed_watch_is_retried_and_its_return_looks_at_everything() {
+        let t0 = Instant::now();
+        let mut planner = Planner::new(TIMING, t0);
+        planner.on(Input::Wake, t0);
+        planner.on(Input::Watched(false), t0);
+        planner.on(Input::Finished(Outcome::Report), t0 + ms(10));
+        assert_eq!(planner.next_wake(), t0 + TIMING.watch_retry);
+        assert_eq!(planner.on(Input::Wake, t0 + TIMING.watch_retry - ms(1)), []);
+        assert_eq!(
+            planner.on(Input::Wake, t0 + TIMING.watch_retry),
+            [Action::Watch]
+        );
+        assert_eq!(
+            planner.on(Input::Watched(true), t0 + TIMING.watch_retry),
+            [verify(true, false, &[])]
+        );
+    }
+
+    #[test]
+    fn a_replaced_root_is_watched_again_and_looked_at_whole() {
+        let t0 = Instant::now();
+        let mut planner = settled(t0);
+        let t = t0 + Duration::from_secs(60);
+        assert_eq!(planner.on(Input::RootReplaced, t), [Action::Watch]);
+        assert_eq!(
+            planner.on(Input::Watched(true), t),
+            [verify(true, false, &[])]
+        );
+    }
+
+    #[test]
+    fn only_opens_outside_the_agents_own_reads_are_loads() {
+        let t0 = Instant::now();
+        let mut planner = Planner::new(TIMING, t0);
+        planner.on(Input::Wake, t0);
+        assert_eq!(
+            planner.on(Input::WeightFileOpened, t0 + ms(50)),
+            [],
+            "hashing"
+        );
+        let done = t0 + ms(100);
+        planner.on(Input::Finished(Outcome::Report), done);
+        assert_eq!(
+            planner.on(Input::WeightFileOpened, done + TIMING.own_read_echo - ms(1)),
+            [],
+            "the echo of its own reads"
+        );
+        assert_eq!(
+            planner.on(Input::WeightFileOpened, done + TIMING.own_read_echo),
+            [Action::RecordLoad]
+        );
+    }
+
+    #[test]
+    fn an_unusable_manifest_is_read_again_on_its_retry() {
+        let t0 = Instant::now();
+        let mut planner = Planner::new(TIMING, t0);
+        planner.on(Input::Wake, t0);
+        planner.on(Input::Finished(Outcome::NoManifest), t0);
+        assert_eq!(planner.next_wake(), t0 + TIMING.manifest_retry);
+        assert_eq!(planner.on(Input::Wake, t0 + ms(4999)), []);
+        assert_eq!(
+            planner.on(Input::Wake, t0 + TIMING.manifest_retry),
+            [verify(true, true, &[])]
+        );
+    }
+
+    #[test]
+    fn after_a_run_that_could_not_verify_the_next_one_is_whole() {
+        let t0 = Instant::now();
+        let mut planner = settled(t0);
+        planner.on(Input::Work(Work::Files(files(&["a"]))), t0 + ms(200));
+        planner.on(Input::Wake, t0 + ms(700));
+        planner.on(Input::Finished(Outcome::Failed), t0 + ms(800));
+        assert_eq!(
+            planner.next_wake(),
+            t0 + TIMING.full_rescan_interval,
+            "no retry loop"
+        );
+        planner.on(Input::Work(Work::Files(files(&["b"]))), t0 + ms(900));
+        assert_eq!(
+            planner.on(Input::Wake, t0 + ms(1400)),
+            [verify(true, true, &["b"])]
+        );
+    }
+}
