@@ -4,60 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
-use common::nvml::fake_nvml;
+use common::nvml::{fake_nvml, Scenario};
 use serde_json::{json, Value};
-
-fn device(i: usize) -> Value {
-    json!({
-        "uuid": format!("GPU-0000000{i}-1111-2222-3333-44444444444{i}"),
-        "name": "NVIDIA H100 80GB HBM3",
-        "pci_bus_id": format!("00000000:{:02X}:00.0", 0x07 + i * 0x10),
-        "memory": {"total": 85520809984u64, "used": 1048576000u64 + i as u64, "free": 83935952896u64, "reserved": 536281088u64},
-        "clocks_event_reasons": 1,
-        "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
-        "temperature_c": 40 + i, "power_mw": 312500 + i * 1000,
-        "utilization": {"gpu": 87, "memory": 40},
-        "energy_mj": 123456789u64 + i as u64,
-        "xid_events": [], "lost": false, "unsupported": []
-    })
-}
-
-/// The scenario file, replaced atomically: the fake re-reads it on every call.
-struct Scenario {
-    dir: tempfile::TempDir,
-    value: Value,
-}
-
-impl Scenario {
-    fn new() -> Scenario {
-        let value = json!({"driver_version": "580.95.05", "devices": (0..8).map(device).collect::<Vec<_>>()});
-        let scenario = Scenario {
-            dir: tempfile::tempdir().unwrap(),
-            value,
-        };
-        scenario.write();
-        scenario
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("scenario.json")
-    }
-
-    fn write(&self) {
-        let tmp = self.dir.path().join("scenario.json.tmp");
-        std::fs::write(&tmp, self.value.to_string()).unwrap();
-        std::fs::rename(tmp, self.path()).unwrap();
-    }
-
-    fn set(&mut self, gpu: usize, key: &str, value: Value) {
-        self.value["devices"][gpu][key] = value;
-        self.write();
-    }
-}
 
 fn start(scenario: &Scenario, extra: &str) -> Agent {
     let config = format!(
@@ -73,7 +25,7 @@ fn gpu(index: usize) -> String {
 
 #[test]
 fn every_series_and_label_matches_the_scenario() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let agent = start(&scenario, "  dcgm_names: true\n");
     agent.wait_for("8 GPUs", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
@@ -181,7 +133,7 @@ fn every_series_and_label_matches_the_scenario() {
 
 #[test]
 fn clock_event_reasons_appear_and_disappear() {
-    let mut scenario = Scenario::new();
+    let mut scenario = Scenario::new(8);
     let agent = start(&scenario, "");
     let active = |reason: &'static str, value: f64| {
         move |m: &str| {
@@ -238,7 +190,7 @@ fn clock_event_reasons_appear_and_disappear() {
 
 #[test]
 fn xid_events_count_per_xid_and_set_the_last() {
-    let mut scenario = Scenario::new();
+    let mut scenario = Scenario::new(8);
     let agent = start(&scenario, "");
     agent.wait_for("GPUs", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
@@ -271,7 +223,7 @@ fn xid_events_count_per_xid_and_set_the_last() {
 /// an XID NVML cannot identify (999) is counted, not dropped.
 #[test]
 fn one_gpu_refusing_xid_registration_costs_only_that_gpu() {
-    let mut scenario = Scenario::new();
+    let mut scenario = Scenario::new(8);
     scenario.value["devices"][3]["unsupported"] = json!(["register_events"]);
     scenario.write();
     let agent = start(&scenario, "");
@@ -305,7 +257,7 @@ fn one_gpu_refusing_xid_registration_costs_only_that_gpu() {
 
 #[test]
 fn a_lost_gpu_is_named_while_the_others_keep_reporting() {
-    let mut scenario = Scenario::new();
+    let mut scenario = Scenario::new(8);
     let agent = start(&scenario, "");
     agent.wait_for("GPUs", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
@@ -352,7 +304,7 @@ fn a_lost_gpu_is_named_while_the_others_keep_reporting() {
 
 #[test]
 fn unsupported_fields_are_absent_and_fallbacks_are_used() {
-    let mut scenario = Scenario::new();
+    let mut scenario = Scenario::new(8);
     scenario.set(2, "unsupported", json!(["reserved", "power", "energy"]));
     scenario.set(1, "unsupported", json!(["clocks_event_reasons"]));
     scenario.set(1, "clocks_event_reasons", json!(0x40)); // hw_thermal_slowdown via the old call
@@ -414,7 +366,7 @@ fn unsupported_fields_are_absent_and_fallbacks_are_used() {
 
 #[test]
 fn missing_library_leaves_the_agent_running_with_collector_down() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let config = "models: []\nnvml:\n  library: /nonexistent/libnvidia-ml.so.1\n";
     let agent = Agent::start_with_env(config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
     // The collector is down from the start; the log line says when start-up gave up, and why.
@@ -445,7 +397,7 @@ fn missing_library_leaves_the_agent_running_with_collector_down() {
 /// current, and the others keep reporting; when it can be read again, both come back.
 #[test]
 fn a_gpu_in_a_failure_state_is_flagged_and_its_readings_dropped() {
-    let mut scenario = Scenario::new();
+    let mut scenario = Scenario::new(8);
     let agent = start(&scenario, "");
     let utilization =
         |m: &str, gpu: &str| sample(m, "mlnode_gpu_utilization_ratio", &[("gpu", gpu)]);
@@ -482,7 +434,7 @@ fn a_gpu_in_a_failure_state_is_flagged_and_its_readings_dropped() {
 /// reading is exported as if current; when it answers again, both come back. One log line each way.
 #[test]
 fn a_failing_nvml_is_reported_down_and_its_readings_dropped() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let agent = start(&scenario, "");
     let up = |m: &str| sample(m, "mlnode_collector_up", &[("collector", "nvml")]);
     agent.wait_for("8 GPUs", Duration::from_secs(20), |m| {
@@ -518,7 +470,7 @@ fn a_failing_nvml_is_reported_down_and_its_readings_dropped() {
 /// GPU collector down, and SIGTERM still stops it within a second.
 #[test]
 fn a_blocking_nvml_init_holds_up_nothing_else() {
-    let mut scenario = Scenario::new();
+    let mut scenario = Scenario::new(8);
     scenario.value["init_delay_ms"] = json!(120_000);
     scenario.write();
     let model = common::PlainModel::new();
@@ -547,7 +499,7 @@ fn a_blocking_nvml_init_holds_up_nothing_else() {
 
 #[test]
 fn lowercase_hostname_label_option() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let agent = start(&scenario, "  hostname_label: hostname\n");
     agent.wait_for("hostname label", Duration::from_secs(20), |m| {
         sample(
@@ -580,7 +532,7 @@ fn gpu3_assigned() -> mlnode_agent::kubelet::pod_resources::api::ListPodResource
 
 #[test]
 fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let kubelet = common::kubelet::FakeKubelet::serve(gpu3_assigned());
     let extra = format!(
         "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
@@ -617,7 +569,7 @@ fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
 
 #[test]
 fn legacy_pod_label_names() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let kubelet = common::kubelet::FakeKubelet::serve(gpu3_assigned());
     let config = format!(
         "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pod_labels: legacy\nkubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
@@ -642,7 +594,7 @@ fn legacy_pod_label_names() {
 
 #[test]
 fn absent_pod_resources_socket_logs_once_and_changes_nothing_else() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let config = format!(
         "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\nkubelet:\n  pod_resources_socket: /nonexistent/kubelet.sock\n  pod_resources_interval: 100ms\n",
         fake_nvml().display().to_string()
@@ -694,7 +646,7 @@ fn nvidia_smi_csv(scenario: &Value) -> String {
 /// nvidia-smi agree, and catch a field that does not.
 #[test]
 fn gpu_smoke_comparison_passes_on_agreement_and_catches_a_mismatch() {
-    let scenario = Scenario::new();
+    let scenario = Scenario::new(8);
     let agent = start(&scenario, "");
     agent.wait_for("GPUs", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "7")]).is_some()

@@ -1,11 +1,12 @@
 //! The readiness loop: decide the gates, write them to the node when they change (or every
 //! heartbeat), post a Node event for each change, and manage the startup taint. API errors back
-//! off and retry; nothing is written that the agent does not know to be true.
+//! off and retry; nothing is written that the agent does not know to be true. When to read, write
+//! and wait is decided by [`super::plan::Planner`]; this task talks to the API server.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Taint};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -15,15 +16,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::gates::{self, AcceleratorFacts, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
 use super::node::{conditions_patch, differs, has_taint, own_conditions, taint_patch};
+use super::plan::Planner;
 use crate::cache::state::{ModelState, NodeTaint};
-use crate::config::{ReadinessSettings, TaintMode};
+use crate::config::ReadinessSettings;
 use crate::gpu::state::GpuState;
 use crate::metrics::AgentMetrics;
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
 /// Retries of the taint's test-and-replace when the list changed between read and write.
 const TAINT_ATTEMPTS: usize = 5;
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// `mlnode_readiness_gate{gate}` and `mlnode_node_condition_updates_total{result}`.
 #[derive(Clone)]
@@ -85,17 +86,11 @@ pub struct Controller {
     up: AgentMetrics,
 }
 
-/// What the loop remembers between rounds.
-#[derive(Default)]
+/// What the loop remembers between rounds: the decisions' state, and the agent's conditions as
+/// the node last showed them.
 struct Memory {
-    /// The agent's conditions as the node last showed them.
-    conditions: Option<BTreeMap<String, NodeCondition>>,
-    last_write: Option<Instant>,
-    /// Whether the node had our taint when last seen.
-    taint_present: Option<bool>,
-    taint_removed_once: bool,
-    /// Neuron uncorrected-ECC counts when the agent started: only new errors fail the gate.
-    ecc_baseline: Option<BTreeMap<u32, u64>>,
+    planner: Planner,
+    conditions: BTreeMap<String, NodeCondition>,
 }
 
 impl Controller {
@@ -122,39 +117,40 @@ impl Controller {
     }
 
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut memory = Memory::default();
-        let mut backoff = Duration::from_secs(1);
+        let mut memory = Memory {
+            planner: Planner::new(
+                self.settings.interval,
+                self.settings.heartbeat,
+                self.taint.as_ref().map(|_| self.settings.taint_mode),
+            ),
+            conditions: BTreeMap::new(),
+        };
         let mut last_error = String::new();
         loop {
-            let gates = self.gates(&mut memory);
+            let gates = self.gates(&mut memory.planner);
             for gate in &gates {
                 self.metrics.set_gate(gate.condition_type, gate.ok);
             }
-            let wait = match self.sync(&gates, &mut memory).await {
+            let synced = self.sync(&gates, &mut memory).await;
+            let wait = memory.planner.round_done(synced.is_ok());
+            match synced {
                 Ok(()) => {
                     self.up.set_up("readiness", true);
                     if !last_error.is_empty() {
                         tracing::info!(node = %self.node_name, "API server reachable again; node conditions in sync");
                         last_error.clear();
                     }
-                    backoff = Duration::from_secs(1);
-                    self.settings.interval
                 }
                 Err(e) => {
                     self.up.set_up("readiness", false);
                     self.metrics.updates.with_label_values(&["error"]).inc();
                     let message = e.to_string();
                     if message != last_error {
-                        tracing::warn!(node = %self.node_name, error = %message, retry_in = ?backoff, "cannot sync node conditions");
+                        tracing::warn!(node = %self.node_name, error = %message, retry_in = ?wait, "cannot sync node conditions");
                         last_error = message;
                     }
-                    // The node object may have moved on: read it again next time.
-                    memory.conditions = None;
-                    let wait = backoff;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    wait
                 }
-            };
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
@@ -162,7 +158,7 @@ impl Controller {
         }
     }
 
-    fn gates(&self, memory: &mut Memory) -> Vec<Gate> {
+    fn gates(&self, planner: &mut Planner) -> Vec<Gate> {
         let models: Vec<(String, _)> = self
             .sources
             .models
@@ -200,7 +196,7 @@ impl Controller {
         if let Some(root) = &self.sources.neuron_root {
             let snapshot = crate::neuron::sysfs::read(root);
             facts.neuron_devices = snapshot.devices.len();
-            let now: BTreeMap<u32, u64> = snapshot
+            let raw: BTreeMap<u32, u64> = snapshot
                 .devices
                 .iter()
                 .map(|d| {
@@ -213,11 +209,7 @@ impl Controller {
                     )
                 })
                 .collect();
-            let baseline = memory.ecc_baseline.get_or_insert_with(|| now.clone());
-            facts.neuron_uncorrected_ecc = now
-                .iter()
-                .map(|(d, n)| (*d, n.saturating_sub(baseline.get(d).copied().unwrap_or(0))))
-                .collect();
+            facts.neuron_uncorrected_ecc = planner.new_uncorrected_ecc(&raw);
         }
         vec![
             gates::model_cache_gate(&models),
@@ -226,20 +218,19 @@ impl Controller {
     }
 
     async fn sync(&self, gates: &[Gate], memory: &mut Memory) -> Result<(), kube::Error> {
-        if memory.conditions.is_none() || (self.taint.is_some() && memory.taint_present.is_none()) {
+        if memory.planner.needs_read() {
             let node = self.nodes.get(&self.node_name).await?;
-            memory.conditions = Some(own_conditions(&node, &OWN_TYPES));
-            self.saw_taint(memory, self.taint.as_ref().map(|t| has_taint(&node, t)));
+            self.saw_node(memory, &node);
         }
-        let current = memory.conditions.clone().unwrap_or_default();
+        let current = memory.conditions.clone();
         let changed: Vec<&Gate> = gates
             .iter()
             .filter(|g| differs(g, current.get(g.condition_type)))
             .collect();
-        let heartbeat_due = memory
-            .last_write
-            .is_none_or(|t| t.elapsed() >= self.settings.heartbeat);
-        if changed.is_empty() && !heartbeat_due {
+        if !memory
+            .planner
+            .write_conditions(!changed.is_empty(), Instant::now())
+        {
             self.metrics.updates.with_label_values(&["skipped"]).inc();
         } else {
             let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -253,12 +244,11 @@ impl Controller {
                 )
                 .await?;
             self.metrics.updates.with_label_values(&["written"]).inc();
-            memory.conditions = Some(own_conditions(&node, &OWN_TYPES));
             // The write answers with the whole node: its taints as they are now, whoever changed
             // them. Continuous mode reconciles against that at least every heartbeat, at no extra
             // request.
-            self.saw_taint(memory, self.taint.as_ref().map(|t| has_taint(&node, t)));
-            memory.last_write = Some(Instant::now());
+            self.saw_node(memory, &node);
+            memory.planner.wrote_conditions(Instant::now());
             for gate in changed {
                 tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.ok, reason = %gate.reason, message = %gate.message, "node condition changed");
                 let kind = if gate.ok { "Normal" } else { "Warning" };
@@ -273,26 +263,21 @@ impl Controller {
         self.sync_taint(gates.iter().all(|g| g.ok), memory).await
     }
 
-    /// Remembers whether the node has our taint, and tells the verifiers.
-    fn saw_taint(&self, memory: &mut Memory, present: Option<bool>) {
-        memory.taint_present = present;
+    /// Remembers the node's copy of our conditions and whether it has our taint, and tells the
+    /// verifiers (their priority).
+    fn saw_node(&self, memory: &mut Memory, node: &Node) {
+        memory.conditions = own_conditions(node, &OWN_TYPES);
+        let present = self.taint.as_ref().map(|t| has_taint(node, t));
+        memory.planner.saw_node(present);
         self.sources.node_taint.set(present == Some(true));
     }
 
-    /// Bootstrap-only: removes the taint once, the first time every gate passes. Continuous: the
-    /// taint is present exactly while a gate fails.
+    /// Puts the taint where the planner wants it (see [`Planner::taint_wanted`]).
     async fn sync_taint(&self, all_ok: bool, memory: &mut Memory) -> Result<(), kube::Error> {
-        let Some(taint) = &self.taint else {
+        let (Some(taint), Some(want_present)) = (&self.taint, memory.planner.taint_wanted(all_ok))
+        else {
             return Ok(());
         };
-        let want_present = match self.settings.taint_mode {
-            TaintMode::BootstrapOnly if memory.taint_removed_once || !all_ok => return Ok(()),
-            TaintMode::BootstrapOnly => false,
-            TaintMode::Continuous => !all_ok,
-        };
-        if memory.taint_present == Some(want_present) {
-            return Ok(());
-        }
         for attempt in 1..=TAINT_ATTEMPTS {
             let node = self.nodes.get(&self.node_name).await?;
             let Some(patch) = taint_patch(&node, taint, want_present) else {
@@ -319,15 +304,13 @@ impl Controller {
                 Err(e) => return Err(e),
             }
         }
-        self.saw_taint(memory, Some(want_present));
+        memory.planner.taint_set(want_present);
+        self.sources.node_taint.set(want_present);
         let (reason, verb) = if want_present {
             ("StartupTaintAdded", "added")
         } else {
             ("StartupTaintRemoved", "removed")
         };
-        if !want_present {
-            memory.taint_removed_once = true;
-        }
         tracing::info!(node = %self.node_name, taint = %taint.key, "startup taint {verb}");
         self.event(
             "Normal",

@@ -2,9 +2,11 @@
 //! startup taint it removes once the node is fit to serve, so that inference pods land only where
 //! model caches are verified and accelerators healthy.
 //!
-//! [`gates`] decides the gates from the agent's state (pure); [`node`] turns decisions into the
-//! exact API requests (pure); [`controller`] runs the loop against the API server.
+//! [`gates`] decides the gates from the agent's state (pure); [`plan`] decides when to read, write,
+//! move the taint and wait (pure); [`node`] turns decisions into the exact API requests (pure);
+//! [`controller`] runs the loop against the API server.
 
 pub mod controller;
 pub mod gates;
 pub mod node;
+pub mod plan;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Builds tests/fake-nvml once and returns the path of `libfake_nvml.so`.
 pub fn fake_nvml() -> &'static Path {
@@ -28,4 +28,54 @@ pub fn fake_nvml() -> &'static Path {
             .find(|f| f.extension().is_some_and(|e| e == "so"))
             .expect("cargo reports libfake_nvml.so")
     })
+}
+
+/// One fake H100 80GB, in the scenario format tests/fake-nvml reads.
+pub fn device(i: usize) -> Value {
+    json!({
+        "uuid": format!("GPU-0000000{i}-1111-2222-3333-44444444444{i}"),
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": format!("00000000:{:02X}:00.0", 0x07 + i * 0x10),
+        "memory": {"total": 85520809984u64, "used": 1048576000u64 + i as u64, "free": 83935952896u64, "reserved": 536281088u64},
+        "clocks_event_reasons": 1,
+        "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
+        "temperature_c": 40 + i, "power_mw": 312500 + i * 1000,
+        "utilization": {"gpu": 87, "memory": 40},
+        "energy_mj": 123456789u64 + i as u64,
+        "xid_events": [], "lost": false, "unsupported": []
+    })
+}
+
+/// The scenario file, replaced atomically: the fake re-reads it on every call.
+pub struct Scenario {
+    dir: tempfile::TempDir,
+    pub value: Value,
+}
+
+impl Scenario {
+    /// `gpus` fake H100s on driver 580.95.05.
+    pub fn new(gpus: usize) -> Scenario {
+        let value = json!({"driver_version": "580.95.05", "devices": (0..gpus).map(device).collect::<Vec<_>>()});
+        let scenario = Scenario {
+            dir: tempfile::tempdir().unwrap(),
+            value,
+        };
+        scenario.write();
+        scenario
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("scenario.json")
+    }
+
+    pub fn write(&self) {
+        let tmp = self.dir.path().join("scenario.json.tmp");
+        std::fs::write(&tmp, self.value.to_string()).unwrap();
+        std::fs::rename(tmp, self.path()).unwrap();
+    }
+
+    pub fn set(&mut self, gpu: usize, key: &str, value: Value) {
+        self.value["devices"][gpu][key] = value;
+        self.write();
+    }
 }

@@ -1,0 +1,231 @@
+//! The readiness loop's decisions as a pure function of what the controller has seen and when:
+//! whether the node must be read first, whether the conditions are written (a change, or the
+//! heartbeat), where the startup taint should be, how long to wait before the next round (the
+//! interval, or a doubling back-off after an API error), and how many uncorrected Neuron ECC errors
+//! are new since the agent started. `controller.rs` only talks to the API server; every rule here is
+//! tested on made-up instants.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::config::TaintMode;
+use crate::neuron::counters::MonotonicCounters;
+
+/// The longest wait after repeated API errors.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+
+pub struct Planner {
+    interval: Duration,
+    heartbeat: Duration,
+    /// None: no startup taint is configured.
+    taint_mode: Option<TaintMode>,
+    /// The node's copy of our conditions is known (read or written since the last error).
+    node_known: bool,
+    last_write: Option<Instant>,
+    /// Whether the node had our taint when last seen; None: not seen since the last error.
+    taint_present: Option<bool>,
+    taint_removed_once: bool,
+    backoff: Duration,
+    ecc: Ecc,
+}
+
+impl Planner {
+    pub fn new(interval: Duration, heartbeat: Duration, taint_mode: Option<TaintMode>) -> Planner {
+        Planner {
+            interval,
+            heartbeat,
+            taint_mode,
+            node_known: false,
+            last_write: None,
+            taint_present: None,
+            taint_removed_once: false,
+            backoff: FIRST_BACKOFF,
+            ecc: Ecc::default(),
+        }
+    }
+
+    /// The node must be read before the round can decide: after start, after an error, or while
+    /// the taint's presence is unknown.
+    pub fn needs_read(&self) -> bool {
+        !self.node_known || (self.taint_mode.is_some() && self.taint_present.is_none())
+    }
+
+    /// The node as read or as a write answered it: our conditions and whether it has our taint.
+    pub fn saw_node(&mut self, taint_present: Option<bool>) {
+        self.node_known = true;
+        self.taint_present = taint_present;
+    }
+
+    /// Whether the conditions are written this round: a gate changed, or the heartbeat is due.
+    pub fn write_conditions(&self, changed: bool, now: Instant) -> bool {
+        changed || self.last_write.is_none_or(|at| now >= at + self.heartbeat)
+    }
+
+    pub fn wrote_conditions(&mut self, now: Instant) {
+        self.last_write = Some(now);
+    }
+
+    /// Where the taint should be, when that is not where it was last seen. Bootstrap-only: off
+    /// once, the first time every gate passes, never back. Continuous: on exactly while a gate
+    /// fails.
+    pub fn taint_wanted(&self, all_ok: bool) -> Option<bool> {
+        let want = match self.taint_mode? {
+            TaintMode::BootstrapOnly if self.taint_removed_once || !all_ok => return None,
+            TaintMode::BootstrapOnly => false,
+            TaintMode::Continuous => !all_ok,
+        };
+        (self.taint_present != Some(want)).then_some(want)
+    }
+
+    pub fn taint_set(&mut self, present: bool) {
+        self.taint_present = Some(present);
+        if !present {
+            self.taint_removed_once = true;
+        }
+    }
+
+    /// The wait before the next round: the interval after a round that synced; after an error, a
+    /// back-off that doubles up to [`MAX_BACKOFF`], and the node is read again (it may have moved
+    /// on).
+    pub fn round_done(&mut self, synced: bool) -> Duration {
+        if synced {
+            self.backoff = FIRST_BACKOFF;
+            return self.interval;
+        }
+        self.node_known = false;
+        let wait = self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        wait
+    }
+
+    /// Uncorrected ECC errors per Neuron device since the agent started, from the driver's raw
+    /// counts: a count the driver reset (driver reload) keeps counting from where it was.
+    pub fn new_uncorrected_ecc(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
+        self.ecc.since_start(raw)
+    }
+}
+
+#[derive(Default)]
+struct Ecc {
+    counters: MonotonicCounters,
+    at_start: BTreeMap<u32, f64>,
+}
+
+impl Ecc {
+    fn since_start(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
+        raw.iter()
+            .map(|(&device, &count)| {
+                let total = self
+                    .counters
+                    .observe((device, None, "hardware", "uncorrected_ecc".into()), count);
+                let start = *self.at_start.entry(device).or_insert(total);
+                (device, (total - start) as u64)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVAL: Duration = Duration::from_secs(10);
+    const HEARTBEAT: Duration = Duration::from_secs(300);
+
+    #[test]
+    fn the_node_is_read_at_start_after_an_error_and_while_the_taint_is_unknown() {
+        let mut planner = Planner::new(INTERVAL, HEARTBEAT, Some(TaintMode::BootstrapOnly));
+        assert!(planner.needs_read());
+        planner.saw_node(None);
+        assert!(planner.needs_read(), "taint presence unknown");
+        planner.saw_node(Some(true));
+        assert!(!planner.needs_read());
+        planner.round_done(false);
+        assert!(planner.needs_read(), "after an error");
+        let mut untainted = Planner::new(INTERVAL, HEARTBEAT, None);
+        untainted.saw_node(None);
+        assert!(!untainted.needs_read(), "no taint to know about");
+    }
+
+    #[test]
+    fn conditions_are_written_on_a_change_or_when_the_heartbeat_is_due() {
+        let t0 = Instant::now();
+        let mut planner = Planner::new(INTERVAL, HEARTBEAT, None);
+        assert!(planner.write_conditions(false, t0), "never written");
+        planner.wrote_conditions(t0);
+        assert!(!planner.write_conditions(false, t0 + INTERVAL));
+        assert!(planner.write_conditions(true, t0 + INTERVAL));
+        assert!(!planner.write_conditions(false, t0 + HEARTBEAT - Duration::from_millis(1)));
+        assert!(planner.write_conditions(false, t0 + HEARTBEAT));
+    }
+
+    #[test]
+    fn bootstrap_only_takes_the_taint_off_once_and_never_puts_it_back() {
+        let mut planner = Planner::new(INTERVAL, HEARTBEAT, Some(TaintMode::BootstrapOnly));
+        planner.saw_node(Some(true));
+        assert_eq!(planner.taint_wanted(false), None, "held while a gate fails");
+        assert_eq!(planner.taint_wanted(true), Some(false));
+        planner.taint_set(false);
+        assert_eq!(planner.taint_wanted(true), None);
+        assert_eq!(
+            planner.taint_wanted(false),
+            None,
+            "a later failure: never back"
+        );
+        // Someone puts it back: bootstrap-only leaves it.
+        planner.saw_node(Some(true));
+        assert_eq!(planner.taint_wanted(true), None);
+    }
+
+    #[test]
+    fn continuous_mode_holds_the_taint_exactly_while_a_gate_fails() {
+        let mut planner = Planner::new(INTERVAL, HEARTBEAT, Some(TaintMode::Continuous));
+        planner.saw_node(Some(true));
+        assert_eq!(planner.taint_wanted(false), None, "already there");
+        assert_eq!(planner.taint_wanted(true), Some(false));
+        planner.taint_set(false);
+        assert_eq!(planner.taint_wanted(false), Some(true));
+        planner.taint_set(true);
+        // Removed by someone else while a gate fails: put back.
+        planner.saw_node(Some(false));
+        assert_eq!(planner.taint_wanted(false), Some(true));
+        assert_eq!(
+            Planner::new(INTERVAL, HEARTBEAT, None).taint_wanted(false),
+            None,
+            "no taint configured"
+        );
+    }
+
+    #[test]
+    fn errors_back_off_doubling_to_a_minute_and_a_sync_resets_it() {
+        let mut planner = Planner::new(INTERVAL, HEARTBEAT, None);
+        let waits: Vec<u64> = (0..8)
+            .map(|_| planner.round_done(false).as_secs())
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(planner.round_done(true), INTERVAL);
+        assert_eq!(planner.round_done(false).as_secs(), 1);
+    }
+
+    #[test]
+    fn only_ecc_errors_after_the_start_count_and_a_driver_reset_does_not_hide_them() {
+        let mut planner = Planner::new(INTERVAL, HEARTBEAT, None);
+        let counts = |pairs: &[(u32, u64)]| pairs.iter().copied().collect::<BTreeMap<_, _>>();
+        assert_eq!(
+            planner.new_uncorrected_ecc(&counts(&[(0, 5), (1, 0)])),
+            counts(&[(0, 0), (1, 0)]),
+            "errors from before the start are history"
+        );
+        assert_eq!(
+            planner.new_uncorrected_ecc(&counts(&[(0, 6), (1, 0)])),
+            counts(&[(0, 1), (1, 0)])
+        );
+        // The driver reloads: counts restart at 0, then two new errors on device 0.
+        assert_eq!(
+            planner.new_uncorrected_ecc(&counts(&[(0, 2), (1, 0)])),
+            counts(&[(0, 3), (1, 0)]),
+            "1 before the reset and 2 after, not 0"
+        );
+    }
+}
