@@ -13,12 +13,11 @@ import http.client
 import json
 import pathlib
 import subprocess
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_serve import REPO, cpu_seconds, free_port, memory, sample, scrape, wait_until  # noqa: E402
+from agent_process import REPO, free_port, sample
+from bench_serve import cpu_seconds, memory, scrape, wait_until
 
 
 def main():

@@ -23,9 +23,8 @@ import sys
 import tempfile
 import time
 
-from agent_process import free_port, sample
+from agent_process import REPO, free_port, sample
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -131,7 +130,7 @@ def main():
         ne.wait()
 
     lines = [
-        f"| server | scrape p50 ms | scrape p99 ms | idle CPU s/hour | idle CPU % of a core | RSS MiB | peak RSS MiB |",
+        "| server | scrape p50 ms | scrape p99 ms | idle CPU s/hour | idle CPU % of a core | RSS MiB | peak RSS MiB |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:

@@ -203,11 +203,7 @@ fn spawn_progress(
 }
 
 fn verify(args: VerifyArgs) -> ExitCode {
-    let trust = match (&args.public_key, args.allow_unsigned) {
-        (Some(key), _) => TrustPolicy::PublicKey(key.clone()),
-        (None, true) => TrustPolicy::AllowUnsigned,
-        (None, false) => TrustPolicy::RequireKey,
-    };
+    let trust = TrustPolicy::from_choice(args.public_key.as_deref(), args.allow_unsigned);
     let loaded = match &args.manifest {
         Some(path) => manifest::load(path, &trust),
         None => manifest::hub::from_blob_names(&args.root, args.revision.as_deref()),

@@ -1,12 +1,12 @@
-//! docs/metrics.md and the exposition must list the same series with the same types.
+//! docs/metrics.md and the exposition must list the same series with the same types and labels.
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// `name -> type` from the table rows of docs/metrics.md.
-fn documented() -> BTreeMap<String, String> {
+/// The table rows of docs/metrics.md: series name, type, labels cell.
+fn rows() -> Vec<(String, String, String)> {
     let doc =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"))
             .unwrap();
@@ -14,13 +14,108 @@ fn documented() -> BTreeMap<String, String> {
         .filter_map(|line| {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
             let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-            Some((name.to_string(), cells.get(2)?.to_string()))
+            Some((
+                name.to_string(),
+                cells.get(2)?.to_string(),
+                cells.get(4)?.to_string(),
+            ))
         })
         .collect()
 }
 
+/// `name -> type` from the table rows of docs/metrics.md.
+fn documented() -> BTreeMap<String, String> {
+    rows()
+        .into_iter()
+        .map(|(name, kind, _)| (name, kind))
+        .collect()
+}
+
+/// The label sets the docs' prose defines ("GPU labels", "device labels", "core labels"): those
+/// every series of the set carries, and those only some carry (a GPU assigned to a pod, an option).
+fn label_group(name: &str) -> (Vec<&'static str>, Vec<&'static str>) {
+    let gpu_optional = vec![
+        "pod",
+        "namespace",
+        "container",
+        "hostname",
+        "pod_name",
+        "pod_namespace",
+        "container_name",
+    ];
+    let neuron_optional = vec!["availability_zone", "pod", "namespace", "container"];
+    match name {
+        "GPU labels" => (
+            vec![
+                "gpu",
+                "UUID",
+                "pci_bus_id",
+                "device",
+                "modelName",
+                "DCGM_FI_DRIVER_VERSION",
+            ],
+            gpu_optional,
+        ),
+        "device labels" => (
+            vec!["neuron_device_index", "instance_type"],
+            neuron_optional,
+        ),
+        "core labels" => (
+            vec!["neuron_device_index", "instance_type", "neuroncore"],
+            neuron_optional,
+        ),
+        other => panic!("docs/metrics.md names a label set it does not define: {other:?}"),
+    }
+}
+
+/// The label names of one sample line, `Hostname` (on every series) and `le` left out.
+fn label_names(line: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let Some(open) = line.find('{') else {
+        return names;
+    };
+    let mut rest = &line[open + 1..];
+    while let Some(eq) = rest.find("=\"") {
+        let name = rest[..eq].trim_start_matches(',');
+        names.insert(name.to_string());
+        // Skip the quoted value, escapes included.
+        let mut chars = rest[eq + 2..].char_indices();
+        let mut end = 0;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    end = eq + 2 + i + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+        if rest.starts_with('}') {
+            break;
+        }
+    }
+    names.remove("Hostname");
+    names.remove("le");
+    names
+}
+
 /// `name -> type` from the `# TYPE` lines of a registry with every collector registered.
 fn exposed() -> BTreeMap<String, String> {
+    exposition()
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.strip_prefix("# TYPE ")?.split_whitespace();
+            Some((words.next()?.to_string(), words.next()?.to_string()))
+        })
+        .collect()
+}
+
+/// The exposition of a registry with every collector registered, every family with a sample.
+fn exposition() -> String {
     let registry = mlnode_agent::metrics::registry("doc-test");
     mlnode_agent::metrics::AgentMetrics::register(&registry)
         .unwrap()
@@ -64,12 +159,6 @@ fn exposed() -> BTreeMap<String, String> {
         0.1,
     );
     mlnode_agent::metrics::encode(&registry)
-        .lines()
-        .filter_map(|line| {
-            let mut words = line.strip_prefix("# TYPE ")?.split_whitespace();
-            Some((words.next()?.to_string(), words.next()?.to_string()))
-        })
-        .collect()
 }
 
 /// A GPU collector with one GPU whose every field was read, and one XID.
@@ -179,4 +268,61 @@ fn docs_and_exposition_list_the_same_series() {
         "the table was not parsed: {documented:?}"
     );
     assert_eq!(documented, exposed());
+}
+
+#[test]
+fn docs_name_every_label_of_every_series() {
+    let text = exposition();
+    let families: BTreeSet<String> = exposed().into_keys().collect();
+    let mut exposed_labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let series = line.split(['{', ' ']).next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| series.strip_suffix(suffix))
+            .filter(|base| families.contains(*base))
+            .unwrap_or(series);
+        exposed_labels
+            .entry(family.to_string())
+            .or_default()
+            .extend(label_names(line));
+    }
+    let mut wrong = Vec::new();
+    for (name, _, cell) in rows() {
+        let (mut required, mut allowed) = (BTreeSet::new(), BTreeSet::new());
+        for part in cell.split(',').map(str::trim).filter(|p| *p != "-") {
+            match part.strip_prefix('`').and_then(|p| p.strip_suffix('`')) {
+                Some(label) => {
+                    required.insert(label.to_string());
+                }
+                None => {
+                    let (always, sometimes) = label_group(part);
+                    required.extend(always.iter().map(|l| l.to_string()));
+                    allowed.extend(sometimes.iter().map(|l| l.to_string()));
+                }
+            }
+        }
+        allowed.extend(required.iter().cloned());
+        let actual = exposed_labels.get(&name).cloned().unwrap_or_default();
+        let undocumented: Vec<_> = actual.difference(&allowed).collect();
+        let missing: Vec<_> = required.difference(&actual).collect();
+        if !undocumented.is_empty() || !missing.is_empty() {
+            wrong.push(format!(
+                "{name}: exposed but not documented {undocumented:?}, documented but not exposed {missing:?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn label_names_are_read_past_quoted_values() {
+    let line = r#"x{a="1",b="NVIDIA H100, \"SXM\"",Hostname="n",le="0.5"} 1"#;
+    assert_eq!(
+        label_names(line).into_iter().collect::<Vec<_>>(),
+        ["a", "b"]
+    );
 }

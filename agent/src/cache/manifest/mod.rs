@@ -189,6 +189,18 @@ pub enum TrustPolicy {
     RequireKey,
 }
 
+impl TrustPolicy {
+    /// From what the operator gave: a key wins (a key and `allow_unsigned` together are refused
+    /// where both can be set), else the permission, else a bundle needs a key.
+    pub fn from_choice(public_key: Option<&Path>, allow_unsigned: bool) -> TrustPolicy {
+        match (public_key, allow_unsigned) {
+            (Some(key), _) => TrustPolicy::PublicKey(key.to_path_buf()),
+            (None, true) => TrustPolicy::AllowUnsigned,
+            (None, false) => TrustPolicy::RequireKey,
+        }
+    }
+}
+
 /// A manifest that cannot be used. Each variant names the file and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {

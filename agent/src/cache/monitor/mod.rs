@@ -104,11 +104,7 @@ impl Monitor {
     }
 
     fn trust(&self) -> TrustPolicy {
-        match (&self.model.public_key, self.model.allow_unsigned) {
-            (Some(key), _) => TrustPolicy::PublicKey(key.clone()),
-            (None, true) => TrustPolicy::AllowUnsigned,
-            (None, false) => TrustPolicy::RequireKey,
-        }
+        TrustPolicy::from_choice(self.model.public_key.as_deref(), self.model.allow_unsigned)
     }
 
     fn timing(&self) -> Timing {
