@@ -274,13 +274,12 @@ fn a_lost_gpu_is_named_while_the_others_keep_reporting() {
             ],
         ) == Some(1.0)
     });
-    std::thread::sleep(Duration::from_millis(300));
-    let metrics = agent.metrics();
-    assert_eq!(
-        sample(&metrics, "mlnode_gpu_temperature_celsius", &[("gpu", "5")]),
-        None,
-        "no stale readings for a lost GPU"
+    agent.wait_for(
+        "no stale readings for a lost GPU",
+        Duration::from_secs(5),
+        |m| sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "5")]).is_none(),
     );
+    let metrics = agent.metrics();
     for i in (0..8).filter(|&i| i != 5) {
         assert_eq!(
             sample(
@@ -310,10 +309,10 @@ fn unsupported_fields_are_absent_and_fallbacks_are_used() {
     scenario.set(1, "clocks_event_reasons", json!(0x40)); // hw_thermal_slowdown via the old call
     scenario.set(3, "unsupported", json!(["throttle_reasons"]));
     let agent = start(&scenario, "");
-    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
-        sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+    // Every GPU read once: an unsupported field is then known to be absent, not yet to come.
+    agent.wait_for("every GPU read", Duration::from_secs(20), |m| {
+        (0..8).all(|i| sample(m, "mlnode_gpu_memory_total_bytes", &[("gpu", &gpu(i))]).is_some())
     });
-    std::thread::sleep(Duration::from_millis(300));
     let metrics = agent.metrics();
     assert_eq!(
         sample(

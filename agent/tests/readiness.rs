@@ -39,6 +39,30 @@ fn wait_until(what: &str, limit: Duration, check: impl Fn() -> bool) {
     }
 }
 
+/// Readiness rounds the agent has finished (written, skipped or failed): the controller's own
+/// clock, to wait on instead of the wall's.
+fn rounds(agent: &Agent) -> f64 {
+    let metrics = agent.metrics();
+    ["written", "skipped", "error"]
+        .iter()
+        .filter_map(|result| {
+            sample(
+                &metrics,
+                "mlnode_node_condition_updates_total",
+                &[("result", result)],
+            )
+        })
+        .sum()
+}
+
+/// Until the controller has finished `n` more rounds.
+fn wait_rounds(agent: &Agent, n: f64) {
+    let from = rounds(agent);
+    wait_until("readiness rounds", Duration::from_secs(20), || {
+        rounds(agent) >= from + n
+    });
+}
+
 fn patches<'a>(requests: &'a [Recorded], path_suffix: &str) -> Vec<&'a Recorded> {
     requests
         .iter()
@@ -156,7 +180,8 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
         .as_str()
         .unwrap()
         .contains("config.json"));
-    std::thread::sleep(Duration::from_millis(600));
+    // Rounds after the failure: none puts the taint back.
+    wait_rounds(&agent, 3.0);
     assert_eq!(
         patches(&api.requests(), &format!("/api/v1/nodes/{NODE}")).len(),
         1
@@ -190,10 +215,17 @@ fn unchanged_conditions_are_skipped_until_the_heartbeat() {
         api.condition("ModelCacheVerified")["status"] == "True"
     });
     let written_at = patches(&api.requests(), "/status").len();
-    std::thread::sleep(Duration::from_millis(2500));
+    let started = Instant::now();
+    wait_rounds(&agent, 12.0);
+    let took = started.elapsed();
     let written = patches(&api.requests(), "/status").len() - written_at;
-    // 12 rounds at 200 ms, a 1 s heartbeat: two or three writes, not twelve.
-    assert!((1..=3).contains(&written), "{written} writes in 2.5 s");
+    // 12 rounds at 200 ms, a 1 s heartbeat: a write a second (2 or 3 when the rounds keep time),
+    // not one a round.
+    let heartbeats = took.as_secs() as usize + 1;
+    assert!(
+        (1..=heartbeats).contains(&written) && written < 12,
+        "{written} writes in 12 rounds over {took:?}"
+    );
     let metrics = agent.metrics();
     assert!(
         sample(
