@@ -53,6 +53,18 @@ async fn kube_for(enabled: Toggle, key: &str) -> Result<kube::Client, String> {
     }
 }
 
+/// The one way a collector that did not start says so (its config section is named like it): an
+/// error where the operator required it (`enabled: true`), information where it was optional, and
+/// `mlnode_collector_up` 0.
+fn not_started(up: &AgentMetrics, collector: &str, what: &str, enabled: Toggle, reason: &str) {
+    if enabled == Toggle::On {
+        tracing::error!(reason = %reason, "no {what} ({collector}.enabled: true)");
+    } else {
+        tracing::info!(reason = %reason, "no {what}");
+    }
+    up.set_up(collector, false);
+}
+
 /// Follows this node's pods and measures their startup phases, where the API server is reachable.
 async fn start_startup_tracker(
     config: &Config,
@@ -76,14 +88,13 @@ async fn start_startup_tracker(
             tasks.spawn(tracker.run(shutdown.child_token()));
             agent_metrics.set_up("startup", true);
         }
-        Err(reason) => {
-            if config.startup.enabled == Toggle::On {
-                tracing::error!(reason = %reason, "no pod startup phases (startup.enabled: true)");
-            } else {
-                tracing::info!(reason = %reason, "no pod startup phases");
-            }
-            agent_metrics.set_up("startup", false);
-        }
+        Err(reason) => not_started(
+            agent_metrics,
+            "startup",
+            "pod startup phases",
+            config.startup.enabled,
+            &reason,
+        ),
     }
     Ok(())
 }
@@ -116,12 +127,8 @@ async fn start_readiness(
     let client = match client {
         Ok(client) => client,
         Err(reason) => {
-            if settings.enabled == Toggle::On {
-                tracing::error!(reason = %reason, "no node readiness gates (readiness.enabled: true)");
-            } else {
-                tracing::info!(reason = %reason, "no node readiness gates");
-            }
-            agent_metrics.set_up("readiness", false);
+            let what = "node readiness gates";
+            not_started(agent_metrics, "readiness", what, settings.enabled, &reason);
             return Ok(());
         }
     };
@@ -173,13 +180,13 @@ async fn start_gpu(
         assignments.clone(),
     );
     let resources = config.kubelet.gpu_resource_names.clone();
-    let up = up.clone();
+    let sampler_up = up.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
         .name("nvml-start".into())
         .spawn(move || {
             let _ = tx.send(GpuRuntime::start(
-                &settings, &node, shared, resources, &registry, up,
+                &settings, &node, shared, resources, &registry, sampler_up,
             ));
         });
     let started = match spawned {
@@ -196,11 +203,8 @@ async fn start_gpu(
     match started {
         Ok(gpu) => Some(gpu),
         Err(reason) => {
-            if config.nvml.enabled == Toggle::On {
-                tracing::error!(reason = %reason, "no NVIDIA GPU collector (nvml.enabled: true)");
-            } else {
-                tracing::info!(reason = %reason, "no NVIDIA GPU collector");
-            }
+            let what = "NVIDIA GPU collector";
+            not_started(up, "nvml", what, config.nvml.enabled, &reason);
             None
         }
     }
@@ -228,14 +232,16 @@ async fn run_collectors(
         assignments.clone(),
         &registry,
     );
-    if let Err(reason) = &neuron {
-        if config.neuron.enabled == Toggle::On {
-            tracing::error!(reason = %reason, "no Neuron collector (neuron.enabled: true)");
-        } else {
-            tracing::info!(reason = %reason, "no Neuron collector");
-        }
+    match &neuron {
+        Ok(_) => agent_metrics.set_up("neuron", true),
+        Err(reason) => not_started(
+            &agent_metrics,
+            "neuron",
+            "Neuron collector",
+            config.neuron.enabled,
+            reason,
+        ),
     }
-    agent_metrics.set_up("neuron", neuron.is_ok());
 
     // Pod labels for devices: only worth asking the kubelet when there are devices to label.
     let kubelet = &config.kubelet;
