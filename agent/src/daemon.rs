@@ -13,7 +13,7 @@ use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::{Config, Toggle};
 use crate::gpu::GpuRuntime;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
-use crate::metrics::AgentMetrics;
+use crate::metrics::{AgentMetrics, Collector};
 use crate::neuron;
 use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::server::{self, AppState};
@@ -56,9 +56,10 @@ async fn kube_for(enabled: Toggle, key: &str) -> Result<kube::Client, String> {
 /// The one way a collector that did not start says so (its config section is named like it): an
 /// error where the operator required it (`enabled: true`), information where it was optional, and
 /// `mlnode_collector_up` 0.
-fn not_started(up: &AgentMetrics, collector: &str, what: &str, enabled: Toggle, reason: &str) {
+fn not_started(up: &AgentMetrics, collector: Collector, what: &str, enabled: Toggle, reason: &str) {
     if enabled == Toggle::On {
-        tracing::error!(reason = %reason, "no {what} ({collector}.enabled: true)");
+        let section = collector.as_str();
+        tracing::error!(reason = %reason, "no {what} ({section}.enabled: true)");
     } else {
         tracing::info!(reason = %reason, "no {what}");
     }
@@ -86,11 +87,11 @@ async fn start_startup_tracker(
                 config.startup.clone(),
             );
             tasks.spawn(tracker.run(shutdown.child_token()));
-            agent_metrics.set_up("startup", true);
+            agent_metrics.set_up(Collector::Startup, true);
         }
         Err(reason) => not_started(
             agent_metrics,
-            "startup",
+            Collector::Startup,
             "pod startup phases",
             config.startup.enabled,
             &reason,
@@ -128,7 +129,13 @@ async fn start_readiness(
         Ok(client) => client,
         Err(reason) => {
             let what = "node readiness gates";
-            not_started(agent_metrics, "readiness", what, settings.enabled, &reason);
+            not_started(
+                agent_metrics,
+                Collector::Readiness,
+                what,
+                settings.enabled,
+                &reason,
+            );
             return Ok(());
         }
     };
@@ -204,7 +211,7 @@ async fn start_gpu(
         Ok(gpu) => Some(gpu),
         Err(reason) => {
             let what = "NVIDIA GPU collector";
-            not_started(up, "nvml", what, config.nvml.enabled, &reason);
+            not_started(up, Collector::Nvml, what, config.nvml.enabled, &reason);
             None
         }
     }
@@ -233,10 +240,10 @@ async fn run_collectors(
         &registry,
     );
     match &neuron {
-        Ok(_) => agent_metrics.set_up("neuron", true),
+        Ok(_) => agent_metrics.set_up(Collector::Neuron, true),
         Err(reason) => not_started(
             &agent_metrics,
-            "neuron",
+            Collector::Neuron,
             "Neuron collector",
             config.neuron.enabled,
             reason,
@@ -359,9 +366,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         );
         tasks.spawn(monitor.run(shutdown.child_token()));
     }
-    agent_metrics.set_up("model_cache", true);
+    agent_metrics.set_up(Collector::ModelCache, true);
     // Until their start-up says otherwise, the other collectors are not up.
-    for collector in ["nvml", "neuron", "readiness", "startup"] {
+    for collector in Collector::ALL
+        .into_iter()
+        .filter(|c| *c != Collector::ModelCache)
+    {
         agent_metrics.set_up(collector, false);
     }
 

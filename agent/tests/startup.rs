@@ -324,10 +324,17 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
             .filter(|r| r.path.starts_with("/api/v1/pods?") && !r.path.contains("watch="))
             .count()
     };
-    let before = pod_lists(&api);
+    let watches = |api: &FakeApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.path.starts_with("/api/v1/pods?") && r.path.contains("watch="))
+            .count()
+    };
+    let (lists_before, watches_before) = (pod_lists(&api), watches(&api));
     api.expire_watches();
-    common::kube::wait(|| pod_lists(&api) > before, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(300));
+    common::kube::wait(|| pod_lists(&api) > lists_before, Duration::from_secs(10));
+    // The watcher asks for its next watch only once the tracker has taken every listed pod.
+    common::kube::wait(|| watches(&api) > watches_before, Duration::from_secs(10));
     assert_eq!(lists(&api), 1);
     assert_eq!(
         sample(

@@ -16,7 +16,7 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::state::{DeviceRead, GpuFailure, GpuState};
 use super::{GpuIdentity, GpuReading, MemoryReading};
-use crate::metrics::AgentMetrics;
+use crate::metrics::{AgentMetrics, Collector};
 
 /// How long one XID wait blocks before checking for shutdown.
 const XID_WAIT_MS: u32 = 500;
@@ -255,7 +255,7 @@ fn sample_loop(
                     log_change(&state, index, &read);
                     state.apply(index, read, elapsed);
                 }
-                up.set_up("nvml", true);
+                up.set_up(Collector::Nvml, true);
             }
             Err(reason) => {
                 let mut state = lock(state);
@@ -263,7 +263,7 @@ fn sample_loop(
                     tracing::error!(error = %reason, "NVML stopped answering; GPU readings are dropped until it answers again");
                 }
                 state.fail(reason);
-                up.set_up("nvml", false);
+                up.set_up(Collector::Nvml, false);
             }
         }
         if stop.wait(interval) {

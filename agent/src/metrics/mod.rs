@@ -15,6 +15,36 @@ pub fn registry(node_name: &str) -> Registry {
     Registry::new_custom(None, Some(labels)).expect("a constant label set is valid")
 }
 
+/// The collectors `mlnode_collector_up` reports on; each is also its config section's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collector {
+    ModelCache,
+    Nvml,
+    Neuron,
+    Readiness,
+    Startup,
+}
+
+impl Collector {
+    pub const ALL: [Collector; 5] = [
+        Collector::ModelCache,
+        Collector::Nvml,
+        Collector::Neuron,
+        Collector::Readiness,
+        Collector::Startup,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Collector::ModelCache => "model_cache",
+            Collector::Nvml => "nvml",
+            Collector::Neuron => "neuron",
+            Collector::Readiness => "readiness",
+            Collector::Startup => "startup",
+        }
+    }
+}
+
 /// `mlnode_build_info` and `mlnode_collector_up`: what is running and which collectors work.
 #[derive(Clone)]
 pub struct AgentMetrics {
@@ -45,9 +75,9 @@ impl AgentMetrics {
         Ok(AgentMetrics { collector_up })
     }
 
-    pub fn set_up(&self, collector: &str, up: bool) {
+    pub fn set_up(&self, collector: Collector, up: bool) {
         self.collector_up
-            .with_label_values(&[collector])
+            .with_label_values(&[collector.as_str()])
             .set(i64::from(up));
     }
 }
