@@ -29,9 +29,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
-    // The server side is generated too: the tests serve fake kubelet answers with it.
+    // The client only: the tests' fake kubelet generates its server side (tests/fake-kubelet).
     tonic_prost_build::configure()
-        .build_server(true)
+        .build_server(false)
         .compile_protos(&["proto/podresources.proto"], &["proto"])?;
     Ok(())
 }

@@ -514,7 +514,7 @@ fn lowercase_hostname_label_option() {
     });
 }
 
-fn gpu3_assigned() -> mlnode_agent::kubelet::pod_resources::api::ListPodResourcesResponse {
+fn gpu3_assigned() -> fake_kubelet::api::ListPodResourcesResponse {
     common::kubelet::response(&[
         (
             "vllm-llama-0",

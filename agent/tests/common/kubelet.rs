@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use mlnode_agent::kubelet::pod_resources::api::pod_resources_lister_server::{
+use fake_kubelet::api::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use mlnode_agent::kubelet::pod_resources::api::*;
+use fake_kubelet::api::*;
 
 pub struct FakeKubelet {
     dir: PathBuf,
