@@ -292,6 +292,7 @@ async fn run_collectors(
             resource_names,
             kubelet.pod_resources_interval,
             assignments.clone(),
+            pod_resources::register_errors(&registry)?,
             shutdown.child_token(),
         ));
     }

@@ -24,10 +24,12 @@ const GOLDEN: &str = concat!(
 );
 
 /// Families whose values move with the clock, not with the fakes.
-const VARYING: [&str; 3] = [
+const VARYING: [&str; 4] = [
     "mlnode_model_cache_verify_duration_seconds",
     "mlnode_model_cache_last_verified_timestamp_seconds",
     "mlnode_gpu_clock_event_reason_seconds_total",
+    // The fakes include no kubelet: its List fails once per interval.
+    "mlnode_kubelet_pod_resources_errors_total",
 ];
 
 /// The exposition with the time-dependent values and the build's revision masked.
@@ -78,6 +80,8 @@ fn the_exposition_matches_the_golden_file() {
         sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
             && sample(m, "mlnode_gpu_count", &[]) == Some(2.0)
             && sample(m, "mlnode_neuron_device_count", &[]) == Some(1.0)
+            // Registered when the pod-resources poller starts, after the collectors.
+            && sample(m, "mlnode_kubelet_pod_resources_errors_total", &[]).is_some()
     };
     agent.wait_for(
         "model, GPUs and Neuron device",

@@ -599,10 +599,11 @@ fn absent_pod_resources_socket_logs_once_and_changes_nothing_else() {
         fake_nvml().display().to_string()
     );
     let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
-    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+    // Several failed Lists, counted: the log must still say it once.
+    agent.wait_for("GPUs and failed Lists", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+            && sample(m, "mlnode_kubelet_pod_resources_errors_total", &[]).is_some_and(|n| n >= 4.0)
     });
-    std::thread::sleep(Duration::from_millis(500));
     let log = agent.log();
     assert_eq!(
         log.matches("pod-resources API is not available").count(),

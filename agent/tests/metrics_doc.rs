@@ -137,6 +137,7 @@ fn exposition() -> String {
     cache.priority("m", mlnode_agent::cache::priority::Priority::Idle);
     cache.throttled("m", std::time::Duration::from_millis(5));
     cache.max_bytes_per_second(&registry, 1 << 20).unwrap();
+    mlnode_agent::kubelet::pod_resources::register_errors(&registry).unwrap();
     register_gpu(&registry);
     let readiness =
         mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();

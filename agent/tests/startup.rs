@@ -237,23 +237,45 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     agent.wait_for("cache verified", Duration::from_secs(20), |m| {
         sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
     });
-    std::thread::sleep(Duration::from_millis(1200)); // past the agent's own reads
-
-    // The "server" loads the weights: a real process opens each shard.
-    let opening = common::pods::unix_now();
-    for shard in [
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-    ] {
-        let status = std::process::Command::new("cat")
-            .arg(model.path(shard))
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    let opened = common::pods::unix_now();
-    std::thread::sleep(Duration::from_millis(300));
+    // The "server" loads the weights: a real process opens each shard. Opens within a second of
+    // the agent's own reads are taken for their echo, so the load is repeated until the agent
+    // counts both opens of one attempt (mlnode_model_cache_weight_opens_total).
+    let weight_opens = || {
+        sample(
+            &agent.metrics(),
+            "mlnode_model_cache_weight_opens_total",
+            &[("model_name", "llama")],
+        )
+        .unwrap_or(0.0)
+    };
+    let started_loading = std::time::Instant::now();
+    let (opening, opened) = loop {
+        let before = weight_opens();
+        let opening = common::pods::unix_now();
+        for shard in [
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ] {
+            let status = std::process::Command::new("cat")
+                .arg(model.path(shard))
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        let opened = common::pods::unix_now();
+        let attempt = std::time::Instant::now();
+        while weight_opens() < before + 2.0 && attempt.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if weight_opens() >= before + 2.0 {
+            break (opening, opened);
+        }
+        assert!(
+            started_loading.elapsed() < Duration::from_secs(10),
+            "the agent never counted the weight opens"
+        );
+    };
     api.delete_pod("uid-2");
     api.put_pod(vllm_pod(
         "uid-1",

@@ -40,6 +40,7 @@ pub struct CacheMetrics {
     duration: HistogramVec,
     last_verified: GaugeVec,
     watch_overflows: IntCounterVec,
+    weight_opens: IntCounterVec,
     priority: IntGaugeVec,
     throttled: CounterVec,
     max_read_rate: IntGauge,
@@ -85,6 +86,13 @@ impl CacheMetrics {
                 ),
                 &["model_name"],
             )?,
+            weight_opens: IntCounterVec::new(
+                Opts::new(
+                    "mlnode_model_cache_weight_opens_total",
+                    "Opens of the model's weight files by other processes (a server loading the model), as the file watch reports them; the agent's own reads are not counted.",
+                ),
+                &["model_name"],
+            )?,
             priority: IntGaugeVec::new(
                 Opts::new(
                     "mlnode_model_cache_verify_priority",
@@ -112,6 +120,7 @@ impl CacheMetrics {
         registry.register(Box::new(metrics.duration.clone()))?;
         registry.register(Box::new(metrics.last_verified.clone()))?;
         registry.register(Box::new(metrics.watch_overflows.clone()))?;
+        registry.register(Box::new(metrics.weight_opens.clone()))?;
         registry.register(Box::new(metrics.priority.clone()))?;
         registry.register(Box::new(metrics.throttled.clone()))?;
         Ok(metrics)
@@ -149,6 +158,7 @@ impl CacheMetrics {
         });
         self.hashed_bytes.with_label_values(&[model]).inc_by(0);
         self.watch_overflows.with_label_values(&[model]).inc_by(0);
+        self.weight_opens.with_label_values(&[model]).inc_by(0);
     }
 
     /// The model cannot be verified at all (its manifest is unreadable, its root gone): no file is
@@ -223,6 +233,10 @@ impl CacheMetrics {
                 .with_label_values(&[model])
                 .inc_by(waited.as_secs_f64());
         }
+    }
+
+    pub fn weight_opened(&self, model: &str) {
+        self.weight_opens.with_label_values(&[model]).inc();
     }
 
     pub fn watch_overflow(&self, model: &str) {

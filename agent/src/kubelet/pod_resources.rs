@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Endpoint, Uri};
 
-/// The generated protobuf types and gRPC client/server for `v1.PodResourcesLister`.
+/// The generated protobuf types and gRPC client for `v1.PodResourcesLister`.
 pub mod api {
     tonic::include_proto!("v1");
 }
@@ -127,11 +127,25 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 
 /// Keeps `shared` current until `shutdown`. A socket that is absent or failing logs once (and once
 /// more when it recovers) and leaves the devices unlabelled; nothing else depends on it.
+/// `mlnode_kubelet_pod_resources_errors_total`: failed `List` calls. While they fail, device series
+/// carry no pod labels; the log says so once per distinct reason, this counts every one.
+pub fn register_errors(
+    registry: &prometheus::Registry,
+) -> prometheus::Result<prometheus::IntCounter> {
+    let errors = prometheus::IntCounter::new(
+        "mlnode_kubelet_pod_resources_errors_total",
+        "Failed List calls to the kubelet pod-resources API; while they fail, device series carry no pod labels.",
+    )?;
+    registry.register(Box::new(errors.clone()))?;
+    Ok(errors)
+}
+
 pub async fn poll(
     socket: PathBuf,
     resource_names: Vec<String>,
     interval: Duration,
     shared: SharedAssignments,
+    errors: prometheus::IntCounter,
     shutdown: CancellationToken,
 ) {
     let mut failing: Option<String> = None;
@@ -149,6 +163,7 @@ pub async fn poll(
                 *shared.lock().unwrap_or_else(|p| p.into_inner()) = found;
             }
             Err(reason) => {
+                errors.inc();
                 if failing.as_deref() != Some(reason.as_str()) {
                     tracing::warn!(error = %reason, "no pod labels on devices: the kubelet pod-resources API is not available");
                     failing = Some(reason);

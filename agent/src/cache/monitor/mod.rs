@@ -149,7 +149,10 @@ impl Monitor {
                             };
                             inputs.push_back(Input::Watched(watch.is_some()));
                         }
-                        Action::RecordLoad => self.loads.record(&name, unix_now()),
+                        Action::RecordLoad => {
+                            self.loads.record(&name, unix_now());
+                            self.metrics.weight_opened(&name);
+                        }
                         Action::Verify(todo) => {
                             // Loading a manifest of a million entries takes seconds; SIGTERM must
                             // not wait for it (the parse finishes on its blocking thread, unobserved).
