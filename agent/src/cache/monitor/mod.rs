@@ -27,7 +27,7 @@ use super::state::{ModelState, NodeTaint, Readiness};
 use super::verify::{verify, VerifyOptions};
 use crate::config::{ModelConfig, VerifySettings};
 use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
-use plan::{Action, Input, Outcome, Planner, Timing, Todo};
+use plan::{Action, Input, Outcome, Planner, Progress, Timing, Todo};
 
 /// How often the monitor wakes when nothing happens: its heartbeat, stall check, ROOT check and
 /// manifest retry.
@@ -47,8 +47,7 @@ struct Running {
     priority: Priority,
     /// The manifest files an incremental run looks at again.
     looked: HashSet<String>,
-    last_bytes: u64,
-    last_progress: Instant,
+    progress: Progress,
 }
 
 pub struct Monitor {
@@ -255,11 +254,9 @@ impl Monitor {
 
     fn check_progress(&self, job: &mut Running) {
         let bytes = job.control.hashed_bytes.load(Ordering::Relaxed);
-        if bytes != job.last_bytes {
-            job.last_bytes = bytes;
-            job.last_progress = Instant::now();
-        }
-        let stalled = job.last_progress.elapsed() > self.settings.stall_timeout;
+        let stalled = job
+            .progress
+            .stalled(bytes, Instant::now(), self.settings.stall_timeout);
         if stalled && !self.state.stalled.swap(true, Ordering::Relaxed) {
             tracing::error!(model_name = %self.model.name, "verification made no progress for {:?}; is the storage hung?", self.settings.stall_timeout);
         }
@@ -355,8 +352,7 @@ impl Monitor {
             kind,
             priority,
             looked: work.files,
-            last_bytes: 0,
-            last_progress: Instant::now(),
+            progress: Progress::new(Instant::now()),
         })
     }
 

@@ -1,6 +1,6 @@
 //! The monitor's decisions as a pure function of what happened and when: when to (re)watch, when
-//! collected work is due (debounce), when a full rescan is due, and whether an open of a weight file
-//! is a server loading the model or the agent's own hashing. The task in `mod.rs` only turns file
+//! collected work is due (debounce), when a full rescan is due, whether an open of a weight file
+//! is a server loading the model or the agent's own hashing, and whether a verification has stalled. The task in `mod.rs` only turns file
 //! events, timers and finished verifications into [`Input`]s and performs the [`Action`]s; every
 //! rule here is tested on made-up instants, no clock involved.
 
@@ -229,6 +229,31 @@ impl Planner {
     }
 }
 
+/// Whether a verification under way still makes progress: a stall is its hashed bytes unchanged
+/// for longer than the stall timeout (a hung NFS server, a dying disk).
+pub struct Progress {
+    bytes: u64,
+    since: Instant,
+}
+
+impl Progress {
+    pub fn new(now: Instant) -> Progress {
+        Progress {
+            bytes: 0,
+            since: now,
+        }
+    }
+
+    /// Records the bytes hashed so far at `now`; true when they have not moved for over `timeout`.
+    pub fn stalled(&mut self, bytes: u64, now: Instant, timeout: Duration) -> bool {
+        if bytes != self.bytes {
+            self.bytes = bytes;
+            self.since = now;
+        }
+        now.saturating_duration_since(self.since) > timeout
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,6 +420,25 @@ mod tests {
             planner.on(Input::Wake, t0 + TIMING.manifest_retry),
             [verify(true, true, &[])]
         );
+    }
+
+    #[test]
+    fn a_verification_stalls_when_its_bytes_stop_moving_for_the_timeout() {
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(300);
+        let mut progress = Progress::new(t0);
+        assert!(
+            !progress.stalled(0, t0 + timeout, timeout),
+            "exactly the timeout"
+        );
+        assert!(progress.stalled(0, t0 + timeout + ms(1), timeout));
+        assert!(
+            !progress.stalled(64 << 10, t0 + timeout + ms(2), timeout),
+            "moved again"
+        );
+        let later = t0 + timeout + ms(2) + timeout;
+        assert!(!progress.stalled(64 << 10, later, timeout));
+        assert!(progress.stalled(64 << 10, later + ms(1), timeout));
     }
 
     #[test]
