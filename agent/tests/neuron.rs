@@ -110,7 +110,7 @@ fn inf2_48xlarge_every_device_and_core() {
                 sample(
                     &m,
                     "mlnode_neuron_execution_status_total",
-                    &[core[0], core[1], ("status_type", "completed")]
+                    &[core[0], core[1], ("status_type", "success")]
                 ),
                 Some((1000 + c) as f64)
             );
@@ -118,7 +118,7 @@ fn inf2_48xlarge_every_device_and_core() {
                 sample(
                     &m,
                     "mlnode_neuron_execution_status_total",
-                    &[core[0], core[1], ("status_type", "timed_out")]
+                    &[core[0], core[1], ("status_type", "timeout")]
                 ),
                 Some(0.0)
             );
@@ -183,14 +183,15 @@ fn trn1_32xlarge_numbers_32_cores() {
 fn newer_layout_with_moved_and_missing_nodes() {
     let tree = NeuronTree::new("inf2.xlarge", 1, 2);
     let dev = tree.device(0);
-    // Counters as directories with total/present; a new status; host memory and power gone.
+    // Counters as directories with total/present; a status a later driver may add (made up: the
+    // reader discovers names, it keeps no list); host memory and power gone.
     std::fs::remove_file(dev.join("stats/hardware/mem_ecc_uncorrected")).unwrap();
     write(&dev.join("stats/hardware/mem_ecc_uncorrected/total"), 3);
     write(&dev.join("stats/hardware/mem_ecc_uncorrected/present"), 1);
     write(
         &tree
             .core_stats(0, 1)
-            .join("status/completed_with_oob/total"),
+            .join("status/execute_sw_future_error/total"),
         9,
     );
     std::fs::remove_dir_all(dev.join("stats/memory_usage/host_mem")).unwrap();
@@ -209,7 +210,10 @@ fn newer_layout_with_moved_and_missing_nodes() {
         sample(
             &m,
             "mlnode_neuron_execution_status_total",
-            &[("neuroncore", "1"), ("status_type", "completed_with_oob")]
+            &[
+                ("neuroncore", "1"),
+                ("status_type", "execute_sw_future_error")
+            ]
         ),
         Some(9.0)
     );
@@ -245,7 +249,7 @@ fn unreadable_and_garbage_files_are_counted_and_skipped() {
     let tree = NeuronTree::new("inf2.xlarge", 1, 2);
     let core = tree.core_stats(0, 0);
     write(&core.join("other_info/inference_count"), "lots");
-    write(&core.join("status/completed/total"), "");
+    write(&core.join("status/success/total"), "");
     // A FIFO where a value should be: must neither block nor crash.
     let fifo = core.join("other_info/model_load_count");
     std::fs::remove_file(&fifo).unwrap();
@@ -338,13 +342,13 @@ fn power_is_exported_only_when_valid() {
 #[test]
 fn a_counter_reset_never_goes_backwards_and_is_counted() {
     let tree = NeuronTree::new("inf2.xlarge", 1, 2);
-    let completed = tree.core_stats(0, 1).join("status/completed/total");
+    let completed = tree.core_stats(0, 1).join("status/success/total");
     let scrape = scraper(&tree);
     let value = |m: &str| {
         sample(
             m,
             "mlnode_neuron_execution_status_total",
-            &[("neuroncore", "1"), ("status_type", "completed")],
+            &[("neuroncore", "1"), ("status_type", "success")],
         )
         .unwrap()
     };

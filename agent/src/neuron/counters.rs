@@ -42,13 +42,13 @@ mod tests {
     #[test]
     fn a_reset_never_takes_the_counter_backwards_and_is_counted() {
         let mut counters = MonotonicCounters::default();
-        let key = || (0, Some(1), "status", "completed".to_string());
+        let key = || (0, Some(1), "status", "success".to_string());
         assert_eq!(counters.observe(key(), 100), 100.0);
         assert_eq!(counters.observe(key(), 150), 150.0);
         assert_eq!(counters.observe(key(), 0), 150.0, "reset to 0");
         assert_eq!(counters.observe(key(), 7), 157.0);
         assert_eq!(
-            counters.observe((1, Some(1), "status", "completed".into()), 5),
+            counters.observe((1, Some(1), "status", "success".into()), 5),
             5.0,
             "other keys unaffected"
         );

@@ -2,6 +2,34 @@
 
 use std::path::{Path, PathBuf};
 
+/// `neuron_sysfs_metrics.c:75-100`, in the driver's order.
+pub const DRIVER_STATUS_NAMES: [&str; 24] = [
+    "success",
+    "failure",
+    "timeout",
+    "exec_bad_input",
+    "hw_error",
+    "execute_completed_with_error",
+    "execute_completed_with_num_error",
+    "generic_error",
+    "resource_error",
+    "resource_nc_error",
+    "execute_failed_to_queue",
+    "invalid_error",
+    "unsupported_neff_version",
+    "oob_error",
+    "hw_collectives_error",
+    "hw_hbm_ue_error",
+    "hw_nc_ue_error",
+    "hw_dma_abort_error",
+    "execute_sw_nq_overflow",
+    "execute_sw_semaphore_error",
+    "execute_sw_event_error",
+    "execute_sw_psum_collision",
+    "execute_sw_sequencer_fatal",
+    "hw_repairable_hbm_ue_error",
+];
+
 pub struct NeuronTree {
     pub dir: tempfile::TempDir,
     pub devices: u32,
@@ -75,17 +103,14 @@ impl NeuronTree {
                         3u64 << 30,
                     );
                 }
-                for status in [
-                    "completed",
-                    "completed_with_err",
-                    "completed_with_num_err",
-                    "timed_out",
-                    "incorrect_input",
-                    "failed_to_queue",
-                ] {
+                // The status counters as the driver names them: aws-neuron-driver
+                // neuron_sysfs_metrics.c:75-100 (2.14 to 2.25.4; 2.7.x had infer_* for the three
+                // execute_* names). neuron-monitor's execution_summary names (completed, timed_out,
+                // ...) were never written by a driver.
+                for status in DRIVER_STATUS_NAMES {
                     write(
                         &core.join(format!("status/{status}/total")),
-                        if status == "completed" { 1000 + c } else { 0 },
+                        if status == "success" { 1000 + c } else { 0 },
                     );
                     write(&core.join(format!("status/{status}/present")), 0);
                 }
