@@ -80,10 +80,11 @@ def resident(root: pathlib.Path) -> float:
 
 # --- the stand-ins ------------------------------------------------------------------------------
 
-def _hash_units(deadline: float, out):
+def _hash_units(stop, out):
+    """One core of the serving stand-in: SHA-256 over fixed 1 MiB units until `stop`; puts how many."""
     buffer = os.urandom(64 * 1024)
     units = 0
-    while time.monotonic() < deadline:
+    while not stop.is_set():
         h = hashlib.sha256()
         for _ in range(16):
             h.update(buffer)
@@ -91,38 +92,33 @@ def _hash_units(deadline: float, out):
     out.put(units)
 
 
-def cpu_stand_in(seconds: float) -> float:
-    """Units per second of one hashing process per core, over `seconds`."""
-    out = multiprocessing.Queue()
-    deadline = time.monotonic() + seconds
-    workers = [multiprocessing.Process(target=_hash_units, args=(deadline, out)) for _ in range(os.cpu_count())]
-    for w in workers:
-        w.start()
-    total = sum(out.get() for _ in workers)
-    for w in workers:
-        w.join()
-    return total / seconds
-
-
 @contextlib.contextmanager
-def cpu_load():
-    """The CPU stand-in in the background for as long as the block runs."""
-    stop = multiprocessing.Event()
-
-    def spin(stop):
-        buffer = os.urandom(64 * 1024)
-        while not stop.is_set():
-            hashlib.sha256(buffer * 16)
-
-    workers = [multiprocessing.Process(target=spin, args=(stop,)) for _ in range(os.cpu_count())]
+def cpu_load(rates=None):
+    """The CPU stand-in, one process per core, for as long as the block runs; its units per second
+    are appended to `rates` when given."""
+    stop, out = multiprocessing.Event(), multiprocessing.Queue()
+    workers = [multiprocessing.Process(target=_hash_units, args=(stop, out)) for _ in range(os.cpu_count())]
+    started = time.monotonic()
     for w in workers:
         w.start()
     try:
         yield
     finally:
         stop.set()
+        total = sum(out.get() for _ in workers)
+        elapsed = time.monotonic() - started
         for w in workers:
             w.join()
+        if rates is not None:
+            rates.append(total / elapsed)
+
+
+def cpu_stand_in(seconds: float) -> float:
+    """Units per second of the CPU stand-in over a window of `seconds`."""
+    rates = []
+    with cpu_load(rates):
+        time.sleep(seconds)
+    return rates[0]
 
 
 def load_model(root: pathlib.Path) -> float:
@@ -283,21 +279,28 @@ def main():
     make_hot(hot)
     rows = []
 
-    # 1. CPU. Windows differ by a few percent on a VM whatever runs: each case runs --repeats
-    # times, interleaved, and the median is reported with the range.
-    def stand_in_during(priority):
+    def while_verifying_cold(stand_in, priority, rate=None):
+        """`stand_in()` while serve's first verification of the cold 4 GiB cache is under way (at
+        `priority`, under a read `rate`); its result and what the agent read meanwhile."""
         make_cold(cold)
-        with serving(binary, agent_config(cold, cold_manifest, priority), work) as (_, pid):
+        config = agent_config(cold, cold_manifest, priority)
+        config["verify"]["max_bytes_per_second"] = rate
+        with serving(binary, config, work) as (_, pid):
             wait_reading(pid)
             before = bytes_read(pid)
-            rate = cpu_stand_in(args.seconds)
-            return rate, bytes_read(pid) - before
+            result = stand_in()
+            return result, bytes_read(pid) - before
+
+    # 1. CPU. Windows differ by a few percent on a VM whatever runs: each case runs --repeats
+    # times, interleaved, and the median is reported with the range.
+    def window():
+        return cpu_stand_in(args.seconds)
 
     alone, during = [], {"idle": [], "normal": []}
     for _ in range(args.repeats):
-        alone.append(cpu_stand_in(args.seconds))
+        alone.append(window())
         for priority, runs in during.items():
-            runs.append(stand_in_during(priority))
+            runs.append(while_verifying_cold(window, priority))
     base = statistics.median(alone)
     rows.append(("1. CPU stand-in (units/s) alone", "-", f"{base:,.0f}", "1.000",
                  f"{min(alone) / base:.3f} to {max(alone) / base:.3f} in {args.repeats} runs"))
@@ -315,22 +318,12 @@ def main():
         make_cold(hot)
         return load_model(hot)
 
-    def load_during(priority, rate):
-        make_cold(cold)
-        config = agent_config(cold, cold_manifest, priority)
-        config["verify"]["max_bytes_per_second"] = rate
-        with serving(binary, config, work) as (_, pid):
-            wait_reading(pid)
-            before = bytes_read(pid)
-            took = load_cold()
-            return took, bytes_read(pid) - before
-
     cases = [("idle", None), ("normal", None), ("idle", "100MiB")]
     alone, during = [], {case: [] for case in cases}
     for _ in range(args.repeats):
         alone.append(load_cold())
         for case in cases:
-            during[case].append(load_during(*case))
+            during[case].append(while_verifying_cold(load_cold, *case))
     base = statistics.median(alone)
     rows.append(("2. loader stand-in (s) for cold 2 GiB, alone", "-", f"{base:.2f}", "1.000",
                  f"{min(alone):.2f} to {max(alone):.2f} in {args.repeats} runs; "

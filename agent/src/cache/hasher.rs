@@ -32,7 +32,7 @@ pub struct Control {
     cancelled: AtomicBool,
     /// Drop the pages a job brought into the page cache once it has hashed them (`serve`: the
     /// cache belongs to the servers on the node); pages that were cached before stay.
-    pub restore_page_cache: bool,
+    restore_page_cache: bool,
     /// The read rate every worker of every run shares (`verify.max_bytes_per_second`).
     throttle: Option<Arc<Throttle>>,
     /// Time the workers of this run slept for the read rate, summed over workers.

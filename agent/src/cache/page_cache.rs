@@ -94,9 +94,15 @@ impl Residency {
         Ok(residency)
     }
 
+    /// The index of the page past the one holding byte `offset - 1`, within the range: the end of
+    /// a page span that covers everything before `offset`.
+    fn pages_before(&self, offset: u64) -> usize {
+        (offset.saturating_sub(self.start).div_ceil(self.page) as usize).min(self.pages)
+    }
+
     /// Looks at the pages not yet looked at up to `until`.
     pub fn look_until(&mut self, file: &File, until: u64) -> std::io::Result<()> {
-        let last = (until.saturating_sub(self.start).div_ceil(self.page) as usize).min(self.pages);
+        let last = self.pages_before(until);
         while self.looked < last {
             let chunk = (last - self.looked).min((LOOK_CHUNK / self.page) as usize);
             let offset = self.start + self.looked as u64 * self.page;
@@ -129,9 +135,8 @@ impl Residency {
     /// Drops from the page cache every run of pages in `[from, until)` that was not resident when
     /// looked at (the range is cut to the looked-at one).
     pub fn drop_brought_in(&self, file: &File, from: u64, until: u64) {
-        let first = (from.saturating_sub(self.start) / self.page) as usize;
-        let last = (until.saturating_sub(self.start).div_ceil(self.page) as usize).min(self.pages);
-        let mut page = first;
+        let mut page = (from.saturating_sub(self.start) / self.page) as usize;
+        let last = self.pages_before(until);
         while page < last {
             if self.was_resident(page) {
                 page += 1;
