@@ -132,15 +132,9 @@ impl Serialize for ByteRate {
 
 impl<'de> Deserialize<'de> for ByteRate {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(u64),
-            Text(String),
-        }
-        match Raw::deserialize(deserializer)? {
-            Raw::Number(n) => Ok(ByteRate(n)),
-            Raw::Text(text) => {
+        match NumberOrText::deserialize(deserializer)? {
+            NumberOrText::Number(n) => Ok(ByteRate(n)),
+            NumberOrText::Text(text) => {
                 let size = text.trim().trim_end_matches("/s");
                 size.parse::<bytesize::ByteSize>()
                     .map(|size| ByteRate(size.as_u64()))
@@ -184,6 +178,47 @@ pub enum Toggle {
     Auto,
     On,
     Off,
+}
+
+/// A setting written as a number or as text (`100MiB`, `auto`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrText {
+    Number(u64),
+    Text(String),
+}
+
+/// `neuron.logical_nc_config`: `auto`, 1 or 2 (the only values the Neuron runtime accepts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogicalNcConfig {
+    Auto,
+    Fixed(u32),
+}
+
+impl Serialize for LogicalNcConfig {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            LogicalNcConfig::Auto => serializer.serialize_str("auto"),
+            LogicalNcConfig::Fixed(n) => serializer.serialize_u32(*n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LogicalNcConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = match NumberOrText::deserialize(deserializer)? {
+            NumberOrText::Number(n) => n.to_string(),
+            NumberOrText::Text(text) => text,
+        };
+        match value.trim() {
+            "auto" => Ok(LogicalNcConfig::Auto),
+            "1" => Ok(LogicalNcConfig::Fixed(1)),
+            "2" => Ok(LogicalNcConfig::Fixed(2)),
+            other => Err(serde::de::Error::custom(format!(
+                "{other:?} is not a logical NeuronCore config: use auto, 1 or 2 (the values NEURON_LOGICAL_NC_CONFIG takes)"
+            ))),
+        }
+    }
 }
 
 impl Serialize for Toggle {
@@ -273,9 +308,14 @@ pub struct NeuronSettings {
     /// `auto`: on where `sysfs_root` exists.
     pub enabled: Toggle,
     pub sysfs_root: PathBuf,
-    /// The `instance_type` label; empty: what the driver reports in `info/architecture/instance_type`.
-    /// Set it from the node's `node.kubernetes.io/instance-type` label; the agent never asks the
-    /// instance metadata service.
+    /// The driver's class directory, where UltraServer nodes say their node id (`node_id_4`).
+    pub class_root: PathBuf,
+    /// Physical NeuronCores per logical NeuronCore, as the runtime's `NEURON_LOGICAL_NC_CONFIG`
+    /// sets it on this node's pods: `auto` (2 on Trn2, 1 elsewhere, the runtime's default), 1 or 2.
+    pub logical_nc_config: LogicalNcConfig,
+    /// The `instance_type` label (the EC2 type); empty: the Node's
+    /// `node.kubernetes.io/instance-type` label, read through the API server when the agent runs
+    /// in a cluster. The agent never asks the instance metadata service.
     pub instance_type: String,
     /// Adds an `availability_zone` label (the node's `topology.kubernetes.io/zone`) when set.
     pub availability_zone: String,
@@ -286,6 +326,8 @@ impl Default for NeuronSettings {
         NeuronSettings {
             enabled: Toggle::Auto,
             sysfs_root: PathBuf::from("/sys/devices/virtual/neuron_device"),
+            class_root: PathBuf::from("/sys/class/neuron_device"),
+            logical_nc_config: LogicalNcConfig::Auto,
             instance_type: String::new(),
             availability_zone: String::new(),
         }
@@ -1183,6 +1225,8 @@ mod tests {
             ("verify.max_bytes_per_second", "512KiB"),
             ("verify.max_bytes_per_second", "1PB"),
             ("verify.max_bytes_per_second", "fast"),
+            ("neuron.logical_nc_config", "4"),
+            ("neuron.logical_nc_config", "lnc2"),
         ];
         for (key, value) in cases {
             let o = Override::from_flag(&format!("{key}={value}")).unwrap();
@@ -1190,12 +1234,28 @@ mod tests {
             assert!(
                 message.contains(&format!("flag --set {key}={value}"))
                     && message.contains(key)
-                    && ["must be between", "not a duration", "not a byte rate"]
-                        .iter()
-                        .any(|reason| message.contains(reason)),
+                    && [
+                        "must be between",
+                        "not a duration",
+                        "not a byte rate",
+                        "not a logical NeuronCore config",
+                    ]
+                    .iter()
+                    .any(|reason| message.contains(reason)),
                 "{key}={value}: {message}"
             );
         }
+    }
+
+    #[test]
+    fn the_logical_nc_config_is_auto_1_or_2() {
+        let lnc = |value: &str| {
+            let o = Override::from_flag(&format!("neuron.logical_nc_config={value}")).unwrap();
+            from_yaml(ONE_MODEL, &[o]).unwrap().neuron.logical_nc_config
+        };
+        assert_eq!(lnc("auto"), LogicalNcConfig::Auto);
+        assert_eq!(lnc("1"), LogicalNcConfig::Fixed(1));
+        assert_eq!(lnc("2"), LogicalNcConfig::Fixed(2));
     }
 
     #[test]

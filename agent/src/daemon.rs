@@ -100,6 +100,37 @@ async fn start_startup_tracker(
     Ok(())
 }
 
+/// Reads this node's instance type and zone labels once, retrying with a doubling wait (1 s to a
+/// minute) while the API server cannot answer: they are set when the kubelet registers the node
+/// and do not change.
+async fn read_node_labels(
+    client: kube::Client,
+    node_name: String,
+    shared: neuron::SharedNodeLabels,
+    shutdown: CancellationToken,
+) {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let mut wait = Duration::from_secs(1);
+    loop {
+        match nodes.get(&node_name).await {
+            Ok(node) => {
+                let labels = neuron::NodeLabels::of(&node);
+                tracing::info!(instance_type = %labels.instance_type, availability_zone = %labels.availability_zone, "read the node's instance type and zone for the Neuron series");
+                *shared.write().unwrap_or_else(|p| p.into_inner()) = labels;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(node = %node_name, error = %e, retry_in = ?wait, "cannot read the node's instance type label")
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(60));
+    }
+}
+
 /// A client for the in-cluster or KUBECONFIG API server. kube's own retry of 503s (15 tries, up to
 /// minutes apart) is off: the readiness loop has its own backoff and must keep evaluating gates.
 async fn kube_client() -> Result<kube::Client, String> {
@@ -233,14 +264,35 @@ async fn run_collectors(
     // Up or down from here on is the sampler's to say: it knows whether NVML still answers.
     let gpu = start_gpu(&config, &registry, &assignments, &agent_metrics).await;
 
+    let node_labels = neuron::SharedNodeLabels::default();
     let neuron = neuron::start(
         &config.neuron,
         &config.kubelet,
         assignments.clone(),
+        node_labels.clone(),
         &registry,
     );
     match &neuron {
-        Ok(_) => agent_metrics.set_up(Collector::Neuron, true),
+        Ok(_) => {
+            agent_metrics.set_up(Collector::Neuron, true);
+            let settings = &config.neuron;
+            if settings.instance_type.is_empty() || settings.availability_zone.is_empty() {
+                match kube_for(Toggle::Auto, "neuron").await {
+                    Ok(client) => {
+                        tasks.spawn(read_node_labels(
+                            client,
+                            config.node_name.clone(),
+                            node_labels,
+                            shutdown.child_token(),
+                        ));
+                    }
+                    Err(reason) => tracing::info!(
+                        %reason,
+                        "Neuron series carry no instance_type or availability_zone label but the configured ones (neuron.instance_type, neuron.availability_zone)"
+                    ),
+                }
+            }
+        }
         Err(reason) => not_started(
             &agent_metrics,
             Collector::Neuron,

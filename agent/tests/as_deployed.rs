@@ -1024,9 +1024,10 @@ fn the_neuron_overlay_runs_as_deployed_and_requires_the_driver() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
     let mut node = gpu_node(NODE);
     node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = json!("inf2.48xlarge");
+    node["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("us-east-2a");
     node["spec"]["taints"] =
         json!([{"key": "aws.amazon.com/neuron", "value": "present", "effect": "NoSchedule"}]);
-    let tree = common::neuron::NeuronTree::new("inf2.48xlarge", 2, 2);
+    let tree = common::neuron::NeuronTree::new(common::neuron::INF2_48XLARGE);
     for (driver, expected) in [(Some(tree.root()), "True"), (None, "False")] {
         let host = Host::new();
         let manifest = user_model(&host);
@@ -1062,12 +1063,31 @@ fn the_neuron_overlay_runs_as_deployed_and_requires_the_driver() {
         match driver {
             Some(_) => {
                 assert_eq!(up("neuron"), Some(1.0), "{}", agent.log());
-                assert!(metrics.contains("mlnode_neuron_"), "{metrics}");
+                // The EC2 type and zone come from the Node's labels through the API server; the
+                // driver's chip family is neuron_family.
+                agent.wait(
+                    "instance_type from the Node",
+                    Duration::from_secs(30),
+                    |a| {
+                        a.metrics().is_some_and(|m| {
+                            sample(
+                                &m,
+                                "mlnode_neuron_device_info",
+                                &[
+                                    ("instance_type", "inf2.48xlarge"),
+                                    ("availability_zone", "us-east-2a"),
+                                    ("neuron_family", "Inf2"),
+                                ],
+                            )
+                            .is_some()
+                        })
+                    },
+                );
                 assert!(
                     healthy["message"]
                         .as_str()
                         .unwrap()
-                        .contains("2 Neuron device(s)"),
+                        .contains("12 Neuron device(s)"),
                     "{healthy}"
                 );
             }

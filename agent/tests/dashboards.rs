@@ -138,7 +138,7 @@ fn type_names(exposition: &str) -> BTreeSet<String> {
 fn every_query_runs_names_real_series_and_every_join_has_data() {
     let model = PlainModel::new();
     let (_m, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let tree = common::neuron::NeuronTree::new("inf2.48xlarge", 2, 2);
+    let tree = common::neuron::NeuronTree::new(common::neuron::INF2_48XLARGE);
     let scenario_dir = tempfile::tempdir().unwrap();
     let scenario = scenario_dir.path().join("scenario.json");
     let device = |i: usize| {
@@ -167,6 +167,16 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
             &[("model_name", "tiny-model")],
         ) == Some(1.0)
             && sample(m, "mlnode_gpu_count", &[]) == Some(2.0)
+    });
+    // Tensor-engine cycles pass between two scrapes, so the live utilisation has an interval.
+    agent.metrics();
+    for device in 0..tree.instance.devices {
+        for core in 0..2 {
+            tree.set_cycles(device, core, 3_000_000, 1_000_000, 4_000_000 + 4_000_000);
+        }
+    }
+    agent.wait_for("NeuronCore utilisation", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_neuron_core_utilization_ratio", &[]).is_some()
     });
     let exposed = type_names(&agent.metrics());
     let vllm_port = common::prometheus::serve_vllm_fixture();

@@ -68,12 +68,13 @@ fn the_exposition_matches_the_golden_file() {
     let model = PlainModel::new();
     let (_manifest_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let scenario = Scenario::new(2);
-    let neuron = NeuronTree::new("inf2.xlarge", 1, 2);
+    let neuron = NeuronTree::new(common::neuron::INF2_XLARGE);
     let config = format!(
-        "{}nvml:\n  library: {:?}\n  sample_interval: 100ms\nneuron:\n  sysfs_root: {:?}\n",
+        "{}nvml:\n  library: {:?}\n  sample_interval: 100ms\nneuron:\n  sysfs_root: {:?}\n  class_root: {:?}\n",
         model_config("llama", model.root(), &manifest),
         fake_nvml().display().to_string(),
         neuron.root().display().to_string(),
+        neuron.class_root().display().to_string(),
     );
     let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
     let seen = |m: &str| {

@@ -31,7 +31,8 @@ fn documented() -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The label sets the docs' prose defines ("GPU labels", "device labels", "core labels"): those
+/// The label sets the docs' prose defines ("GPU labels", "device labels", "core labels",
+/// "physical core labels"): those
 /// every series of the set carries, and those only some carry (a GPU assigned to a pod, an option).
 fn label_group(name: &str) -> (Vec<&'static str>, Vec<&'static str>) {
     let gpu_optional = vec![
@@ -43,7 +44,13 @@ fn label_group(name: &str) -> (Vec<&'static str>, Vec<&'static str>) {
         "pod_namespace",
         "container_name",
     ];
-    let neuron_optional = vec!["availability_zone", "pod", "namespace", "container"];
+    let neuron_optional = vec![
+        "instance_type",
+        "availability_zone",
+        "pod",
+        "namespace",
+        "container",
+    ];
     match name {
         "GPU labels" => (
             vec![
@@ -56,12 +63,10 @@ fn label_group(name: &str) -> (Vec<&'static str>, Vec<&'static str>) {
             ],
             gpu_optional,
         ),
-        "device labels" => (
-            vec!["neuron_device_index", "instance_type"],
-            neuron_optional,
-        ),
-        "core labels" => (
-            vec!["neuron_device_index", "instance_type", "neuroncore"],
+        "device labels" => (vec!["neuron_device_index"], neuron_optional),
+        "core labels" => (vec!["neuron_device_index", "neuroncore"], neuron_optional),
+        "physical core labels" => (
+            vec!["neuron_device_index", "neuroncore", "physical_core"],
             neuron_optional,
         ),
         other => panic!("docs/metrics.md names a label set it does not define: {other:?}"),
@@ -143,15 +148,26 @@ fn exposition() -> String {
         mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();
     readiness.set_gate("ModelCacheVerified", true);
     register_startup(&registry);
-    let tree = common::neuron::NeuronTree::new("inf2.xlarge", 1, 2);
+    let tree = common::neuron::NeuronTree::new(common::neuron::INF2_XLARGE);
     // One counter reset and one unreadable file, so those families have samples too.
     register_neuron(&registry, &tree);
     mlnode_agent::metrics::encode(&registry);
-    common::neuron::write(&tree.core_stats(0, 0).join("other_info/inference_count"), 0);
     common::neuron::write(
-        &tree.core_stats(0, 0).join("other_info/model_load_count"),
+        &tree
+            .core_stats(0, 0)
+            .join("other_info/inference_count/total"),
+        0,
+    );
+    common::neuron::write(
+        &tree
+            .core_stats(0, 0)
+            .join("other_info/model_load_count/total"),
         "garbage",
     );
+    // Cycles pass between the two scrapes, so utilisation has an interval.
+    for core in 0..2 {
+        tree.set_cycles(0, core, 1_000, 0, 8_000_000);
+    }
     cache.observe(
         "m",
         &report,
@@ -249,10 +265,12 @@ fn register_startup(registry: &prometheus::Registry) {
 fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::NeuronTree) {
     let settings = mlnode_agent::config::NeuronSettings {
         sysfs_root: tree.root().to_path_buf(),
+        class_root: tree.class_root().to_path_buf(),
         ..Default::default()
     };
     let collector = mlnode_agent::neuron::collector::NeuronCollector::new(
         settings,
+        Default::default(),
         Default::default(),
         vec![],
         vec![],

@@ -1,22 +1,75 @@
-//! AWS Neuron devices (Inf2, Trn1, Trn2) from the Neuron driver's sysfs tree, readable without
-//! privileges, exported with neuron-monitor-prometheus's label names.
+//! AWS Neuron devices (Inf1, Inf2, Trn1, Trn2) from the Neuron driver's sysfs tree, readable
+//! without privileges, exported with neuron-monitor-prometheus's label names.
 //!
 //! [`sysfs`] reads the tree into plain data, discovering devices, cores, categories and counter
-//! names from the directories (driver 2.31 moved nodes); [`counters`] keeps exported counters
-//! monotonic across resets; [`collector`] builds the series at scrape time.
+//! names from the directories; [`cores`] groups physical cores into the runtime's logical ones;
+//! [`utilization`] turns the live tensor-engine cycle counters into a ratio; [`counters`] keeps
+//! exported counters monotonic across resets; [`collector`] builds the series at scrape time.
+//! docs/neuron.md says which values are live and which move only when a runtime exits.
 
 pub mod collector;
+pub mod cores;
 pub mod counters;
 pub mod sysfs;
+pub mod utilization;
+
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::core::v1::Node;
 
 use crate::config::{KubeletSettings, NeuronSettings, Toggle};
 use crate::kubelet::pod_resources::SharedAssignments;
+
+/// The EC2 instance type and zone of this node, as its Node object's well-known labels say;
+/// empty until read (or outside a cluster). Config values take precedence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeLabels {
+    pub instance_type: String,
+    pub availability_zone: String,
+}
+
+pub type SharedNodeLabels = Arc<RwLock<NodeLabels>>;
+
+impl NodeLabels {
+    /// `node.kubernetes.io/instance-type` and `topology.kubernetes.io/zone`, which the kubelet
+    /// sets from the cloud provider on every EKS node.
+    pub fn of(node: &Node) -> NodeLabels {
+        let label = |key: &str| {
+            node.metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(key))
+                .cloned()
+                .unwrap_or_default()
+        };
+        NodeLabels {
+            instance_type: label("node.kubernetes.io/instance-type"),
+            availability_zone: label("topology.kubernetes.io/zone"),
+        }
+    }
+
+    /// What the collector labels with: each config value, else the Node's.
+    pub fn resolve(&self, settings: &NeuronSettings) -> NodeLabels {
+        let pick = |configured: &str, read: &str| {
+            if configured.is_empty() {
+                read.to_string()
+            } else {
+                configured.to_string()
+            }
+        };
+        NodeLabels {
+            instance_type: pick(&settings.instance_type, &self.instance_type),
+            availability_zone: pick(&settings.availability_zone, &self.availability_zone),
+        }
+    }
+}
 
 /// Registers the Neuron collector. Err says why there is none; the agent runs on without it.
 pub fn start(
     settings: &NeuronSettings,
     kubelet: &KubeletSettings,
     assignments: SharedAssignments,
+    node_labels: SharedNodeLabels,
     registry: &prometheus::Registry,
 ) -> Result<(), String> {
     if settings.enabled == Toggle::Off {
@@ -34,6 +87,7 @@ pub fn start(
     let collector = collector::NeuronCollector::new(
         settings.clone(),
         assignments,
+        node_labels,
         kubelet.neuron_device_resource_names.clone(),
         kubelet.neuron_core_resource_names.clone(),
     )
@@ -48,4 +102,38 @@ pub fn start(
 /// `neuron<N>` → N.
 fn index_after(name: &str, prefix: &str) -> Option<u32> {
     name.strip_prefix(prefix)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nodes_labels_fill_what_config_leaves_empty() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "ip-10-0-1-2.ec2.internal", "labels": {
+                "node.kubernetes.io/instance-type": "trn2.48xlarge",
+                "topology.kubernetes.io/zone": "us-east-2b"}}
+        }))
+        .unwrap();
+        let read = NodeLabels::of(&node);
+        assert_eq!(read.instance_type, "trn2.48xlarge");
+        let configured = NeuronSettings {
+            availability_zone: "use2-az2".into(),
+            ..NeuronSettings::default()
+        };
+        assert_eq!(
+            read.resolve(&configured),
+            NodeLabels {
+                instance_type: "trn2.48xlarge".into(),
+                availability_zone: "use2-az2".into()
+            },
+            "config wins where set"
+        );
+        assert_eq!(
+            NodeLabels::of(&Node::default()).resolve(&NeuronSettings::default()),
+            NodeLabels::default(),
+            "a node without the labels gives none"
+        );
+    }
 }

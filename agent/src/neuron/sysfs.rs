@@ -39,24 +39,47 @@ impl PowerReading {
     }
 }
 
+/// Tensor-engine cycles of one physical core, summed over the row groups of
+/// `stats/tensor_engine/pe_cntrs` (`vc/neuron_dhal_vc.c:92-133`). Read live from hardware
+/// counters at each read, unlike the execution counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeCycles {
+    pub matmul: u64,
+    pub weight_load: u64,
+    pub idle: u64,
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CoreSnapshot {
-    /// Index within the device.
+    /// Physical index within the device (`neuron_core<M>`).
     pub index: u32,
+    /// `info/architecture/arch_type`: `NCv2`, `NCv3`.
+    pub arch_type: Option<String>,
+    /// `stats/memory_usage/device_mem/{total,peak}`: the core's whole device memory.
+    pub device_memory_total: MemoryStat,
+    /// `stats/memory_usage/device_mem/<category>/{total,peak}`.
     pub device_memory: BTreeMap<String, MemoryStat>,
-    /// `stats/status/<name>/total`: execution outcomes.
+    /// `stats/memory_usage/host_mem/{total,peak}`: host memory charged to the core.
+    pub host_memory: MemoryStat,
+    /// `stats/status/<name>/total`: execution outcomes, added when a runtime releases the core.
     pub status: BTreeMap<String, u64>,
-    /// `stats/other_info/<name>`: model_load_count, inference_count, reset_req_count, ...
+    /// `stats/other_info/<name>/total`: model_load_count, inference_count, reset_req_count, ...
     pub other: BTreeMap<String, u64>,
+    pub pe_cycles: Option<PeCycles>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceSnapshot {
     pub index: u32,
+    /// The chip family (`Inf2`, `Trn2`), not the EC2 instance type.
     pub instance_type: Option<String>,
+    /// The device version (`NDv3`), not the NeuronCore's.
     pub arch_type: Option<String>,
     pub device_name: Option<String>,
-    /// `stats/hardware/<event>`: ECC events.
+    /// `info/serial_number`, 16 hex digits; absent on Inf1 and when the firmware read failed.
+    pub serial_number: Option<String>,
+    /// `stats/hardware/<name>`: the firmware's uncorrected ECC counts, read at each read
+    /// (16-bit, summed per HBM channel; not counters: see docs/neuron.md).
     pub hardware: BTreeMap<String, u64>,
     pub power: Option<PowerReading>,
     pub host_memory: BTreeMap<String, MemoryStat>,
@@ -80,6 +103,13 @@ pub fn device_indexes(root: &Path) -> std::io::Result<Vec<u32>> {
     Ok(indexes)
 }
 
+/// This node's id in a 4-node UltraServer, from the driver's class attribute `node_id_4`
+/// (`neuron_cdev.c:3210-3216`, `v3/neuron_pelect.c:1700-1724`): -1 outside one, `busy` while the
+/// nodes elect; None when absent or not a number.
+pub fn ultraserver_node_id(class_root: &Path) -> Option<i32> {
+    read_once(&class_root.join("node_id_4")).ok()?.parse().ok()
+}
+
 /// Reads the whole tree.
 pub fn read(root: &Path) -> Snapshot {
     let mut snapshot = Snapshot::default();
@@ -101,6 +131,9 @@ fn read_device(dir: &Path, index: u32, errors: &mut BTreeMap<&'static str, u64>)
         instance_type: read_text(&arch.join("instance_type"), "info", errors),
         arch_type: read_text(&arch.join("arch_type"), "info", errors),
         device_name: read_text(&arch.join("device_name"), "info", errors),
+        // The driver writes an empty line when the firmware read fails
+        // (`neuron_sysfs_metrics.c:364-376`): no serial, not a read error.
+        serial_number: read_once(&dir.join("info/serial_number")).ok(),
         ..DeviceSnapshot::default()
     };
     device.hardware = read_counters(&dir.join("stats/hardware"), "hardware", errors);
@@ -119,16 +152,29 @@ fn read_device(dir: &Path, index: u32, errors: &mut BTreeMap<&'static str, u64>)
         .into_iter()
         .filter_map(|(name, _)| index_after(&name, "neuron_core"))
         .map(|core| {
-            let stats = dir.join(format!("neuron_core{core}/stats"));
+            let core_dir = dir.join(format!("neuron_core{core}"));
+            let stats = core_dir.join("stats");
+            let device_mem = stats.join("memory_usage/device_mem");
             CoreSnapshot {
                 index: core,
-                device_memory: read_memory(
-                    &stats.join("memory_usage/device_mem"),
-                    "device_mem",
+                arch_type: read_text(
+                    &core_dir.join("info/architecture/arch_type"),
+                    "info",
                     errors,
                 ),
+                device_memory_total: read_stat(&device_mem, "device_mem", errors),
+                device_memory: read_memory(&device_mem, "device_mem", errors),
+                host_memory: read_stat(&stats.join("memory_usage/host_mem"), "host_mem", errors),
                 status: read_counters(&stats.join("status"), "status", errors),
                 other: read_counters(&stats.join("other_info"), "other_info", errors),
+                pe_cycles: read_text(&stats.join("tensor_engine/pe_cntrs"), "pe_cntrs", errors)
+                    .and_then(|text| match parse_pe_cntrs(&text) {
+                        Some(cycles) => Some(cycles),
+                        None => {
+                            *errors.entry("pe_cntrs").or_default() += 1;
+                            None
+                        }
+                    }),
             }
         })
         .collect();
@@ -156,6 +202,31 @@ pub fn parse_power(text: &str) -> Option<PowerReading> {
         max_percent: percent(max)?,
         avg_percent: percent(avg)?,
     })
+}
+
+/// `xrow_grp,mm_active,wl_active,idle` then one `<group>,<mm>,<wl>,<idle>` line per row group
+/// (`vc/neuron_dhal_vc.c:101,123`), summed over the groups.
+pub fn parse_pe_cntrs(text: &str) -> Option<PeCycles> {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    if lines.next()? != "xrow_grp,mm_active,wl_active,idle" {
+        return None;
+    }
+    let mut sum = PeCycles::default();
+    let mut groups = 0;
+    for line in lines {
+        let fields: Vec<u64> = line
+            .split(',')
+            .map(|f| f.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        let [_, matmul, weight_load, idle] = fields.as_slice() else {
+            return None;
+        };
+        sum.matmul = sum.matmul.checked_add(*matmul)?;
+        sum.weight_load = sum.weight_load.checked_add(*weight_load)?;
+        sum.idle = sum.idle.checked_add(*idle)?;
+        groups += 1;
+    }
+    (groups > 0).then_some(sum)
 }
 
 /// Entry names and whether each is a directory, from the listing itself (no stat per entry).
@@ -193,6 +264,18 @@ fn read_counters(
         .collect()
 }
 
+/// `<dir>/{total,peak}`.
+fn read_stat(
+    dir: &Path,
+    kind: &'static str,
+    errors: &mut BTreeMap<&'static str, u64>,
+) -> MemoryStat {
+    MemoryStat {
+        total: read_u64(&dir.join("total"), kind, errors),
+        peak: read_u64(&dir.join("peak"), kind, errors),
+    }
+}
+
 /// `<dir>/<category>/{total,peak}`.
 fn read_memory(
     dir: &Path,
@@ -203,11 +286,7 @@ fn read_memory(
         .into_iter()
         .filter(|(_, is_dir)| *is_dir)
         .map(|(name, _)| {
-            let category = dir.join(&name);
-            let stat = MemoryStat {
-                total: read_u64(&category.join("total"), kind, errors),
-                peak: read_u64(&category.join("peak"), kind, errors),
-            };
+            let stat = read_stat(&dir.join(&name), kind, errors);
             (name, stat)
         })
         .filter(|(_, stat)| stat.total.is_some() || stat.peak.is_some())
@@ -278,6 +357,35 @@ fn read_once(path: &Path) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pe_counters_sum_the_row_groups() {
+        // The driver's format, four row groups on v2/v3 (`pe_row_grp_count = 4`).
+        let text = "xrow_grp,mm_active,wl_active,idle\n0,10,1,89\n1,20,2,78\n2,0,0,100\n3,5,5,90\n";
+        assert_eq!(
+            parse_pe_cntrs(text),
+            Some(PeCycles {
+                matmul: 35,
+                weight_load: 8,
+                idle: 357
+            })
+        );
+        assert_eq!(
+            parse_pe_cntrs("xrow_grp,mm_active,wl_active,idle\n"),
+            None,
+            "no rows"
+        );
+        assert_eq!(parse_pe_cntrs("0,1,2,3\n"), None, "no header");
+        assert_eq!(
+            parse_pe_cntrs("xrow_grp,mm_active,wl_active,idle\n0,1,2\n"),
+            None,
+            "short row"
+        );
+        assert_eq!(
+            parse_pe_cntrs("xrow_grp,mm_active,wl_active,idle\n0,-1,2,3\n"),
+            None
+        );
+    }
 
     #[test]
     fn power_lines() {

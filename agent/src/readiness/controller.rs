@@ -202,10 +202,15 @@ impl Controller {
                 .map(|d| {
                     (
                         d.index,
-                        ["mem_ecc_uncorrected", "sram_ecc_uncorrected"]
-                            .iter()
-                            .filter_map(|e| d.hardware.get(*e))
-                            .sum(),
+                        // Repairable included: a pending HBM repair needs a reboot to apply.
+                        [
+                            "mem_ecc_uncorrected",
+                            "mem_ecc_repairable_uncorrected",
+                            "sram_ecc_uncorrected",
+                        ]
+                        .iter()
+                        .filter_map(|e| d.hardware.get(*e))
+                        .sum(),
                     )
                 })
                 .collect();

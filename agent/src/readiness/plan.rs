@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::config::TaintMode;
-use crate::neuron::counters::MonotonicCounters;
 
 /// The longest wait after repeated API errors.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -99,28 +98,29 @@ impl Planner {
         wait
     }
 
-    /// Uncorrected ECC errors per Neuron device since the agent started, from the driver's raw
-    /// counts: a count the driver reset (driver reload) keeps counting from where it was.
+    /// Uncorrected ECC errors per Neuron device since the agent started: the sum of the rises of
+    /// the firmware's count. The count is a register snapshot, not a counter: on Trn2 errors move
+    /// between the repairable and unrepairable counts as the HBM repair state changes, and a count
+    /// can go down; a fall lowers the baseline, never the errors already seen.
     pub fn new_uncorrected_ecc(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
-        self.ecc.since_start(raw)
+        self.ecc.rises(raw)
     }
 }
 
 #[derive(Default)]
 struct Ecc {
-    counters: MonotonicCounters,
-    at_start: BTreeMap<u32, f64>,
+    /// Per device: (last count, rises since the start).
+    seen: BTreeMap<u32, (u64, u64)>,
 }
 
 impl Ecc {
-    fn since_start(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
+    fn rises(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
         raw.iter()
             .map(|(&device, &count)| {
-                let total = self
-                    .counters
-                    .observe((device, None, "hardware", "uncorrected_ecc".into()), count);
-                let start = *self.at_start.entry(device).or_insert(total);
-                (device, (total - start) as u64)
+                let (last, rises) = self.seen.entry(device).or_insert((count, 0));
+                *rises += count.saturating_sub(*last);
+                *last = count;
+                (device, *rises)
             })
             .collect()
     }
@@ -209,7 +209,7 @@ mod tests {
     }
 
     #[test]
-    fn only_ecc_errors_after_the_start_count_and_a_driver_reset_does_not_hide_them() {
+    fn only_ecc_rises_after_the_start_count_and_a_fall_neither_hides_nor_adds_errors() {
         let mut planner = Planner::new(INTERVAL, HEARTBEAT, None);
         let counts = |pairs: &[(u32, u64)]| pairs.iter().copied().collect::<BTreeMap<_, _>>();
         assert_eq!(
@@ -221,11 +221,16 @@ mod tests {
             planner.new_uncorrected_ecc(&counts(&[(0, 6), (1, 0)])),
             counts(&[(0, 1), (1, 0)])
         );
-        // The driver reloads: counts restart at 0, then two new errors on device 0.
+        // The count falls (an HBM repair-state change moved errors out of the summed kinds),
+        // then rises by two: three seen in all, not 0 and not an offset-inflated 9.
         assert_eq!(
             planner.new_uncorrected_ecc(&counts(&[(0, 2), (1, 0)])),
-            counts(&[(0, 3), (1, 0)]),
-            "1 before the reset and 2 after, not 0"
+            counts(&[(0, 1), (1, 0)]),
+            "a fall is no new error"
+        );
+        assert_eq!(
+            planner.new_uncorrected_ecc(&counts(&[(0, 4), (1, 0)])),
+            counts(&[(0, 3), (1, 0)])
         );
     }
 }
