@@ -317,8 +317,12 @@ pub struct NeuronSettings {
     /// `node.kubernetes.io/instance-type` label, read through the API server when the agent runs
     /// in a cluster. The agent never asks the instance metadata service.
     pub instance_type: String,
-    /// Adds an `availability_zone` label (the node's `topology.kubernetes.io/zone`) when set.
+    /// The `availability_zone` label; empty: the Node's `topology.kubernetes.io/zone`, read
+    /// through the API server in a cluster.
     pub availability_zone: String,
+    /// Also export the series neuron-monitor-prometheus exports, with its names and labels, for
+    /// what sysfs and procfs can feed (docs/neuron.md), so its dashboards run unchanged.
+    pub monitor_names: bool,
 }
 
 impl Default for NeuronSettings {
@@ -330,6 +334,7 @@ impl Default for NeuronSettings {
             logical_nc_config: LogicalNcConfig::Auto,
             instance_type: String::new(),
             availability_zone: String::new(),
+            monitor_names: false,
         }
     }
 }

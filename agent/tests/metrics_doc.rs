@@ -69,6 +69,15 @@ fn label_group(name: &str) -> (Vec<&'static str>, Vec<&'static str>) {
             vec!["neuron_device_index", "neuroncore", "physical_core"],
             neuron_optional,
         ),
+        "instance labels" => (
+            vec![],
+            vec![
+                "instance_id",
+                "instance_type",
+                "availability_zone",
+                "region",
+            ],
+        ),
         other => panic!("docs/metrics.md names a label set it does not define: {other:?}"),
     }
 }
@@ -175,7 +184,18 @@ fn exposition() -> String {
         0,
         0.1,
     );
-    mlnode_agent::metrics::encode(&registry)
+    // Host CPU usage needs a jiffy (at most 10 ms) to pass between two of the collector's reads.
+    let started = std::time::Instant::now();
+    loop {
+        let text = mlnode_agent::metrics::encode(&registry);
+        if text.contains("\nsystem_vcpu_usage_ratio{") {
+            return text;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "no CPU time passed in /proc/stat"
+        );
+    }
 }
 
 /// A GPU collector with one GPU whose every field was read, and one XID.
@@ -266,6 +286,7 @@ fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::Neuro
     let settings = mlnode_agent::config::NeuronSettings {
         sysfs_root: tree.root().to_path_buf(),
         class_root: tree.class_root().to_path_buf(),
+        monitor_names: true,
         ..Default::default()
     };
     let collector = mlnode_agent::neuron::collector::NeuronCollector::new(

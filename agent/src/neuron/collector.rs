@@ -11,7 +11,8 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
 use super::cores::{Family, Layout};
-use super::counters::MonotonicCounters;
+use super::counters::{MonotonicCounters, Rises};
+use super::monitor_names::{self, SystemReader};
 use super::sysfs::{self, CoreSnapshot, DeviceSnapshot, MemoryStat};
 use super::utilization::Utilization;
 use super::SharedNodeLabels;
@@ -85,6 +86,8 @@ pub struct NeuronCollector {
 struct State {
     counters: MonotonicCounters,
     utilization: Utilization,
+    ecc_rises: Rises<(u32, String)>,
+    system: SystemReader,
     read_errors: BTreeMap<&'static str, u64>,
 }
 
@@ -96,7 +99,12 @@ impl NeuronCollector {
         device_resources: Vec<String>,
         core_resources: Vec<String>,
     ) -> prometheus::Result<NeuronCollector> {
-        let descs = descs(&FAMILIES)?;
+        let monitor: &[FamilySpec] = if settings.monitor_names {
+            &monitor_names::FAMILIES
+        } else {
+            &[]
+        };
+        let descs = descs(FAMILIES.iter().chain(monitor))?;
         Ok(NeuronCollector {
             settings,
             assignments,
@@ -202,11 +210,27 @@ impl Collector for NeuronCollector {
             &[],
             snapshot.devices.len() as f64,
         );
+        let mut view = monitor_names::View {
+            devices: snapshot.devices.len() as u32,
+            ..Default::default()
+        };
         for device in &snapshot.devices {
             let labels = self.device_labels(device, &node, &assignments);
             let physical: Vec<u32> = device.cores.iter().map(|c| c.index).collect();
             let logical = layout.logical_cores(device.index, &physical);
             device_series(&mut out, device, &labels, &layout, logical.len());
+            view.cores_per_device = view.cores_per_device.max(logical.len() as u32);
+            view.host_memory += device
+                .host_memory
+                .values()
+                .filter_map(|m| m.total)
+                .sum::<u64>();
+            for (kind, value) in &device.hardware {
+                let events = state
+                    .ecc_rises
+                    .observe((device.index, kind.clone()), *value);
+                view.ecc_events.insert((device.index, kind.clone()), events);
+            }
             for core in &logical {
                 let core_labels = self.core_labels(&labels, core.global, &assignments);
                 let cycles_of = |p: u32| {
@@ -216,19 +240,30 @@ impl Collector for NeuronCollector {
                         .find(|c| c.index == p)
                         .and_then(|c| c.pe_cycles)
                 };
-                if let Some(ratio) = state.utilization.observe(device.index, core, cycles_of) {
+                let utilization = state.utilization.observe(device.index, core, cycles_of);
+                if let Some(ratio) = utilization {
                     out.gauge("mlnode_neuron_core_utilization_ratio", &core_labels, ratio);
                 }
+                let mut memory: BTreeMap<String, u64> = BTreeMap::new();
                 for snapshot in device
                     .cores
                     .iter()
                     .filter(|c| core.physical.contains(&c.index))
                 {
+                    view.device_memory += snapshot.device_memory_total.total.unwrap_or(0);
+                    for (category, stat) in &snapshot.device_memory {
+                        *memory.entry(category.clone()).or_default() += stat.total.unwrap_or(0);
+                    }
                     let labels =
                         with_label(&core_labels, "physical_core", &snapshot.index.to_string());
                     physical_core_series(&mut out, device.index, snapshot, &labels, &mut state);
                 }
+                view.cores.insert(core.global, (utilization, memory));
             }
+        }
+        if self.settings.monitor_names {
+            view.system = state.system.read();
+            monitor_names::render(&view, &node, &mut out);
         }
         let State {
             counters,
@@ -252,7 +287,14 @@ impl Collector for NeuronCollector {
                 *n as f64,
             );
         }
-        out.into_families(&FAMILIES)
+        let known = FAMILIES.iter().chain(
+            self.settings
+                .monitor_names
+                .then_some(monitor_names::FAMILIES.iter())
+                .into_iter()
+                .flatten(),
+        );
+        out.into_families(known)
     }
 }
 

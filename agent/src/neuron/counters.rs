@@ -35,6 +35,23 @@ impl MonotonicCounters {
     }
 }
 
+/// Sums the rises of values that are not counters (the firmware's ECC counts): a fall lowers the
+/// baseline and is never counted, so a count that moves between kinds or is repaired adds nothing.
+#[derive(Default)]
+pub struct Rises<K: Ord> {
+    seen: BTreeMap<K, (u64, u64)>,
+}
+
+impl<K: Ord> Rises<K> {
+    /// The rises of `key` since it was first seen, after this reading.
+    pub fn observe(&mut self, key: K, value: u64) -> u64 {
+        let (last, rises) = self.seen.entry(key).or_insert((value, 0));
+        *rises += value.saturating_sub(*last);
+        *last = value;
+        *rises
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +70,16 @@ mod tests {
             "other keys unaffected"
         );
         assert_eq!(counters.resets()["status"], 1);
+    }
+
+    #[test]
+    fn rises_count_only_what_went_up_after_the_first_reading() {
+        let mut rises = Rises::default();
+        assert_eq!(rises.observe(0, 5), 0, "history before the first reading");
+        assert_eq!(rises.observe(0, 6), 1);
+        assert_eq!(rises.observe(0, 2), 1, "a fall is no event");
+        assert_eq!(rises.observe(0, 4), 3);
+        assert_eq!(rises.observe(1, 0), 0, "keys are apart");
     }
 
     #[test]

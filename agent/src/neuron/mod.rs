@@ -10,6 +10,7 @@
 pub mod collector;
 pub mod cores;
 pub mod counters;
+pub mod monitor_names;
 pub mod sysfs;
 pub mod utilization;
 
@@ -26,6 +27,9 @@ use crate::kubelet::pod_resources::SharedAssignments;
 pub struct NodeLabels {
     pub instance_type: String,
     pub availability_zone: String,
+    pub region: String,
+    /// From the Node's `spec.providerID` (`aws:///<zone>/<instance id>`).
+    pub instance_id: String,
 }
 
 pub type SharedNodeLabels = Arc<RwLock<NodeLabels>>;
@@ -42,9 +46,20 @@ impl NodeLabels {
                 .cloned()
                 .unwrap_or_default()
         };
+        let instance_id = node
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.provider_id.as_deref())
+            .filter(|id| id.starts_with("aws://"))
+            .and_then(|id| id.rsplit('/').next())
+            .filter(|id| id.starts_with("i-"))
+            .unwrap_or_default()
+            .to_string();
         NodeLabels {
             instance_type: label("node.kubernetes.io/instance-type"),
             availability_zone: label("topology.kubernetes.io/zone"),
+            region: label("topology.kubernetes.io/region"),
+            instance_id,
         }
     }
 
@@ -60,6 +75,7 @@ impl NodeLabels {
         NodeLabels {
             instance_type: pick(&settings.instance_type, &self.instance_type),
             availability_zone: pick(&settings.availability_zone, &self.availability_zone),
+            ..self.clone()
         }
     }
 }
@@ -113,7 +129,9 @@ mod tests {
         let node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "ip-10-0-1-2.ec2.internal", "labels": {
                 "node.kubernetes.io/instance-type": "trn2.48xlarge",
-                "topology.kubernetes.io/zone": "us-east-2b"}}
+                "topology.kubernetes.io/region": "us-east-2",
+                "topology.kubernetes.io/zone": "us-east-2b"}},
+            "spec": {"providerID": "aws:///us-east-2b/i-0123456789abcdef0"}
         }))
         .unwrap();
         let read = NodeLabels::of(&node);
@@ -126,7 +144,9 @@ mod tests {
             read.resolve(&configured),
             NodeLabels {
                 instance_type: "trn2.48xlarge".into(),
-                availability_zone: "use2-az2".into()
+                availability_zone: "use2-az2".into(),
+                region: "us-east-2".into(),
+                instance_id: "i-0123456789abcdef0".into(),
             },
             "config wins where set"
         );

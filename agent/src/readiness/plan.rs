@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::config::TaintMode;
+use crate::neuron::counters::Rises;
 
 /// The longest wait after repeated API errors.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -26,7 +27,7 @@ pub struct Planner {
     taint_present: Option<bool>,
     taint_removed_once: bool,
     backoff: Duration,
-    ecc: Ecc,
+    ecc: Rises<u32>,
 }
 
 impl Planner {
@@ -40,7 +41,7 @@ impl Planner {
             taint_present: None,
             taint_removed_once: false,
             backoff: FIRST_BACKOFF,
-            ecc: Ecc::default(),
+            ecc: Rises::default(),
         }
     }
 
@@ -103,25 +104,8 @@ impl Planner {
     /// between the repairable and unrepairable counts as the HBM repair state changes, and a count
     /// can go down; a fall lowers the baseline, never the errors already seen.
     pub fn new_uncorrected_ecc(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
-        self.ecc.rises(raw)
-    }
-}
-
-#[derive(Default)]
-struct Ecc {
-    /// Per device: (last count, rises since the start).
-    seen: BTreeMap<u32, (u64, u64)>,
-}
-
-impl Ecc {
-    fn rises(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
         raw.iter()
-            .map(|(&device, &count)| {
-                let (last, rises) = self.seen.entry(device).or_insert((count, 0));
-                *rises += count.saturating_sub(*last);
-                *last = count;
-                (device, *rises)
-            })
+            .map(|(&device, &count)| (device, self.ecc.observe(device, count)))
             .collect()
     }
 }
