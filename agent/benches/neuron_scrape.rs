@@ -38,6 +38,7 @@ fn main() {
         settings,
         SharedAssignments::default(),
         Default::default(),
+        None,
         vec![],
         vec![],
     )

@@ -323,6 +323,9 @@ pub struct NeuronSettings {
     /// Also export the series neuron-monitor-prometheus exports, with its names and labels, for
     /// what sysfs and procfs can feed (docs/neuron.md), so its dashboards run unchanged.
     pub monitor_names: bool,
+    /// A FIFO a neuron-monitor sidecar writes its reports to (created when absent); its runtime
+    /// data is exported under neuron-monitor's names. Needs `monitor_names: true`.
+    pub monitor_input: Option<PathBuf>,
 }
 
 impl Default for NeuronSettings {
@@ -335,6 +338,7 @@ impl Default for NeuronSettings {
             instance_type: String::new(),
             availability_zone: String::new(),
             monitor_names: false,
+            monitor_input: None,
         }
     }
 }
@@ -921,6 +925,12 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
     if let Some(ByteRate(rate)) = verify.max_bytes_per_second {
         check_byte_rate("verify.max_bytes_per_second", rate)?;
     }
+    if config.neuron.monitor_input.is_some() && !config.neuron.monitor_names {
+        return Err((
+            "neuron.monitor_input".into(),
+            "exports neuron-monitor's names: set neuron.monitor_names: true as well".into(),
+        ));
+    }
     let readiness = &config.readiness;
     check_duration("readiness.heartbeat", readiness.heartbeat, SECOND, HOUR)?;
     check_duration(
@@ -1250,6 +1260,16 @@ mod tests {
                 "{key}={value}: {message}"
             );
         }
+    }
+
+    #[test]
+    fn the_neuron_monitor_input_needs_its_names() {
+        let o = Override::from_flag("neuron.monitor_input=/run/neuron-monitor/report").unwrap();
+        let message = from_yaml(ONE_MODEL, &[o]).unwrap_err().to_string();
+        assert!(
+            message.contains("neuron.monitor_input") && message.contains("monitor_names: true"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -265,16 +265,39 @@ async fn run_collectors(
     let gpu = start_gpu(&config, &registry, &assignments, &agent_metrics).await;
 
     let node_labels = neuron::SharedNodeLabels::default();
+    let monitor_input =
+        config
+            .neuron
+            .monitor_input
+            .as_ref()
+            .and_then(|path| match neuron::monitor_input::prepare(path) {
+                Ok(()) => Some((
+                    path.clone(),
+                    neuron::monitor_input::SharedRuntimes::default(),
+                )),
+                Err(reason) => {
+                    tracing::error!(%reason, "no neuron-monitor runtime series");
+                    None
+                }
+            });
     let neuron = neuron::start(
         &config.neuron,
         &config.kubelet,
         assignments.clone(),
         node_labels.clone(),
+        monitor_input.as_ref().map(|(_, runtimes)| runtimes.clone()),
         &registry,
     );
     match &neuron {
         Ok(_) => {
             agent_metrics.set_up(Collector::Neuron, true);
+            if let Some((path, runtimes)) = monitor_input {
+                tasks.spawn(neuron::monitor_input::read(
+                    path,
+                    runtimes,
+                    shutdown.child_token(),
+                ));
+            }
             let settings = &config.neuron;
             if settings.instance_type.is_empty() || settings.availability_zone.is_empty() {
                 match kube_for(Toggle::Auto, "neuron").await {

@@ -289,10 +289,25 @@ fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::Neuro
         monitor_names: true,
         ..Default::default()
     };
+    // One report from neuron-monitor, so the input's families have samples too.
+    let runtimes = mlnode_agent::neuron::monitor_input::SharedRuntimes::default();
+    let report: serde_json::Value = serde_json::from_str(include_str!(
+        "../../tests/fixtures/neuron-monitor/report.json"
+    ))
+    .unwrap();
+    let mut folded = runtimes.lock().unwrap();
+    folded
+        .apply(&report.to_string(), std::time::Instant::now())
+        .unwrap();
+    folded
+        .apply("not a report", std::time::Instant::now())
+        .unwrap_err();
+    drop(folded);
     let collector = mlnode_agent::neuron::collector::NeuronCollector::new(
         settings,
         Default::default(),
         Default::default(),
+        Some(runtimes),
         vec![],
         vec![],
     )

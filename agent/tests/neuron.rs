@@ -37,6 +37,7 @@ fn scraper_with(tree: &NeuronTree, logical_nc_config: LogicalNcConfig) -> impl F
         settings,
         SharedAssignments::default(),
         Default::default(),
+        None,
         vec!["aws.amazon.com/neuron".into()],
         vec!["aws.amazon.com/neuroncore".into()],
     )

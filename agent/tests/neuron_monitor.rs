@@ -1,8 +1,9 @@
 //! `neuron.monitor_names: true`: neuron-monitor-prometheus's series from a driver-shaped trn2 tree
 //! and this machine's real /proc, and AWS's own Neuron Grafana dashboard
 //! (tests/fixtures/dashboards/neuron-monitor-grafana.json, unchanged) run against the agent through
-//! a real Prometheus: every panel sysfs and procfs can feed returns data, and the ones that need the
-//! Neuron runtime's own data are exactly those docs/neuron.md lists.
+//! a real Prometheus: every panel sysfs and procfs can feed returns data, the ones that need the
+//! Neuron runtime's own data are exactly those docs/neuron.md lists, and with neuron-monitor's
+//! reports written to `neuron.monitor_input` (a FIFO, as a sidecar would) every panel does.
 
 mod common;
 
@@ -44,8 +45,15 @@ fn neuron_monitor_series_come_from_sysfs_and_procfs() {
         monitor_names: true,
         ..NeuronSettings::default()
     };
-    let collector =
-        NeuronCollector::new(settings, Default::default(), node_labels, vec![], vec![]).unwrap();
+    let collector = NeuronCollector::new(
+        settings,
+        Default::default(),
+        node_labels,
+        None,
+        vec![],
+        vec![],
+    )
+    .unwrap();
     registry.register(Box::new(collector)).unwrap();
     let scrape = || mlnode_agent::metrics::encode(&registry);
     scrape();
@@ -184,10 +192,13 @@ fn awss_neuron_dashboard_runs_unchanged_against_the_agent() {
     assert_eq!(panels.len(), 17, "the dashboard as AWS ships it");
 
     let tree = NeuronTree::new(TRN2_48XLARGE);
+    let shared = tempfile::tempdir().unwrap();
+    let fifo = shared.path().join("report");
     let config = format!(
-        "models: []\nnvml:\n  enabled: false\nneuron:\n  sysfs_root: {:?}\n  class_root: {:?}\n  instance_type: trn2.48xlarge\n  availability_zone: us-east-2b\n  monitor_names: true\n",
+        "models: []\nnvml:\n  enabled: false\nneuron:\n  sysfs_root: {:?}\n  class_root: {:?}\n  instance_type: trn2.48xlarge\n  availability_zone: us-east-2b\n  monitor_names: true\n  monitor_input: {:?}\n",
         tree.root().display().to_string(),
         tree.class_root().display().to_string(),
+        fifo.display().to_string(),
     );
     let agent = Agent::start(&config);
     agent.wait_for("the Neuron collector", Duration::from_secs(20), |m| {

@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
 use super::cores::{Family, Layout};
 use super::counters::{MonotonicCounters, Rises};
+use super::monitor_input::{self, SharedRuntimes};
 use super::monitor_names::{self, SystemReader};
 use super::sysfs::{self, CoreSnapshot, DeviceSnapshot, MemoryStat};
 use super::utilization::Utilization;
@@ -74,6 +76,8 @@ pub struct NeuronCollector {
     settings: NeuronSettings,
     assignments: SharedAssignments,
     node_labels: SharedNodeLabels,
+    /// neuron-monitor's reports, where `neuron.monitor_input` is set.
+    runtimes: Option<SharedRuntimes>,
     /// Extended resources whose device ids are Neuron device indexes (`aws.amazon.com/neuron`).
     device_resources: Vec<String>,
     /// Extended resources whose device ids are logical NeuronCore indexes (`aws.amazon.com/neuroncore`).
@@ -96,19 +100,20 @@ impl NeuronCollector {
         settings: NeuronSettings,
         assignments: SharedAssignments,
         node_labels: SharedNodeLabels,
+        runtimes: Option<SharedRuntimes>,
         device_resources: Vec<String>,
         core_resources: Vec<String>,
     ) -> prometheus::Result<NeuronCollector> {
-        let monitor: &[FamilySpec] = if settings.monitor_names {
-            &monitor_names::FAMILIES
-        } else {
-            &[]
-        };
-        let descs = descs(FAMILIES.iter().chain(monitor))?;
+        let descs = descs(
+            FAMILIES
+                .iter()
+                .chain(optional_families(&settings, &runtimes)),
+        )?;
         Ok(NeuronCollector {
             settings,
             assignments,
             node_labels,
+            runtimes,
             device_resources,
             core_resources,
             state: Mutex::new(State::default()),
@@ -263,6 +268,32 @@ impl Collector for NeuronCollector {
         }
         if self.settings.monitor_names {
             view.system = state.system.read();
+            let runtimes = self
+                .runtimes
+                .as_ref()
+                .map(|r| r.lock().unwrap_or_else(|p| p.into_inner()));
+            if let Some(runtimes) = &runtimes {
+                let current = runtimes.current(Instant::now());
+                out.gauge(
+                    "mlnode_neuron_monitor_input_current",
+                    &[],
+                    if current.is_some() { 1.0 } else { 0.0 },
+                );
+                out.counter(
+                    "mlnode_neuron_monitor_input_rejected_lines_total",
+                    &[],
+                    runtimes.rejected() as f64,
+                );
+                if let Some(current) = current {
+                    // Per runtime from the report, instead of all runtimes together from sysfs.
+                    view.runtimes_reported = true;
+                    monitor_input::render(
+                        current,
+                        &monitor_names::instance_labels(&node),
+                        &mut out,
+                    );
+                }
+            }
             monitor_names::render(&view, &node, &mut out);
         }
         let State {
@@ -287,14 +318,11 @@ impl Collector for NeuronCollector {
                 *n as f64,
             );
         }
-        let known = FAMILIES.iter().chain(
-            self.settings
-                .monitor_names
-                .then_some(monitor_names::FAMILIES.iter())
-                .into_iter()
-                .flatten(),
-        );
-        out.into_families(known)
+        out.into_families(
+            FAMILIES
+                .iter()
+                .chain(optional_families(&self.settings, &self.runtimes)),
+        )
     }
 }
 
@@ -405,6 +433,35 @@ fn physical_core_series(
         );
     }
 }
+
+/// The families `neuron.monitor_names` and `neuron.monitor_input` add.
+fn optional_families(
+    settings: &NeuronSettings,
+    runtimes: &Option<SharedRuntimes>,
+) -> Vec<&'static FamilySpec> {
+    let mut families = Vec::new();
+    if settings.monitor_names {
+        families.extend(monitor_names::FAMILIES.iter());
+    }
+    if runtimes.is_some() {
+        families.extend(INPUT_FAMILIES.iter().chain(&monitor_input::FAMILIES));
+    }
+    families
+}
+
+/// How the agent's reading of neuron-monitor's reports is going.
+const INPUT_FAMILIES: [FamilySpec; 2] = [
+    (
+        "mlnode_neuron_monitor_input_current",
+        "1 while neuron-monitor's last report (neuron.monitor_input) is under 30 s old, else 0.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_neuron_monitor_input_rejected_lines_total",
+        "Lines read from neuron.monitor_input that were not neuron-monitor reports.",
+        MetricType::COUNTER,
+    ),
+];
 
 /// The in-use and peak families of one kind of memory node.
 const CORE_MEMORY: [&str; 2] = [

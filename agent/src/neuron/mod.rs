@@ -10,6 +10,7 @@
 pub mod collector;
 pub mod cores;
 pub mod counters;
+pub mod monitor_input;
 pub mod monitor_names;
 pub mod sysfs;
 pub mod utilization;
@@ -86,6 +87,7 @@ pub fn start(
     kubelet: &KubeletSettings,
     assignments: SharedAssignments,
     node_labels: SharedNodeLabels,
+    runtimes: Option<monitor_input::SharedRuntimes>,
     registry: &prometheus::Registry,
 ) -> Result<(), String> {
     if settings.enabled == Toggle::Off {
@@ -104,6 +106,7 @@ pub fn start(
         settings.clone(),
         assignments,
         node_labels,
+        runtimes,
         kubelet.neuron_device_resource_names.clone(),
         kubelet.neuron_core_resource_names.clone(),
     )

@@ -117,6 +117,8 @@ pub struct View {
     /// Per (device, ECC kind): rises of the firmware's count since the agent started.
     pub ecc_events: BTreeMap<(u32, String), u64>,
     pub system: Option<SystemView>,
+    /// neuron-monitor's reports give the runtimes' memory, per runtime: no sysfs total then.
+    pub runtimes_reported: bool,
 }
 
 /// Host CPU and memory from procfs, as neuron-monitor's `system_data` reports them.
@@ -132,7 +134,7 @@ pub struct SystemView {
 }
 
 /// The exporter's instance labels (`get_instance_labels`), those the node knows.
-fn instance_labels(node: &NodeLabels) -> Labels {
+pub fn instance_labels(node: &NodeLabels) -> Labels {
     [
         ("instance_id", &node.instance_id),
         ("instance_type", &node.instance_type),
@@ -167,10 +169,11 @@ pub fn render(view: &View, node: &NodeLabels, out: &mut Families) {
             out.gauge(family, &labels, bytes as f64);
         }
     }
-    for (location, bytes) in [
+    let memory = [
         ("host", view.host_memory),
         ("neuron_device", view.device_memory),
-    ] {
+    ];
+    for (location, bytes) in memory.into_iter().filter(|_| !view.runtimes_reported) {
         out.gauge(
             "neuron_runtime_memory_used_bytes",
             &with_label(&instance, "memory_location", location),
