@@ -80,6 +80,8 @@ fn the_exposition_matches_the_golden_file() {
     let seen = |m: &str| {
         sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
             && sample(m, "mlnode_gpu_count", &[]) == Some(2.0)
+            // GPM ratios come from the second sample of each GPU.
+            && m.matches("\nmlnode_gpu_sm_active_ratio{").count() == 2
             && sample(m, "mlnode_neuron_device_count", &[]) == Some(1.0)
             // Registered when the pod-resources poller starts, after the collectors.
             && sample(m, "mlnode_kubelet_pod_resources_errors_total", &[]).is_some()

@@ -27,8 +27,10 @@ fn gpu(index: usize) -> String {
 fn every_series_and_label_matches_the_scenario() {
     let scenario = Scenario::new(8);
     let agent = start(&scenario, "  dcgm_names: true\n");
-    agent.wait_for("8 GPUs", Duration::from_secs(20), |m| {
+    // GPM ratios need two samples of each GPU.
+    agent.wait_for("8 GPUs, GPM on each", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+            && m.matches("\nDCGM_FI_PROF_PIPE_TENSOR_ACTIVE{").count() == 8
     });
     let metrics = agent.metrics();
     assert_eq!(
@@ -106,6 +108,43 @@ fn every_series_and_label_matches_the_scenario() {
         );
         assert_eq!(v("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"), 1.0);
         assert_eq!(v("DCGM_FI_DEV_XID_ERRORS"), 0.0);
+        // The rest of dcgm-exporter's default counters, and their mlnode_gpu_* twins in base units.
+        assert_eq!(v("DCGM_FI_DEV_MEM_COPY_UTIL"), 40.0);
+        assert_eq!(v("mlnode_gpu_memory_copy_utilization_ratio"), 0.4);
+        assert_eq!(v("DCGM_FI_DEV_ENC_UTIL"), 0.0);
+        assert_eq!(v("DCGM_FI_DEV_DEC_UTIL"), 3.0);
+        assert_eq!(v("mlnode_gpu_decoder_utilization_ratio"), 0.03);
+        assert_eq!(v("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"), (2 + i) as f64);
+        assert_eq!(v("mlnode_gpu_pcie_replays_total"), (2 + i) as f64);
+        assert_eq!(v("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"), 1.0);
+        assert_eq!(v("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"), i as f64);
+        assert_eq!(v("DCGM_FI_DEV_ROW_REMAP_FAILURE"), 0.0);
+        assert_eq!(v("mlnode_gpu_row_remap_pending"), 0.0);
+        assert_eq!(v("DCGM_FI_DEV_MEMORY_TEMP"), (52 + i) as f64);
+        assert_eq!(v("mlnode_gpu_memory_temperature_celsius"), (52 + i) as f64);
+        assert_eq!(v("DCGM_FI_PROF_PCIE_TX_BYTES"), 1024.0 * 1024.0);
+        assert_eq!(v("DCGM_FI_PROF_PCIE_RX_BYTES"), 2048.0 * 1024.0);
+        assert_eq!(v("DCGM_FI_PROF_GR_ENGINE_ACTIVE"), 0.915);
+        assert_eq!(v("DCGM_FI_PROF_SM_ACTIVE"), 0.8);
+        assert_eq!(v("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), 0.6225);
+        assert_eq!(v("DCGM_FI_PROF_DRAM_ACTIVE"), 0.45);
+        assert_eq!(v("mlnode_gpu_tensor_pipe_active_ratio"), 0.6225);
+        let rows = |cause: &str| {
+            sample(
+                &metrics,
+                "mlnode_gpu_remapped_rows_total",
+                &[("gpu", g.as_str()), ("cause", cause)],
+            )
+        };
+        assert_eq!(rows("uncorrectable"), Some(i as f64));
+        assert_eq!(
+            sample(
+                &metrics,
+                "mlnode_gpu_pcie_bytes_per_second",
+                &[("gpu", g.as_str()), ("direction", "rx")]
+            ),
+            Some(2048.0 * 1024.0)
+        );
         assert_eq!(
             sample(
                 &metrics,
@@ -128,6 +167,16 @@ fn every_series_and_label_matches_the_scenario() {
         );
     }
     assert!(metrics.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter"));
+    assert!(metrics.contains("# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter"));
+    // dcgm-exporter's err_code and err_msg on the XID series.
+    assert_eq!(
+        sample(
+            &metrics,
+            "DCGM_FI_DEV_XID_ERRORS",
+            &[("gpu", "0"), ("err_code", "0"), ("err_msg", "No Error")]
+        ),
+        Some(0.0)
+    );
     assert!(metrics.contains("# HELP DCGM_FI_DEV_FB_FREE Frame buffer memory free (in MiB)."));
 }
 
@@ -222,6 +271,19 @@ fn xid_events_count_per_xid_and_set_the_last() {
         None,
         "no XID, no last-XID series"
     );
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_gpu_xid_info",
+            &[
+                ("gpu", "4"),
+                ("xid", "48"),
+                ("message", "Double Bit ECC Error")
+            ]
+        ),
+        Some(1.0),
+        "NVIDIA's text for the last XID"
+    );
     assert!(agent.log().contains("XID error"), "XIDs are logged");
 }
 
@@ -315,12 +377,58 @@ fn unsupported_fields_are_absent_and_fallbacks_are_used() {
     scenario.set(1, "unsupported", json!(["clocks_event_reasons"]));
     scenario.set(1, "clocks_event_reasons", json!(0x40)); // hw_thermal_slowdown via the old call
     scenario.set(3, "unsupported", json!(["throttle_reasons"]));
-    let agent = start(&scenario, "");
+    // An Ampere-class GPU: no GPM; and one whose driver answers none of the newer fields.
+    scenario.set(4, "gpm", json!(null));
+    scenario.set(
+        5,
+        "unsupported",
+        json!([
+            "encoder",
+            "decoder",
+            "pcie_replay",
+            "remapped_rows",
+            "memory_temp",
+            "pcie_throughput"
+        ]),
+    );
+    let agent = start(&scenario, "  dcgm_names: true\n");
     // Every GPU read once: an unsupported field is then known to be absent, not yet to come.
     agent.wait_for("every GPU read", Duration::from_secs(20), |m| {
         (0..8).all(|i| sample(m, "mlnode_gpu_memory_total_bytes", &[("gpu", &gpu(i))]).is_some())
     });
+    // GPU 7's second read has GPM ratios: GPU 4's second read has happened too.
+    agent.wait_for("a second read", Duration::from_secs(20), |m| {
+        sample(m, "DCGM_FI_PROF_SM_ACTIVE", &[("gpu", "7")]).is_some()
+    });
     let metrics = agent.metrics();
+    for absent in [
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "mlnode_gpu_sm_active_ratio",
+    ] {
+        assert_eq!(
+            sample(&metrics, absent, &[("gpu", "4")]),
+            None,
+            "{absent}: no GPM"
+        );
+    }
+    for absent in [
+        "DCGM_FI_DEV_ENC_UTIL",
+        "DCGM_FI_DEV_DEC_UTIL",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "mlnode_gpu_remapped_rows_total",
+    ] {
+        assert_eq!(sample(&metrics, absent, &[("gpu", "5")]), None, "{absent}");
+    }
+    assert_eq!(
+        sample(&metrics, "DCGM_FI_DEV_GPU_UTIL", &[("gpu", "5")]),
+        Some(87.0),
+        "the rest of GPU 5 is read"
+    );
     assert_eq!(
         sample(
             &metrics,

@@ -223,12 +223,25 @@ fn register_gpu(registry: &prometheus::Registry) {
         power_mw: Some(1),
         utilization_gpu_pct: Some(1),
         energy_mj: Some(1),
+        memory_copy_util_pct: Some(1),
+        encoder_util_pct: Some(1),
+        decoder_util_pct: Some(1),
+        pcie_replays: Some(1),
+        remapped_rows: Some(mlnode_agent::gpu::RemappedRows::default()),
+        memory_temp_c: Some(1),
+        pcie_bytes_per_second: Some((1, 1)),
+        gpm: Some(mlnode_agent::gpu::GpmReading {
+            graphics_active: Some(0.5),
+            sm_active: Some(0.5),
+            tensor_active: Some(0.5),
+            dram_active: Some(0.5),
+        }),
     };
     state.apply(
         0,
         DeviceRead::Read {
             identity: identity.clone(),
-            reading,
+            reading: Box::new(reading),
         },
         1.0,
     );
@@ -241,7 +254,7 @@ fn register_gpu(registry: &prometheus::Registry) {
                 index: 1,
                 ..identity
             },
-            reading: GpuReading::default(),
+            reading: Box::default(),
         },
         1.0,
     );

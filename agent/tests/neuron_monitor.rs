@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::neuron::{NeuronTree, TRN2_48XLARGE};
-use common::prometheus::{query, start_prometheus, wait_query};
+use common::prometheus::{dashboard_panels, panels_with_data, start_prometheus, wait_query};
 use mlnode_agent::config::NeuronSettings;
 use mlnode_agent::neuron::collector::NeuronCollector;
 use mlnode_agent::neuron::NodeLabels;
@@ -154,41 +154,12 @@ fn neuron_monitor_series_come_from_sysfs_and_procfs() {
     }
 }
 
-/// (title, expressions) of every panel with a query.
-fn panels(dashboard: &serde_json::Value) -> Vec<(String, Vec<String>)> {
-    fn walk(panels: &serde_json::Value, out: &mut Vec<(String, Vec<String>)>) {
-        for panel in panels.as_array().into_iter().flatten() {
-            let exprs: Vec<String> = panel["targets"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|t| t["expr"].as_str().map(str::to_string))
-                .collect();
-            if !exprs.is_empty() {
-                out.push((
-                    panel["title"].as_str().unwrap_or_default().to_string(),
-                    exprs,
-                ));
-            }
-            walk(&panel["panels"], out);
-        }
-    }
-    let mut out = Vec::new();
-    walk(&dashboard["panels"], &mut out);
-    out
-}
-
 #[test]
 fn awss_neuron_dashboard_runs_unchanged_against_the_agent() {
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/fixtures/dashboards/neuron-monitor-grafana.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
-    let panels = panels(&dashboard);
+    let panels = dashboard_panels(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/dashboards/neuron-monitor-grafana.json"
+    )));
     assert_eq!(panels.len(), 17, "the dashboard as AWS ships it");
 
     let tree = NeuronTree::new(TRN2_48XLARGE);
@@ -210,14 +181,8 @@ fn awss_neuron_dashboard_runs_unchanged_against_the_agent() {
     wait_query(prometheus.port, "count(neuroncore_utilization_ratio > 0)");
     wait_query(prometheus.port, "system_vcpu_usage_ratio");
 
-    let (with_data, without): (Vec<_>, Vec<_>) = panels
-        .iter()
-        .partition(|(_, exprs)| exprs.iter().all(|e| query(prometheus.port, e).is_some()));
-    let with_data: Vec<&String> = with_data.iter().map(|(title, _)| title).collect();
-    let without: BTreeSet<String> = without
-        .into_iter()
-        .map(|(title, _)| title.clone())
-        .collect();
+    let (with_data, without) = panels_with_data(prometheus.port, &panels, str::to_string);
+    let without: BTreeSet<String> = without.into_iter().collect();
     // The five that need the Neuron runtime's own report (neuron-monitor's execution_stats and
     // neuron_runtime_vcpu_usage groups); docs/neuron.md lists them.
     assert_eq!(

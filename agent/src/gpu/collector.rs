@@ -36,7 +36,21 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 17] = [
+const FAMILIES: [FamilySpec; 31] = [
+    ("mlnode_gpu_memory_copy_utilization_ratio", "Fraction of the last sample period the memory controller was busy.", MetricType::GAUGE),
+    ("mlnode_gpu_encoder_utilization_ratio", "Fraction of the last sample period the video encoder was busy.", MetricType::GAUGE),
+    ("mlnode_gpu_decoder_utilization_ratio", "Fraction of the last sample period the video decoder was busy.", MetricType::GAUGE),
+    ("mlnode_gpu_pcie_replays_total", "PCIe replays (retries after link errors) since the driver loaded.", MetricType::COUNTER),
+    ("mlnode_gpu_remapped_rows_total", "HBM rows remapped to spares, per cause (correctable, uncorrectable ECC errors).", MetricType::COUNTER),
+    ("mlnode_gpu_row_remap_pending", "1 while a row remapping waits for the next GPU reset, else 0.", MetricType::GAUGE),
+    ("mlnode_gpu_row_remap_failed", "1 when a row remapping has failed (no spare row left), else 0.", MetricType::GAUGE),
+    ("mlnode_gpu_memory_temperature_celsius", "HBM temperature.", MetricType::GAUGE),
+    ("mlnode_gpu_pcie_bytes_per_second", "PCIe throughput over NVML's last 20 ms sample, per direction (tx, rx).", MetricType::GAUGE),
+    ("mlnode_gpu_graphics_engine_active_ratio", "Fraction of time any compute or graphics engine was active (GPM, Hopper and later).", MetricType::GAUGE),
+    ("mlnode_gpu_sm_active_ratio", "Fraction of time the SMs had at least one warp assigned, averaged over SMs (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_tensor_pipe_active_ratio", "Fraction of time the SMs ran any tensor operation (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_dram_active_ratio", "Fraction of the theoretical DRAM bandwidth used (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_xid_info", "The most recent critical XID error and NVIDIA's description of it; always 1.", MetricType::GAUGE),
     (
         "mlnode_gpu_memory_free_bytes",
         "Framebuffer memory free.",
@@ -121,7 +135,21 @@ const FAMILIES: [FamilySpec; 17] = [
 ];
 
 /// dcgm-exporter's names, units and help texts (its default counters), for nodes without it.
-const DCGM_FAMILIES: [FamilySpec; 11] = [
+const DCGM_FAMILIES: [FamilySpec; 25] = [
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", MetricType::COUNTER),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors", MetricType::COUNTER),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors", MetricType::COUNTER),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", MetricType::GAUGE),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", MetricType::GAUGE),
     (
         "DCGM_FI_DEV_FB_FREE",
         "Frame buffer memory free (in MiB).",
@@ -296,13 +324,17 @@ impl GpuCollector {
         }
         if let Some(xid) = entry.last_xid {
             out.gauge("mlnode_gpu_last_xid", labels, xid as f64);
+            let mut info = with_label(labels, "xid", &xid.to_string());
+            info.push(("message", xid_message(xid).to_string()));
+            out.gauge("mlnode_gpu_xid_info", &info, 1.0);
         }
         if self.dcgm_names && entry.failure != Some(GpuFailure::Lost) {
-            out.gauge(
-                "DCGM_FI_DEV_XID_ERRORS",
-                labels,
-                entry.last_xid.unwrap_or(0) as f64,
-            );
+            // dcgm-exporter labels the value with err_code and NVIDIA's text for it
+            // (internal/pkg/collector/gpu_collector.go:324-331).
+            let xid = entry.last_xid.unwrap_or(0);
+            let mut with_err = with_label(labels, "err_code", &xid.to_string());
+            with_err.push(("err_msg", xid_message(xid).to_string()));
+            out.gauge("DCGM_FI_DEV_XID_ERRORS", &with_err, xid as f64);
         }
         if entry
             .reading
@@ -401,11 +433,148 @@ impl GpuCollector {
             "DCGM_FI_DEV_GPU_UTIL",
             as_f64(reading.utilization_gpu_pct),
         );
+        let percent = |v: Option<u32>| v.map(|v| f64::from(v) / 100.0);
+        scalar(
+            out,
+            "mlnode_gpu_memory_copy_utilization_ratio",
+            percent(reading.memory_copy_util_pct),
+            "DCGM_FI_DEV_MEM_COPY_UTIL",
+            as_f64(reading.memory_copy_util_pct),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_encoder_utilization_ratio",
+            percent(reading.encoder_util_pct),
+            "DCGM_FI_DEV_ENC_UTIL",
+            as_f64(reading.encoder_util_pct),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_decoder_utilization_ratio",
+            percent(reading.decoder_util_pct),
+            "DCGM_FI_DEV_DEC_UTIL",
+            as_f64(reading.decoder_util_pct),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_memory_temperature_celsius",
+            as_f64(reading.memory_temp_c),
+            "DCGM_FI_DEV_MEMORY_TEMP",
+            as_f64(reading.memory_temp_c),
+        );
+        if let Some(gpm) = reading.gpm {
+            for (ours, dcgm, value) in [
+                (
+                    "mlnode_gpu_graphics_engine_active_ratio",
+                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                    gpm.graphics_active,
+                ),
+                (
+                    "mlnode_gpu_sm_active_ratio",
+                    "DCGM_FI_PROF_SM_ACTIVE",
+                    gpm.sm_active,
+                ),
+                (
+                    "mlnode_gpu_tensor_pipe_active_ratio",
+                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                    gpm.tensor_active,
+                ),
+                (
+                    "mlnode_gpu_dram_active_ratio",
+                    "DCGM_FI_PROF_DRAM_ACTIVE",
+                    gpm.dram_active,
+                ),
+            ] {
+                scalar(out, ours, value, dcgm, value);
+            }
+        }
+        if let Some((tx, rx)) = reading.pcie_bytes_per_second {
+            for (direction, bytes, dcgm) in [
+                ("tx", tx, "DCGM_FI_PROF_PCIE_TX_BYTES"),
+                ("rx", rx, "DCGM_FI_PROF_PCIE_RX_BYTES"),
+            ] {
+                out.gauge(
+                    "mlnode_gpu_pcie_bytes_per_second",
+                    &with_label(labels, "direction", direction),
+                    bytes as f64,
+                );
+                if self.dcgm_names {
+                    out.gauge(dcgm, labels, bytes as f64);
+                }
+            }
+        }
+        if let Some(replays) = reading.pcie_replays {
+            out.counter("mlnode_gpu_pcie_replays_total", labels, f64::from(replays));
+            if self.dcgm_names {
+                out.counter(
+                    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                    labels,
+                    f64::from(replays),
+                );
+            }
+        }
+        if let Some(rows) = reading.remapped_rows {
+            for (cause, count, dcgm) in [
+                (
+                    "correctable",
+                    rows.correctable,
+                    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                ),
+                (
+                    "uncorrectable",
+                    rows.uncorrectable,
+                    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                ),
+            ] {
+                out.counter(
+                    "mlnode_gpu_remapped_rows_total",
+                    &with_label(labels, "cause", cause),
+                    f64::from(count),
+                );
+                if self.dcgm_names {
+                    out.counter(dcgm, labels, f64::from(count));
+                }
+            }
+            let flag = |b: bool| f64::from(u8::from(b));
+            out.gauge("mlnode_gpu_row_remap_pending", labels, flag(rows.pending));
+            out.gauge("mlnode_gpu_row_remap_failed", labels, flag(rows.failed));
+            if self.dcgm_names {
+                out.gauge("DCGM_FI_DEV_ROW_REMAP_FAILURE", labels, flag(rows.failed));
+            }
+        }
         if let Some(mj) = reading.energy_mj {
             out.counter("mlnode_gpu_energy_joules_total", labels, mj as f64 / 1000.0);
             if self.dcgm_names {
                 out.counter("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", labels, mj as f64);
             }
         }
+    }
+}
+
+/// NVIDIA's description of an XID, as dcgm-exporter's `err_msg` gives it (its table,
+/// internal/pkg/collector/xid_errors.go, from docs.nvidia.com/deploy/xid-errors; data file
+/// `xid_messages.tsv`, see its header), "Unknown Error" past the table.
+fn xid_message(xid: u64) -> &'static str {
+    XID_MESSAGES
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_once('\t'))
+        .find(|(code, _)| code.parse() == Ok(xid))
+        .map(|(_, message)| message)
+        .unwrap_or("Unknown Error")
+}
+
+const XID_MESSAGES: &str = include_str!("xid_messages.tsv");
+
+#[cfg(test)]
+mod tests {
+    use super::xid_message;
+
+    #[test]
+    fn xid_messages_are_nvidias_and_unknown_past_the_table() {
+        assert_eq!(xid_message(79), "GPU has fallen off the bus");
+        assert_eq!(xid_message(48), "Double Bit ECC Error");
+        assert_eq!(xid_message(0), "No Error");
+        assert_eq!(xid_message(999), "Unknown Error");
     }
 }

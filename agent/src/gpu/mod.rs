@@ -53,6 +53,42 @@ pub struct GpuReading {
     pub power_mw: Option<u32>,
     pub utilization_gpu_pct: Option<u32>,
     pub energy_mj: Option<u64>,
+    /// Percent of the last sample period the memory controller was busy (NVML's "memory"
+    /// utilisation, DCGM's MEM_COPY_UTIL).
+    pub memory_copy_util_pct: Option<u32>,
+    pub encoder_util_pct: Option<u32>,
+    pub decoder_util_pct: Option<u32>,
+    /// PCIe replays since the driver loaded.
+    pub pcie_replays: Option<u32>,
+    pub remapped_rows: Option<RemappedRows>,
+    /// HBM temperature (`NVML_FI_DEV_MEMORY_TEMP`).
+    pub memory_temp_c: Option<u32>,
+    /// (transmitted, received) over NVML's last 20 ms PCIe sample.
+    pub pcie_bytes_per_second: Option<(u64, u64)>,
+    /// GPU Performance Monitoring ratios between two samples (Hopper and later).
+    pub gpm: Option<GpmReading>,
+}
+
+/// `nvmlDeviceGetRemappedRows`: HBM rows remapped since manufacture, the standard memory health
+/// signal on A100 and later.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemappedRows {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    /// A remapping waits for the next GPU reset.
+    pub pending: bool,
+    /// A remapping failed: the GPU has no spare rows left where it needed one.
+    pub failed: bool,
+}
+
+/// NVML GPM metrics as fractions (0-1) of the interval between two samples; the analogues of
+/// dcgm-exporter's `DCGM_FI_PROF_*` profiling fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpmReading {
+    pub graphics_active: Option<f64>,
+    pub sm_active: Option<f64>,
+    pub tensor_active: Option<f64>,
+    pub dram_active: Option<f64>,
 }
 
 use std::sync::{Arc, Mutex};

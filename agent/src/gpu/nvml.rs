@@ -14,8 +14,15 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
+use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_MEMORY_TEMP;
+
 use super::state::{DeviceRead, GpuFailure, GpuState};
-use super::{GpuIdentity, GpuReading, MemoryReading};
+use super::{GpmReading, GpuIdentity, GpuReading, MemoryReading, RemappedRows};
 use crate::metrics::{AgentMetrics, Collector};
 
 /// How long one XID wait blocks before checking for shutdown.
@@ -50,9 +57,9 @@ impl NvmlSource {
             .map_err(|e| format!("cannot count GPUs: {e}"))
     }
 
-    /// Reads one GPU. None: it could not be read for a reason other than being lost (that GPU's
-    /// series keep their previous values until a read succeeds).
-    pub fn read(&self, index: u32) -> Option<DeviceRead> {
+    /// Reads one GPU. `gpm` holds this GPU's GPM sample from the previous read, replaced by this
+    /// read's: the metrics are the interval between the two.
+    pub fn read<'a>(&'a self, index: u32, gpm: &mut Option<GpmSample<'a>>) -> Option<DeviceRead> {
         let device = match self.nvml.device_by_index(index) {
             Ok(device) => device,
             Err(e) => {
@@ -69,19 +76,98 @@ impl NvmlSource {
             pci_bus_id: field(device.pci_info().map(|p| p.bus_id), &mut failed).unwrap_or_default(),
             model_name: field(device.name(), &mut failed).unwrap_or_default(),
         };
+        let utilization = field(device.utilization_rates(), &mut failed);
         let reading = GpuReading {
+            memory_copy_util_pct: utilization.as_ref().map(|u| u.memory),
+            encoder_util_pct: field(
+                device.encoder_utilization().map(|u| u.utilization),
+                &mut failed,
+            ),
+            decoder_util_pct: field(
+                device.decoder_utilization().map(|u| u.utilization),
+                &mut failed,
+            ),
+            pcie_replays: field(device.pcie_replay_counter(), &mut failed),
+            remapped_rows: field(self.remapped_rows(&device), &mut failed),
+            memory_temp_c: field(memory_temperature(&device), &mut failed),
+            pcie_bytes_per_second: field(pcie_throughput(&device), &mut failed),
+            gpm: self.gpm(&device, gpm),
             memory: field(self.memory(&device), &mut failed),
             clock_event_reasons: field(self.clock_event_reasons(&device), &mut failed),
             sm_clock_mhz: field(device.clock_info(Clock::SM), &mut failed),
             mem_clock_mhz: field(device.clock_info(Clock::Memory), &mut failed),
             temperature_c: field(device.temperature(TemperatureSensor::Gpu), &mut failed),
             power_mw: field(device.power_usage(), &mut failed),
-            utilization_gpu_pct: field(device.utilization_rates().map(|u| u.gpu), &mut failed),
+            utilization_gpu_pct: utilization.map(|u| u.gpu),
             energy_mj: field(device.total_energy_consumption(), &mut failed),
         };
         Some(match failed {
             Some(failure) => DeviceRead::Failed(failure),
-            None => DeviceRead::Read { identity, reading },
+            None => DeviceRead::Read {
+                identity,
+                reading: Box::new(reading),
+            },
+        })
+    }
+
+    /// `nvmlDeviceGetRemappedRows` (nvml-wrapper has no wrapper for it).
+    fn remapped_rows(&self, device: &Device) -> Result<RemappedRows, NvmlError> {
+        let sym = self
+            .nvml
+            .lib()
+            .nvmlDeviceGetRemappedRows
+            .as_ref()
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let (mut correctable, mut uncorrectable, mut pending, mut failed) = (0, 0, 0, 0);
+        // SAFETY: the handle is valid while `device` lives; the four are plain out-parameters.
+        nvml_try(unsafe {
+            sym(
+                device.handle(),
+                &mut correctable,
+                &mut uncorrectable,
+                &mut pending,
+                &mut failed,
+            )
+        })?;
+        Ok(RemappedRows {
+            correctable,
+            uncorrectable,
+            pending: pending != 0,
+            failed: failed != 0,
+        })
+    }
+
+    /// GPM ratios between the previous sample and one taken now; None where the GPU has no GPM
+    /// (before Hopper) or on the first read.
+    fn gpm<'a>(
+        &'a self,
+        device: &Device<'a>,
+        previous: &mut Option<GpmSample<'a>>,
+    ) -> Option<GpmReading> {
+        if !device.gpm_support().unwrap_or(false) {
+            *previous = None;
+            return None;
+        }
+        let now = device.gpm_sample().ok()?;
+        let before = previous.replace(now)?;
+        let ids = [
+            GpmMetricId::GraphicsUtil,
+            GpmMetricId::SmUtil,
+            GpmMetricId::AnyTensorUtil,
+            GpmMetricId::DramBwUtil,
+        ];
+        let values = gpm_metrics_get(&self.nvml, &before, previous.as_ref()?, &ids).ok()?;
+        let ratio = |i: usize| {
+            values
+                .get(i)
+                .and_then(|v| v.as_ref().ok())
+                .map(|m| (m.value / 100.0).clamp(0.0, 1.0))
+        };
+        Some(GpmReading {
+            graphics_active: ratio(0),
+            sm_active: ratio(1),
+            tensor_active: ratio(2),
+            dram_active: ratio(3),
         })
     }
 
@@ -137,6 +223,28 @@ impl NvmlSource {
         }
         Err(NvmlError::NotSupported)
     }
+}
+
+/// HBM temperature, through the field-values call.
+fn memory_temperature(device: &Device) -> Result<u32, NvmlError> {
+    let sample = device
+        .field_values_for(&[FieldId(NVML_FI_DEV_MEMORY_TEMP)])?
+        .into_iter()
+        .next()
+        .ok_or(NvmlError::NotSupported)??;
+    match sample.value? {
+        SampleValue::U32(celsius) => Ok(celsius),
+        SampleValue::U64(celsius) => Ok(celsius.min(u64::from(u32::MAX)) as u32),
+        SampleValue::I64(celsius) => Ok(celsius.clamp(0, i64::from(u32::MAX)) as u32),
+        SampleValue::F64(celsius) => Ok(celsius.max(0.0) as u32),
+    }
+}
+
+/// NVML reports KB/s over a 20 ms sample.
+fn pcie_throughput(device: &Device) -> Result<(u64, u64), NvmlError> {
+    let tx = device.pcie_throughput(PcieUtilCounter::Send)?;
+    let rx = device.pcie_throughput(PcieUtilCounter::Receive)?;
+    Ok((u64::from(tx) * 1024, u64::from(rx) * 1024))
 }
 
 /// The device-wide failure an NVML error reports, if it reports one (NOT_SUPPORTED, say, concerns
@@ -239,13 +347,17 @@ fn sample_loop(
 ) {
     lock(state).driver_version = source.driver_version();
     let mut last = Instant::now();
+    let mut gpm_samples: std::collections::BTreeMap<u32, Option<GpmSample>> = Default::default();
     loop {
         let elapsed = last.elapsed().as_secs_f64();
         last = Instant::now();
         match source.device_count() {
             Ok(count) => {
                 let reads: Vec<(u32, DeviceRead)> = (0..count)
-                    .filter_map(|i| source.read(i).map(|r| (i, r)))
+                    .filter_map(|i| {
+                        let gpm = gpm_samples.entry(i).or_default();
+                        source.read(i, gpm).map(|r| (i, r))
+                    })
                     .collect();
                 let mut state = lock(state);
                 if state.failing.take().is_some() {

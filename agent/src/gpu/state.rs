@@ -62,7 +62,8 @@ impl GpuFailure {
 pub enum DeviceRead {
     Read {
         identity: GpuIdentity,
-        reading: GpuReading,
+        /// Boxed: a failure is a byte, a reading hundreds.
+        reading: Box<GpuReading>,
     },
     Failed(GpuFailure),
 }
@@ -84,7 +85,7 @@ impl GpuState {
                     }
                 }
                 entry.identity = Some(identity);
-                entry.reading = Some(reading);
+                entry.reading = Some(*reading);
                 entry.failure = None;
             }
             DeviceRead::Failed(failure) => {
@@ -126,10 +127,10 @@ mod tests {
     fn reasons(mask: u64) -> DeviceRead {
         DeviceRead::Read {
             identity: identity(),
-            reading: GpuReading {
+            reading: Box::new(GpuReading {
                 clock_event_reasons: Some(mask),
                 ..GpuReading::default()
-            },
+            }),
         }
     }
 

@@ -42,7 +42,14 @@ pub fn device(i: usize) -> Value {
         "temperature_c": 40 + i, "power_mw": 312500 + i * 1000,
         "utilization": {"gpu": 87, "memory": 40},
         "energy_mj": 123456789u64 + i as u64,
-        "xid_events": [], "lost": false, "unsupported": []
+        "xid_events": [], "lost": false, "unsupported": [],
+        // dcgm-exporter's default fields; GPM as on an H100 (Hopper).
+        "encoder_util_pct": 0, "decoder_util_pct": 3,
+        "pcie_replay_count": 2 + i,
+        "remapped_rows": {"correctable": 1, "uncorrectable": i, "pending": false, "failed": false},
+        "memory_temp_c": 52 + i,
+        "pcie_tx_kbps": 1024, "pcie_rx_kbps": 2048,
+        "gpm": {"graphics_util": 91.5, "sm_util": 80.0, "any_tensor_util": 62.25, "dram_bw_util": 45.0}
     })
 }
 

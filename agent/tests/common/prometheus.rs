@@ -123,3 +123,43 @@ pub fn serve_vllm_fixture() -> u16 {
     });
     port
 }
+
+/// (title, PromQL expressions) of every panel of a Grafana dashboard file that has a query,
+/// rows' nested panels included.
+pub fn dashboard_panels(path: &std::path::Path) -> Vec<(String, Vec<String>)> {
+    fn walk(panels: &serde_json::Value, out: &mut Vec<(String, Vec<String>)>) {
+        for panel in panels.as_array().into_iter().flatten() {
+            let exprs: Vec<String> = panel["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["expr"].as_str().map(str::to_string))
+                .collect();
+            if !exprs.is_empty() {
+                out.push((
+                    panel["title"].as_str().unwrap_or_default().to_string(),
+                    exprs,
+                ));
+            }
+            walk(&panel["panels"], out);
+        }
+    }
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    walk(&dashboard["panels"], &mut out);
+    out
+}
+
+/// The titles of the panels whose every query returns data now, and of those that do not.
+pub fn panels_with_data(
+    port: u16,
+    panels: &[(String, Vec<String>)],
+    resolve: impl Fn(&str) -> String,
+) -> (Vec<String>, Vec<String>) {
+    let (with, without): (Vec<_>, Vec<_>) = panels
+        .iter()
+        .partition(|(_, exprs)| exprs.iter().all(|e| query(port, &resolve(e)).is_some()));
+    let titles = |p: Vec<&(String, Vec<String>)>| p.into_iter().map(|(t, _)| t.clone()).collect();
+    (titles(with), titles(without))
+}

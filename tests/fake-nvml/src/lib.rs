@@ -14,6 +14,10 @@
 //! must fall back to the deprecated throttle-reasons call; `throttle_reasons`: both). `lost: true`
 //! makes every call on the device answer NVML_ERROR_GPU_IS_LOST. Each entry of `xid_events` is
 //! delivered once through `nvmlEventSetWait_v2` to an event set registered for critical XIDs.
+//! dcgm-exporter's default fields: `encoder_util_pct`, `decoder_util_pct`, `pcie_replay_count`,
+//! `remapped_rows: {"correctable", "uncorrectable", "pending", "failed"}`, `memory_temp_c` (field
+//! value 82), `pcie_tx_kbps`/`pcie_rx_kbps`, and `gpm: {"graphics_util", "sm_util",
+//! "any_tensor_util", "dram_bw_util"}` (percent; absent: no GPM, as before Hopper).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
@@ -23,8 +27,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use nvml_wrapper_sys::bindings::{
-    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
-    nvmlReturn_t, nvmlUtilization_t,
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlFieldValue_t, nvmlGpmMetricsGet_t,
+    nvmlGpmSample_t, nvmlGpmSupport_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlUtilization_t,
 };
 use serde::Deserialize;
 
@@ -35,6 +40,7 @@ const NOT_SUPPORTED: nvmlReturn_t = 3;
 const INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 const TIMEOUT: nvmlReturn_t = 10;
 const GPU_IS_LOST: nvmlReturn_t = 15;
+const ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
 const UNKNOWN: nvmlReturn_t = 999;
 
 const CLOCK_SM: c_uint = 1;
@@ -71,6 +77,34 @@ struct Device {
     /// 11: IRQ_ISSUE, 4: NO_PERMISSION, 999: UNKNOWN); 0: none.
     handle_error: nvmlReturn_t,
     unsupported: Vec<String>,
+    encoder_util_pct: u32,
+    decoder_util_pct: u32,
+    pcie_replay_count: u32,
+    remapped_rows: RemappedRows,
+    memory_temp_c: u32,
+    pcie_tx_kbps: u32,
+    pcie_rx_kbps: u32,
+    /// GPU Performance Monitoring (Hopper and later); absent: the device does not support it.
+    gpm: Option<Gpm>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(default)]
+struct RemappedRows {
+    correctable: u32,
+    uncorrectable: u32,
+    pending: bool,
+    failed: bool,
+}
+
+/// Percentages, as `nvmlGpmMetricsGet` reports them.
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(default)]
+struct Gpm {
+    graphics_util: f64,
+    sm_util: f64,
+    any_tensor_util: f64,
+    dram_bw_util: f64,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -91,6 +125,9 @@ struct Utilization {
 
 struct State {
     initialized: u32,
+    /// GPM sample handles (their value is the key), and the device each was last taken of.
+    gpm_samples: BTreeMap<usize, Option<usize>>,
+    next_sample: usize,
     /// Per device index, how many of its `xid_events` were delivered.
     delivered: BTreeMap<usize, usize>,
     /// Per event set, the device indexes registered for critical XIDs.
@@ -100,6 +137,8 @@ struct State {
 
 static STATE: Mutex<State> = Mutex::new(State {
     initialized: 0,
+    gpm_samples: BTreeMap::new(),
+    next_sample: 1,
     delivered: BTreeMap::new(),
     sets: BTreeMap::new(),
     next_set: 1,
@@ -527,4 +566,197 @@ pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
         Some(_) => SUCCESS,
         None => INVALID_ARGUMENT,
     }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "encoder", |d| {
+        put(sampling_period_us, 167_000);
+        put(utilization, d.encoder_util_pct)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "decoder", |d| {
+        put(sampling_period_us, 167_000);
+        put(utilization, d.decoder_util_pct)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
+    device: nvmlDevice_t,
+    value: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "pcie_replay", |d| put(value, d.pcie_replay_count))
+}
+
+/// `nvmlPcieUtilCounter_t`: 0 TX, 1 RX, in KB/s.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+    device: nvmlDevice_t,
+    counter: c_uint,
+    value: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "pcie_throughput", |d| match counter {
+        0 => put(value, d.pcie_tx_kbps),
+        1 => put(value, d.pcie_rx_kbps),
+        _ => INVALID_ARGUMENT,
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: nvmlDevice_t,
+    corr_rows: *mut c_uint,
+    unc_rows: *mut c_uint,
+    is_pending: *mut c_uint,
+    failure_occurred: *mut c_uint,
+) -> nvmlReturn_t {
+    if [corr_rows, unc_rows, is_pending, failure_occurred]
+        .iter()
+        .any(|p| p.is_null())
+    {
+        return INVALID_ARGUMENT;
+    }
+    with_device(device, "remapped_rows", |d| {
+        let rows = d.remapped_rows;
+        put(corr_rows, rows.correctable);
+        put(unc_rows, rows.uncorrectable);
+        put(is_pending, c_uint::from(rows.pending));
+        put(failure_occurred, c_uint::from(rows.failed))
+    })
+}
+
+/// `NVML_FI_DEV_MEMORY_TEMP` (82, nvml.h); any other field answers NOT_SUPPORTED in its slot.
+const FI_DEV_MEMORY_TEMP: c_uint = 82;
+/// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    count: std::ffi::c_int,
+    values: *mut nvmlFieldValue_t,
+) -> nvmlReturn_t {
+    if values.is_null() || count < 0 {
+        return INVALID_ARGUMENT;
+    }
+    with_device(device, "field_values", |d| {
+        let values = std::slice::from_raw_parts_mut(values, count as usize);
+        for value in values {
+            match value.fieldId {
+                FI_DEV_MEMORY_TEMP if !d.unsupported.iter().any(|u| u == "memory_temp") => {
+                    value.valueType = VALUE_TYPE_UNSIGNED_INT;
+                    value.value.uiVal = d.memory_temp_c;
+                    value.nvmlReturn = SUCCESS;
+                }
+                _ => value.nvmlReturn = NOT_SUPPORTED,
+            }
+        }
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    device: nvmlDevice_t,
+    support: *mut nvmlGpmSupport_t,
+) -> nvmlReturn_t {
+    if support.is_null() || (*support).version != 1 {
+        return ARGUMENT_VERSION_MISMATCH;
+    }
+    with_device(device, "gpm", |d| {
+        (*support).isSupportedDevice = c_uint::from(d.gpm.is_some());
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
+    let mut state = state();
+    let id = state.next_sample;
+    state.next_sample += 1;
+    state.gpm_samples.insert(id, None);
+    put(sample, id as nvmlGpmSample_t)
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    match state().gpm_samples.remove(&(sample as usize)) {
+        Some(_) => SUCCESS,
+        None => INVALID_ARGUMENT,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleGet(
+    device: nvmlDevice_t,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    with_device(device, "gpm", |d| {
+        if d.gpm.is_none() {
+            return NOT_SUPPORTED;
+        }
+        match state().gpm_samples.get_mut(&(sample as usize)) {
+            Some(taken) => {
+                *taken = Some(index_of(device));
+                SUCCESS
+            }
+            None => INVALID_ARGUMENT,
+        }
+    })
+}
+
+/// The scenario's percentages for the device both samples were taken of.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
+    if request.is_null() || (*request).version != 1 {
+        return ARGUMENT_VERSION_MISMATCH;
+    }
+    let request = &mut *request;
+    let taken = {
+        let state = state();
+        let of = |s: nvmlGpmSample_t| state.gpm_samples.get(&(s as usize)).copied().flatten();
+        (of(request.sample1), of(request.sample2))
+    };
+    let (Some(first), Some(second)) = taken else {
+        return INVALID_ARGUMENT;
+    };
+    if first != second || request.numMetrics as usize > request.metrics.len() {
+        return INVALID_ARGUMENT;
+    }
+    let Some(gpm) = scenario()
+        .and_then(|s| s.devices.get(second).cloned())
+        .and_then(|d| d.gpm)
+    else {
+        return NOT_SUPPORTED;
+    };
+    for metric in &mut request.metrics[..request.numMetrics as usize] {
+        // NVML_GPM_METRIC_GRAPHICS_UTIL 1, SM_UTIL 2, ANY_TENSOR_UTIL 5, DRAM_BW_UTIL 10.
+        let value = match metric.metricId {
+            1 => Some(gpm.graphics_util),
+            2 => Some(gpm.sm_util),
+            5 => Some(gpm.any_tensor_util),
+            10 => Some(gpm.dram_bw_util),
+            _ => None,
+        };
+        match value {
+            Some(v) => {
+                metric.value = v;
+                metric.nvmlReturn = SUCCESS;
+            }
+            None => metric.nvmlReturn = NOT_SUPPORTED,
+        }
+    }
+    SUCCESS
 }
