@@ -800,3 +800,43 @@ fn gpu_smoke_comparison_passes_on_agreement_and_catches_a_mismatch() {
     assert_eq!(disagree.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&disagree.stdout).contains("1 mismatch(es)"));
 }
+
+#[test]
+fn a_hanging_nvml_call_drops_the_readings_without_stalling_scrapes() {
+    let mut scenario = Scenario::new(2);
+    let agent = start(&scenario, "");
+    agent.wait_for("GPUs", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_utilization_ratio", &[("gpu", "1")]).is_some()
+    });
+    // GPU 1's driver starts blocking every call for 4 s: a round now takes a minute.
+    scenario.set(1, "call_delay_ms", json!(4000));
+    agent.wait_for("readings dropped", Duration::from_secs(30), |m| {
+        sample(m, "mlnode_gpu_utilization_ratio", &[]).is_none()
+    });
+    let started = std::time::Instant::now();
+    let m = agent.metrics();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a scrape does not wait on the driver"
+    );
+    assert!(sample(&m, "mlnode_gpu_readings_age_seconds", &[]).is_some_and(|age| age > 3.0));
+    assert_eq!(
+        sample(&m, "mlnode_gpu_count", &[]),
+        Some(2.0),
+        "the GPUs are still named"
+    );
+    assert_eq!(
+        sample(&m, "mlnode_gpu_utilization_ratio", &[("gpu", "0")]),
+        None,
+        "GPU 0 was read in a round that did not finish: not current either"
+    );
+    scenario.set(1, "call_delay_ms", json!(0));
+    agent.wait_for("readings back", Duration::from_secs(30), |m| {
+        sample(m, "mlnode_gpu_utilization_ratio", &[("gpu", "1")]).is_some()
+    });
+    assert!(
+        agent.log().contains("an NVML call was hanging"),
+        "{}",
+        agent.log()
+    );
+}

@@ -202,7 +202,11 @@ fn exposition() -> String {
 fn register_gpu(registry: &prometheus::Registry) {
     use mlnode_agent::gpu::state::{DeviceRead, GpuFailure, GpuState};
     use mlnode_agent::gpu::{GpuIdentity, GpuReading, MemoryReading};
-    let mut state = GpuState::default();
+    let mut state = GpuState {
+        last_round: Some(std::time::Instant::now()),
+        stall_after: std::time::Duration::from_secs(3600),
+        ..GpuState::default()
+    };
     let identity = GpuIdentity {
         index: 0,
         uuid: "GPU-1".into(),

@@ -36,7 +36,8 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 31] = [
+const FAMILIES: [FamilySpec; 32] = [
+    ("mlnode_gpu_readings_age_seconds", "Time since the NVML sampler last finished reading every GPU; past five sample intervals (at least 3 s) the readings are dropped as not current.", MetricType::GAUGE),
     ("mlnode_gpu_memory_copy_utilization_ratio", "Fraction of the last sample period the memory controller was busy.", MetricType::GAUGE),
     ("mlnode_gpu_encoder_utilization_ratio", "Fraction of the last sample period the video encoder was busy.", MetricType::GAUGE),
     ("mlnode_gpu_decoder_utilization_ratio", "Fraction of the last sample period the video decoder was busy.", MetricType::GAUGE),
@@ -280,6 +281,15 @@ impl Collector for GpuCollector {
         if state.failing.is_none() {
             out.gauge("mlnode_gpu_count", &[], state.gpus.len() as f64);
         }
+        let now = std::time::Instant::now();
+        if let Some(last) = state.last_round {
+            out.gauge(
+                "mlnode_gpu_readings_age_seconds",
+                &[],
+                now.saturating_duration_since(last).as_secs_f64(),
+            );
+        }
+        let stalled = state.stalled_for(now).is_some();
         for entry in state.gpus.values() {
             let Some(identity) = &entry.identity else {
                 continue;
@@ -295,7 +305,8 @@ impl Collector for GpuCollector {
                 );
             }
             self.collect_counters(entry, &labels, &mut out);
-            if let Some(reading) = &entry.reading {
+            // A stalled sampler's readings are history, not the GPU now.
+            if let Some(reading) = entry.reading.as_ref().filter(|_| !stalled) {
                 self.collect_reading(reading, &labels, &mut out);
             }
         }

@@ -96,6 +96,11 @@ use std::sync::{Arc, Mutex};
 use crate::config::{HostnameLabel, NvmlSettings, PodLabels, Toggle};
 use crate::kubelet::pod_resources::SharedAssignments;
 
+/// Five sampling rounds, at least 3 s: a round slower than that has a call hanging in the driver.
+pub fn stall_after(sample_interval: std::time::Duration) -> std::time::Duration {
+    (sample_interval * 5).max(std::time::Duration::from_secs(3))
+}
+
 /// The running GPU collector: its state (shared with the pod-resources poller) and its stop switch.
 pub struct GpuRuntime {
     pub state: Arc<Mutex<state::GpuState>>,
@@ -118,7 +123,10 @@ impl GpuRuntime {
         }
         let source = nvml::NvmlSource::open(&settings.library)?;
         let count = source.device_count()?;
-        let state = Arc::new(Mutex::new(state::GpuState::default()));
+        let state = Arc::new(Mutex::new(state::GpuState {
+            stall_after: stall_after(settings.sample_interval),
+            ..state::GpuState::default()
+        }));
         let style = collector::LabelStyle {
             lowercase_hostname: (settings.hostname_label == HostnameLabel::Lowercase)
                 .then(|| node_name.to_string()),

@@ -345,7 +345,11 @@ fn sample_loop(
     stop: &Stop,
     up: &AgentMetrics,
 ) {
-    lock(state).driver_version = source.driver_version();
+    {
+        let mut state = lock(state);
+        state.driver_version = source.driver_version();
+        state.last_round = Some(Instant::now());
+    }
     let mut last = Instant::now();
     let mut gpm_samples: std::collections::BTreeMap<u32, Option<GpmSample>> = Default::default();
     loop {
@@ -367,6 +371,10 @@ fn sample_loop(
                     log_change(&state, index, &read);
                     state.apply(index, read, elapsed);
                 }
+                if let Some(stalled) = state.stalled_for(Instant::now()) {
+                    tracing::warn!(took = ?stalled, "reading the GPUs took longer than the stall limit: an NVML call was hanging");
+                }
+                state.last_round = Some(Instant::now());
                 up.set_up(Collector::Nvml, true);
             }
             Err(reason) => {

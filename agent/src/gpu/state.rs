@@ -2,6 +2,7 @@
 //! built from them. Plain data, updated by the NVML threads and read by the collector.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use super::{GpuIdentity, GpuReading, CLOCK_EVENT_REASONS};
 
@@ -26,6 +27,11 @@ pub struct GpuState {
     pub gpus: BTreeMap<u32, GpuEntry>,
     /// Why NVML itself stopped answering (it cannot even count the GPUs), while it does.
     pub failing: Option<String>,
+    /// When the sampler last finished reading every GPU (or started, before its first round).
+    pub last_round: Option<Instant>,
+    /// How old the readings may get before they are no longer current: an NVML call on a dying GPU
+    /// can block for seconds or for good, and the sampler with it.
+    pub stall_after: Duration,
 }
 
 /// Why NVML cannot read a GPU: the error classes of `nvml.h` that describe the device rather than
@@ -104,6 +110,13 @@ impl GpuState {
         self.failing = Some(reason);
     }
 
+    /// How long ago the sampler last finished a round, when that is longer than `stall_after`:
+    /// its readings are then not current.
+    pub fn stalled_for(&self, now: Instant) -> Option<Duration> {
+        let age = now.saturating_duration_since(self.last_round?);
+        (age > self.stall_after).then_some(age)
+    }
+
     pub fn record_xid(&mut self, index: u32, xid: u64) {
         let entry = self.gpus.entry(index).or_default();
         *entry.xids.entry(xid).or_default() += 1;
@@ -169,6 +182,22 @@ mod tests {
         assert!(entry.reading.is_none() && entry.identity.is_some());
         assert_eq!(entry.xids[&79], 1);
         assert_eq!(state.failing.as_deref(), Some("NVML: Unknown Error"));
+    }
+
+    #[test]
+    fn readings_stop_being_current_when_the_sampler_stalls() {
+        let start = Instant::now();
+        let mut state = GpuState {
+            stall_after: Duration::from_secs(3),
+            ..GpuState::default()
+        };
+        assert_eq!(state.stalled_for(start), None, "no sampler yet");
+        state.last_round = Some(start);
+        assert_eq!(state.stalled_for(start + Duration::from_secs(3)), None);
+        assert_eq!(
+            state.stalled_for(start + Duration::from_secs(4)),
+            Some(Duration::from_secs(4))
+        );
     }
 
     #[test]

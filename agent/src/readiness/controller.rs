@@ -177,6 +177,13 @@ impl Controller {
                     .missing_collectors
                     .push(format!("nvml stopped answering: {reason}"));
             }
+            // A fixed message: one with the growing age would rewrite the condition every round.
+            if state.stalled_for(Instant::now()).is_some() {
+                facts.missing_collectors.push(format!(
+                    "nvml has not finished reading the GPUs within {} s: a call is hanging in the driver",
+                    state.stall_after.as_secs()
+                ));
+            }
             for (index, entry) in &state.gpus {
                 if let Some(failure) = entry.failure {
                     let uuid = entry

@@ -9,6 +9,7 @@
 //! "lost": false, "unsupported": ["reserved", "clocks_event_reasons", "power", ...]}]}`.
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
 //! `handle_error` (per device) is the NVML code the handle call answers instead of a handle.
+//! `call_delay_ms` (per device) makes every call on the device block that long first.
 //! `unsupported` names fields whose call answers NVML_ERROR_NOT_SUPPORTED (`reserved`: the v2 memory
 //! call, so a caller must fall back to v1; `clocks_event_reasons`: the new call only, so a caller
 //! must fall back to the deprecated throttle-reasons call; `throttle_reasons`: both). `lost: true`
@@ -86,6 +87,8 @@ struct Device {
     pcie_rx_kbps: u32,
     /// GPU Performance Monitoring (Hopper and later); absent: the device does not support it.
     gpm: Option<Gpm>,
+    /// Every call on the device blocks this long first, as NVML does on a dying GPU.
+    call_delay_ms: u64,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -183,6 +186,9 @@ fn with_device(
     let Some(dev) = scenario.devices.get(index_of(device)) else {
         return INVALID_ARGUMENT;
     };
+    if dev.call_delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(dev.call_delay_ms));
+    }
     if dev.lost {
         return GPU_IS_LOST;
     }
