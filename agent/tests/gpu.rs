@@ -729,32 +729,48 @@ fn absent_pod_resources_socket_logs_once_and_changes_nothing_else() {
     assert_eq!(agent.get("/healthz").0, 200);
 }
 
-/// The nvidia-smi CSV a real GPU with the scenario's state would print.
+/// The nvidia-smi CSV (`--format=csv,nounits`, header included) a real GPU with the scenario's
+/// state would print.
 fn nvidia_smi_csv(scenario: &Value) -> String {
     let mib = |v: &Value| v.as_u64().unwrap() >> 20;
-    scenario["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            format!(
-                "{i}, {}, {}, {}, {}, {}, {}, {}, {}, {:.2}, {}, {}, {}\n",
-                d["uuid"].as_str().unwrap(),
-                d["pci_bus_id"].as_str().unwrap(),
-                d["name"].as_str().unwrap(),
-                scenario["driver_version"].as_str().unwrap(),
-                mib(&d["memory"]["total"]),
-                mib(&d["memory"]["used"]),
-                mib(&d["memory"]["free"]),
-                d["temperature_c"],
-                d["power_mw"].as_f64().unwrap() / 1000.0,
-                d["sm_clock_mhz"],
-                d["mem_clock_mhz"],
-                d["utilization"]["gpu"],
-            )
-        })
-        .collect()
+    let yes_no = |v: &Value| if v.as_bool().unwrap() { "Yes" } else { "No" };
+    let mut csv = String::from(
+        "index, uuid, pci.bus_id, name, driver_version, memory.total [MiB], memory.reserved [MiB], \
+         memory.used [MiB], memory.free [MiB], temperature.gpu, temperature.memory, power.draw [W], \
+         clocks.sm [MHz], clocks.mem [MHz], utilization.gpu [%], utilization.memory [%], \
+         utilization.encoder [%], utilization.decoder [%], clocks_event_reasons.active, \
+         remapped_rows.correctable, remapped_rows.uncorrectable, remapped_rows.pending, \
+         remapped_rows.failure\n",
+    );
+    for (i, d) in scenario["devices"].as_array().unwrap().iter().enumerate() {
+        let rows = &d["remapped_rows"];
+        csv.push_str(&format!(
+            "{i}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {:.2}, {}, {}, {}, {}, {}, {}, 0x{:016X}, {}, {}, {}, {}\n",
+            d["uuid"].as_str().unwrap(),
+            d["pci_bus_id"].as_str().unwrap(),
+            d["name"].as_str().unwrap(),
+            scenario["driver_version"].as_str().unwrap(),
+            mib(&d["memory"]["total"]),
+            mib(&d["memory"]["reserved"]),
+            mib(&d["memory"]["used"]),
+            mib(&d["memory"]["free"]),
+            d["temperature_c"],
+            d["memory_temp_c"],
+            d["power_mw"].as_f64().unwrap() / 1000.0,
+            d["sm_clock_mhz"],
+            d["mem_clock_mhz"],
+            d["utilization"]["gpu"],
+            d["utilization"]["memory"],
+            d["encoder_util_pct"],
+            d["decoder_util_pct"],
+            d["clocks_event_reasons"].as_u64().unwrap(),
+            rows["correctable"],
+            rows["uncorrectable"],
+            yes_no(&rows["pending"]),
+            yes_no(&rows["failed"]),
+        ));
+    }
+    csv
 }
 
 /// tests/gpu-smoke.sh's comparison, run on the fake GPUs: it must pass when the agent and
@@ -762,7 +778,7 @@ fn nvidia_smi_csv(scenario: &Value) -> String {
 #[test]
 fn gpu_smoke_comparison_passes_on_agreement_and_catches_a_mismatch() {
     let scenario = Scenario::new(8);
-    let agent = start(&scenario, "");
+    let agent = start(&scenario, "  dcgm_names: true\n");
     agent.wait_for("GPUs", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "7")]).is_some()
     });
@@ -789,16 +805,25 @@ fn gpu_smoke_comparison_passes_on_agreement_and_catches_a_mismatch() {
         "{report}{}",
         String::from_utf8_lossy(&agree.stderr)
     );
-    assert!(
-        report.contains("0 mismatch(es)") && report.contains("memory.total MiB"),
-        "{report}"
-    );
+    for field in [
+        "| 7 | memory.reserved |",
+        "| 7 | clocks_event_reasons.active |",
+        "| 7 | remapped_rows.uncorrectable | 7.0 | 7.0 | yes |",
+        "| 7 | DCGM_FI_* present | 10/10 |",
+    ] {
+        assert!(report.contains(field), "{field}\n{report}");
+    }
+    assert!(report.contains("0 mismatch(es)"), "{report}");
 
-    let mut hotter = scenario.value.clone();
-    hotter["devices"][1]["temperature_c"] = json!(90);
-    let disagree = compare(&nvidia_smi_csv(&hotter));
+    // A hotter GPU, a power-cap reason and a pending remap the agent did not see: three mismatches.
+    let mut differs = scenario.value.clone();
+    differs["devices"][1]["temperature_c"] = json!(90);
+    differs["devices"][2]["clocks_event_reasons"] = json!(0x5);
+    differs["devices"][3]["remapped_rows"]["pending"] = json!(true);
+    let disagree = compare(&nvidia_smi_csv(&differs));
     assert_eq!(disagree.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&disagree.stdout).contains("1 mismatch(es)"));
+    let report = String::from_utf8_lossy(&disagree.stdout);
+    assert!(report.contains("3 mismatch(es)"), "{report}");
 }
 
 #[test]
