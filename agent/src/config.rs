@@ -348,7 +348,8 @@ impl Default for NeuronSettings {
 pub struct KubeletSettings {
     /// The kubelet pod-resources API (read-only), for the pod/namespace/container of each device.
     pub pod_resources_socket: PathBuf,
-    /// Extended resource names whose devices are NVIDIA GPUs (device ids are GPU UUIDs).
+    /// Extended resource names whose devices are NVIDIA GPUs or MIG devices (device ids are GPU or
+    /// MIG UUIDs); a trailing `*` matches by prefix.
     pub gpu_resource_names: Vec<String>,
     /// Extended resources whose device ids are Neuron device indexes.
     pub neuron_device_resource_names: Vec<String>,
@@ -363,7 +364,7 @@ impl Default for KubeletSettings {
     fn default() -> Self {
         KubeletSettings {
             pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
-            gpu_resource_names: vec!["nvidia.com/gpu".into()],
+            gpu_resource_names: vec!["nvidia.com/gpu".into(), "nvidia.com/mig-*".into()],
             neuron_device_resource_names: vec![
                 "aws.amazon.com/neuron".into(),
                 "aws.amazon.com/neurondevice".into(),

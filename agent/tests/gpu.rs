@@ -865,3 +865,106 @@ fn a_hanging_nvml_call_drops_the_readings_without_stalling_scrapes() {
         agent.log()
     );
 }
+
+#[test]
+fn mig_devices_are_series_of_their_own_with_their_pods() {
+    let mut scenario = Scenario::new(2);
+    let instance = |uuid: &str, gi: u32, profile: &str, used: u64| {
+        json!({"uuid": uuid, "gpu_instance_id": gi, "compute_instance_id": 0, "profile": profile,
+               "memory": {"total": 10_737_418_240u64, "used": used, "free": 10_737_418_240u64 - used, "reserved": 0}})
+    };
+    // GPU 0 as a MIG-enabled H100 seen without the mig/monitor capability: two instances.
+    scenario.set(
+        0,
+        "mig",
+        json!({"enabled": true, "monitor_capability": false, "instances": [
+            instance("MIG-11111111-2222-3333-4444-555555555555", 7, "1g.10gb", 1 << 30),
+            instance("MIG-66666666-7777-8888-9999-000000000000", 2, "3g.40gb", 2 << 30),
+        ]}),
+    );
+    // The device plugin's mixed strategy (a resource per profile) and single strategy
+    // (nvidia.com/gpu), both with EKS's ::N replica suffix.
+    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&[
+        (
+            "vllm-small-0",
+            "nvidia.com/mig-1g.10gb",
+            &["MIG-11111111-2222-3333-4444-555555555555::0"],
+        ),
+        (
+            "vllm-mid-0",
+            "nvidia.com/gpu",
+            &["MIG-66666666-7777-8888-9999-000000000000"],
+        ),
+    ]));
+    let extra = format!(
+        "  dcgm_names: true\nkubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
+        kubelet.socket().display().to_string()
+    );
+    let agent = start(&scenario, &extra);
+    agent.wait_for("MIG instances with pods", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_mig_memory_used_bytes",
+            &[("GPU_I_ID", "7"), ("pod", "vllm-small-0")],
+        )
+        .is_some()
+            && sample(
+                m,
+                "mlnode_gpu_mig_memory_used_bytes",
+                &[("GPU_I_ID", "2"), ("pod", "vllm-mid-0")],
+            )
+            .is_some()
+    });
+    let m = agent.metrics();
+    let parent = [
+        ("gpu", "0"),
+        ("UUID", "GPU-00000000-1111-2222-3333-444444444440"),
+    ];
+    assert_eq!(sample(&m, "mlnode_gpu_mig_mode", &parent), Some(1.0));
+    assert_eq!(
+        sample(&m, "mlnode_gpu_mig_mode", &[("gpu", "1")]),
+        Some(0.0)
+    );
+    // What NVML refuses on a MIG GPU is absent, not 0; the rest of it is read.
+    for absent in [
+        "mlnode_gpu_utilization_ratio",
+        "mlnode_gpu_memory_used_bytes",
+    ] {
+        assert_eq!(sample(&m, absent, &[("gpu", "0")]), None, "{absent}");
+    }
+    assert!(sample(&m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]).is_some());
+    assert!(sample(&m, "mlnode_gpu_memory_used_bytes", &[("gpu", "1")]).is_some());
+    // dcgm-exporter's per-instance framebuffer series, labelled GPU_I_ID and GPU_I_PROFILE.
+    assert_eq!(
+        sample(
+            &m,
+            "DCGM_FI_DEV_FB_USED",
+            &[
+                parent[0],
+                parent[1],
+                ("GPU_I_ID", "2"),
+                ("GPU_I_PROFILE", "3g.40gb"),
+                ("pod", "vllm-mid-0")
+            ]
+        ),
+        Some(2048.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "mlnode_gpu_mig_instance_info",
+            &[
+                ("GPU_I_ID", "7"),
+                ("GPU_I_PROFILE", "1g.10gb"),
+                ("mig_uuid", "MIG-11111111-2222-3333-4444-555555555555")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        !m.lines()
+            .any(|l| l.contains("pod=\"") && !l.contains("GPU_I_ID")),
+        "the pods hold MIG devices, not the whole GPU"
+    );
+    assert!(agent.log().contains("MIG"), "{}", agent.log());
+}

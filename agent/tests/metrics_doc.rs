@@ -240,6 +240,19 @@ fn register_gpu(registry: &prometheus::Registry) {
             tensor_active: Some(0.5),
             dram_active: Some(0.5),
         }),
+        mig_mode: Some(true),
+        mig: vec![mlnode_agent::gpu::MigInstance {
+            uuid: "MIG-1".into(),
+            gpu_instance_id: 1,
+            compute_instance_id: 0,
+            profile: "1g.10gb".into(),
+            memory: Some(MemoryReading {
+                total: 4,
+                used: 1,
+                free: 3,
+                reserved: None,
+            }),
+        }],
     };
     state.apply(
         0,

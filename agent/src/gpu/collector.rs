@@ -9,7 +9,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
 use super::state::{GpuEntry, GpuFailure, GpuState};
-use super::{GpuIdentity, CLOCK_EVENT_REASONS};
+use super::{GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
 use crate::metrics::family::{descs, with_label, Families, FamilySpec};
 
@@ -36,7 +36,12 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 32] = [
+const FAMILIES: [FamilySpec; 37] = [
+    ("mlnode_gpu_mig_mode", "1 while Multi-Instance GPU mode is on, else 0; absent on GPUs without MIG. A MIG GPU reports no GPU-wide utilisation, and its memory only to a holder of the mig/monitor capability.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_instance_info", "A MIG device (GPU instance and compute instance) of the GPU, with its MIG UUID; always 1.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_memory_used_bytes", "Memory used in the MIG instance.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_memory_free_bytes", "Memory free in the MIG instance.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_memory_total_bytes", "Memory of the MIG instance.", MetricType::GAUGE),
     ("mlnode_gpu_readings_age_seconds", "Time since the NVML sampler last finished reading every GPU; past five sample intervals (at least 3 s) the readings are dropped as not current.", MetricType::GAUGE),
     ("mlnode_gpu_memory_copy_utilization_ratio", "Fraction of the last sample period the memory controller was busy.", MetricType::GAUGE),
     ("mlnode_gpu_encoder_utilization_ratio", "Fraction of the last sample period the video encoder was busy.", MetricType::GAUGE),
@@ -239,6 +244,28 @@ impl GpuCollector {
         driver: &str,
         assignments: &Assignments,
     ) -> Vec<(&'static str, String)> {
+        let mut labels = self.device_labels(identity, driver);
+        self.push_pod(&mut labels, assignments, &identity.uuid);
+        labels
+    }
+
+    /// A MIG device's labels as dcgm-exporter writes them: its parent GPU's, `GPU_I_ID`,
+    /// `GPU_I_PROFILE`, and the pod holding the MIG device (`MIG-<uuid>`).
+    fn instance_labels(
+        &self,
+        identity: &GpuIdentity,
+        driver: &str,
+        instance: &MigInstance,
+        assignments: &Assignments,
+    ) -> Vec<(&'static str, String)> {
+        let mut labels = self.device_labels(identity, driver);
+        labels.push(("GPU_I_ID", instance.gpu_instance_id.to_string()));
+        labels.push(("GPU_I_PROFILE", instance.profile.clone()));
+        self.push_pod(&mut labels, assignments, &instance.uuid);
+        labels
+    }
+
+    fn device_labels(&self, identity: &GpuIdentity, driver: &str) -> Vec<(&'static str, String)> {
         let mut labels = vec![
             ("gpu", identity.index.to_string()),
             ("UUID", identity.uuid.clone()),
@@ -250,7 +277,16 @@ impl GpuCollector {
         if let Some(hostname) = &self.style.lowercase_hostname {
             labels.push(("hostname", hostname.clone()));
         }
-        if let Some(a) = assignments.find(&self.resource_names, &identity.uuid) {
+        labels
+    }
+
+    fn push_pod(
+        &self,
+        labels: &mut Vec<(&'static str, String)>,
+        assignments: &Assignments,
+        device_id: &str,
+    ) {
+        if let Some(a) = assignments.find(&self.resource_names, device_id) {
             let names = if self.style.legacy_pod_labels {
                 ["pod_name", "pod_namespace", "container_name"]
             } else {
@@ -260,7 +296,6 @@ impl GpuCollector {
             labels.push((names[1], a.namespace.clone()));
             labels.push((names[2], a.container.clone()));
         }
-        labels
     }
 }
 
@@ -308,6 +343,15 @@ impl Collector for GpuCollector {
             // A stalled sampler's readings are history, not the GPU now.
             if let Some(reading) = entry.reading.as_ref().filter(|_| !stalled) {
                 self.collect_reading(reading, &labels, &mut out);
+                for instance in &reading.mig {
+                    let labels = self.instance_labels(
+                        identity,
+                        &state.driver_version,
+                        instance,
+                        &assignments,
+                    );
+                    self.collect_instance(instance, &labels, &mut out);
+                }
             }
         }
         out.into_families(FAMILIES.iter().chain(if self.dcgm_names {
@@ -319,6 +363,28 @@ impl Collector for GpuCollector {
 }
 
 impl GpuCollector {
+    fn collect_instance(
+        &self,
+        instance: &MigInstance,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        out.gauge(
+            "mlnode_gpu_mig_instance_info",
+            &with_label(labels, "mig_uuid", &instance.uuid),
+            1.0,
+        );
+        if let Some(m) = instance.memory {
+            out.gauge("mlnode_gpu_mig_memory_used_bytes", labels, m.used as f64);
+            out.gauge("mlnode_gpu_mig_memory_free_bytes", labels, m.free as f64);
+            out.gauge("mlnode_gpu_mig_memory_total_bytes", labels, m.total as f64);
+            if self.dcgm_names {
+                out.gauge("DCGM_FI_DEV_FB_USED", labels, (m.used / MIB) as f64);
+                out.gauge("DCGM_FI_DEV_FB_FREE", labels, (m.free / MIB) as f64);
+            }
+        }
+    }
+
     /// Counters live on even while a GPU is lost: an XID just before it fell off is the clue.
     fn collect_counters(
         &self,
@@ -409,6 +475,9 @@ impl GpuCollector {
             }
         };
         let as_f64 = |v: Option<u32>| v.map(f64::from);
+        if let Some(on) = reading.mig_mode {
+            out.gauge("mlnode_gpu_mig_mode", labels, f64::from(u8::from(on)));
+        }
         scalar(
             out,
             "mlnode_gpu_sm_clock_hertz",

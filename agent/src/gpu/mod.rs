@@ -67,6 +67,23 @@ pub struct GpuReading {
     pub pcie_bytes_per_second: Option<(u64, u64)>,
     /// GPU Performance Monitoring ratios between two samples (Hopper and later).
     pub gpm: Option<GpmReading>,
+    /// Whether MIG is on (None: the GPU has no MIG).
+    pub mig_mode: Option<bool>,
+    /// The MIG devices of a MIG-enabled GPU.
+    pub mig: Vec<MigInstance>,
+}
+
+/// One MIG device (a GPU instance with a compute instance), as dcgm-exporter labels it:
+/// `GPU_I_ID`, `GPU_I_PROFILE`, and the parent GPU's labels.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MigInstance {
+    /// `MIG-<uuid>`, the id the device plugin hands a pod.
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// `1g.10gb`, from the MIG device's name (`<GPU name> MIG <profile>`).
+    pub profile: String,
+    pub memory: Option<MemoryReading>,
 }
 
 /// `nvmlDeviceGetRemappedRows`: HBM rows remapped since manufacture, the standard memory health

@@ -22,7 +22,7 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_MEMORY_TEMP;
 
 use super::state::{DeviceRead, GpuFailure, GpuState};
-use super::{GpmReading, GpuIdentity, GpuReading, MemoryReading, RemappedRows};
+use super::{GpmReading, GpuIdentity, GpuReading, MemoryReading, MigInstance, RemappedRows};
 use crate::metrics::{AgentMetrics, Collector};
 
 /// How long one XID wait blocks before checking for shutdown.
@@ -92,6 +92,8 @@ impl NvmlSource {
             memory_temp_c: field(memory_temperature(&device), &mut failed),
             pcie_bytes_per_second: field(pcie_throughput(&device), &mut failed),
             gpm: self.gpm(&device, gpm),
+            mig_mode: device.mig_mode().ok().map(|m| m.current == 1),
+            mig: self.mig_instances(&device),
             memory: field(self.memory(&device), &mut failed),
             clock_event_reasons: field(self.clock_event_reasons(&device), &mut failed),
             sm_clock_mhz: field(device.clock_info(Clock::SM), &mut failed),
@@ -108,6 +110,46 @@ impl NvmlSource {
                 reading: Box::new(reading),
             },
         })
+    }
+
+    /// The MIG devices of `device`, empty where MIG is off or unsupported. A MIG device that cannot
+    /// be read is left out; its siblings are not.
+    fn mig_instances(&self, device: &Device) -> Vec<MigInstance> {
+        if !device.mig_mode().is_ok_and(|m| m.current == 1) {
+            return Vec::new();
+        }
+        let slots = device.mig_device_count().unwrap_or(0);
+        (0..slots)
+            .filter_map(|slot| device.mig_device_by_index(slot).ok())
+            .filter_map(|mig| {
+                let name = mig.name().ok()?;
+                Some(MigInstance {
+                    uuid: mig.uuid().ok()?,
+                    gpu_instance_id: self.instance_id(&mig, InstanceKind::Gpu).ok()?,
+                    compute_instance_id: self.instance_id(&mig, InstanceKind::Compute).ok()?,
+                    profile: name
+                        .rsplit_once(" MIG ")
+                        .map(|(_, profile)| profile.to_string())
+                        .unwrap_or(name),
+                    memory: self.memory(&mig).ok(),
+                })
+            })
+            .collect()
+    }
+
+    /// `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` of a MIG device handle
+    /// (nvml-wrapper has no wrappers for them).
+    fn instance_id(&self, mig: &Device, kind: InstanceKind) -> Result<u32, NvmlError> {
+        let lib = self.nvml.lib();
+        let sym = match kind {
+            InstanceKind::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref(),
+            InstanceKind::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+        }
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let mut id = 0;
+        // SAFETY: the handle is valid while `mig` lives; `id` is a plain out-parameter.
+        nvml_try(unsafe { sym(mig.handle(), &mut id) })?;
+        Ok(id)
     }
 
     /// `nvmlDeviceGetRemappedRows` (nvml-wrapper has no wrapper for it).
@@ -223,6 +265,12 @@ impl NvmlSource {
         }
         Err(NvmlError::NotSupported)
     }
+}
+
+/// Which of a MIG device's two instance ids.
+enum InstanceKind {
+    Gpu,
+    Compute,
 }
 
 /// HBM temperature, through the field-values call.
@@ -421,6 +469,21 @@ fn log_change(state: &GpuState, index: u32, read: &DeviceRead) {
             tracing::info!(gpu = index, was = failure.as_str(), "GPU can be read again");
         }
         (DeviceRead::Read { .. }, None) => {}
+    }
+    // Said once, when the GPU is first seen in MIG mode.
+    if let DeviceRead::Read { reading, .. } = read {
+        let was_mig = entry
+            .and_then(|g| g.reading.as_ref())
+            .is_some_and(|r| r.mig_mode == Some(true));
+        if reading.mig_mode == Some(true) && !was_mig {
+            tracing::info!(
+                gpu = index,
+                uuid,
+                instances = reading.mig.len(),
+                memory = if reading.memory.is_some() { "readable" } else { "refused (no mig/monitor capability)" },
+                "GPU is in MIG mode: NVML gives no GPU-wide utilisation for it, and its aggregate memory only to a holder of the mig/monitor capability; each MIG device has its own series (GPU_I_ID, GPU_I_PROFILE)"
+            );
+        }
     }
 }
 

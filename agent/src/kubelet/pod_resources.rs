@@ -84,8 +84,18 @@ pub async fn list(socket: &Path, resource_names: &[String]) -> Result<Assignment
     Ok(assignments(&response, resource_names))
 }
 
-/// Picks out the devices of the wanted resources. A device shared between containers (GPU
-/// time-slicing hands out replicas `GPU-<uuid>::<n>`) is attributed to the first container listed.
+/// Whether resource `name` is one `pattern` names: exactly, or by prefix where the pattern ends in
+/// `*` (`nvidia.com/mig-*`: the device plugin's mixed MIG strategy names a resource per profile).
+fn names(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+/// Picks out the devices of the wanted resources, each kept under the pattern that named it. A
+/// device shared between containers (GPU time-slicing hands out replicas `GPU-<uuid>::<n>`, EKS
+/// MIG devices `MIG-<uuid>::<n>`) is attributed to the first container listed.
 pub fn assignments(
     response: &api::ListPodResourcesResponse,
     resource_names: &[String],
@@ -93,15 +103,17 @@ pub fn assignments(
     let mut out = Assignments::default();
     for pod in &response.pod_resources {
         for container in &pod.containers {
-            for devices in container
-                .devices
-                .iter()
-                .filter(|d| resource_names.contains(&d.resource_name))
-            {
+            for devices in &container.devices {
+                let Some(pattern) = resource_names
+                    .iter()
+                    .find(|p| names(p, &devices.resource_name))
+                else {
+                    continue;
+                };
                 for id in &devices.device_ids {
                     let device = id.split("::").next().unwrap_or(id).to_string();
                     out.0
-                        .entry((devices.resource_name.clone(), device))
+                        .entry((pattern.clone(), device))
                         .or_insert_with(|| Assignment {
                             pod: pod.name.clone(),
                             namespace: pod.namespace.clone(),
@@ -225,5 +237,21 @@ mod tests {
                 .is_none(),
             "only resources asked for"
         );
+    }
+
+    #[test]
+    fn a_trailing_star_names_every_mig_profile_resource() {
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("small", "vllm", "nvidia.com/mig-1g.10gb", &["MIG-aaa::0"]),
+                pod("mid", "vllm", "nvidia.com/mig-3g.40gb", &["MIG-bbb"]),
+                pod("other", "c", "nvidia.com/migrate", &["x"]),
+            ],
+        };
+        let wanted = ["nvidia.com/gpu".to_string(), "nvidia.com/mig-*".to_string()];
+        let found = assignments(&response, &wanted);
+        assert_eq!(found.find(&wanted, "MIG-aaa").unwrap().pod, "small");
+        assert_eq!(found.find(&wanted, "MIG-bbb").unwrap().pod, "mid");
+        assert_eq!(found.len(), 2, "nvidia.com/migrate is not a MIG profile");
     }
 }

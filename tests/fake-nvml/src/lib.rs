@@ -10,6 +10,8 @@
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
 //! `handle_error` (per device) is the NVML code the handle call answers instead of a handle.
 //! `call_delay_ms` (per device) makes every call on the device block that long first.
+//! `mig: {"enabled", "monitor_capability", "instances": [{"uuid", "gpu_instance_id",
+//! "compute_instance_id", "profile", "memory"}]}` makes the GPU MIG-enabled (see `Mig`).
 //! `unsupported` names fields whose call answers NVML_ERROR_NOT_SUPPORTED (`reserved`: the v2 memory
 //! call, so a caller must fall back to v1; `clocks_event_reasons`: the new call only, so a caller
 //! must fall back to the deprecated throttle-reasons call; `throttle_reasons`: both). `lost: true`
@@ -35,6 +37,8 @@ use nvml_wrapper_sys::bindings::{
 use serde::Deserialize;
 
 const SUCCESS: nvmlReturn_t = 0;
+const NO_PERMISSION: nvmlReturn_t = 4;
+const NOT_FOUND: nvmlReturn_t = 6;
 const UNINITIALIZED: nvmlReturn_t = 1;
 const INVALID_ARGUMENT: nvmlReturn_t = 2;
 const NOT_SUPPORTED: nvmlReturn_t = 3;
@@ -89,6 +93,63 @@ struct Device {
     gpm: Option<Gpm>,
     /// Every call on the device blocks this long first, as NVML does on a dying GPU.
     call_delay_ms: u64,
+    mig: Mig,
+    /// Fields whose call answers NVML_ERROR_NO_PERMISSION (filled in for MIG, see `view`).
+    #[serde(skip)]
+    no_permission: Vec<String>,
+    /// (GPU instance id, compute instance id) when this is a MIG device's view.
+    #[serde(skip)]
+    instance: Option<(u32, u32)>,
+}
+
+/// Multi-Instance GPU. With `enabled`, NVML answers as on a MIG-enabled H100 (nvml.h): the parent's
+/// utilisation is NOT_SUPPORTED, its aggregate memory NO_PERMISSION unless the caller holds the
+/// `mig/monitor` capability (`monitor_capability`), and each instance is a MIG device handle with its
+/// own UUID (`MIG-...`), name (`<parent> MIG <profile>`), memory and instance ids.
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct Mig {
+    enabled: bool,
+    monitor_capability: bool,
+    instances: Vec<MigInstance>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct MigInstance {
+    uuid: String,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+    profile: String,
+    memory: Memory,
+}
+
+/// The calls a MIG device handle answers; the rest are NOT_SUPPORTED on it.
+const MIG_DEVICE_FIELDS: [&str; 4] = ["uuid", "name", "memory", "mig_ids"];
+
+impl Device {
+    /// What `handle` sees: the GPU with its MIG-mode refusals, or one of its MIG devices.
+    fn view(&self, mig: Option<usize>) -> Option<Device> {
+        let mut view = self.clone();
+        match mig {
+            None if self.mig.enabled => {
+                view.unsupported.push("utilization".into());
+                if !self.mig.monitor_capability {
+                    view.no_permission.push("memory".into());
+                }
+            }
+            None => {}
+            Some(i) => {
+                let instance = self.mig.instances.get(i)?;
+                view.uuid = instance.uuid.clone();
+                view.name = format!("{} MIG {}", self.name, instance.profile);
+                view.memory = instance.memory;
+                view.instance = Some((instance.gpu_instance_id, instance.compute_instance_id));
+                view.gpm = None;
+            }
+        }
+        Some(view)
+    }
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -162,13 +223,27 @@ fn scenario() -> Option<Scenario> {
     serde_json::from_str(&text).ok()
 }
 
-/// Device handles are the index plus one, so a null handle is never valid.
+/// Device handles are the index plus one, so a null handle is never valid; a MIG device's handle
+/// carries its parent's handle in the high bits and its own index plus one in the low 16.
 fn handle_of(index: usize) -> nvmlDevice_t {
     (index + 1) as nvmlDevice_t
 }
 
+fn mig_handle_of(parent: usize, index: usize) -> nvmlDevice_t {
+    (((parent + 1) << 16) | (index + 1)) as nvmlDevice_t
+}
+
+/// The GPU index of a handle, and the MIG device index when it is a MIG device's.
+fn indexes_of(device: nvmlDevice_t) -> (usize, Option<usize>) {
+    let raw = device as usize;
+    match raw >> 16 {
+        0 => (raw.wrapping_sub(1), None),
+        parent => (parent - 1, Some((raw & 0xffff).wrapping_sub(1))),
+    }
+}
+
 fn index_of(device: nvmlDevice_t) -> usize {
-    (device as usize).wrapping_sub(1)
+    indexes_of(device).0
 }
 
 /// Runs `answer` on the device behind `device`, with NVML's errors for the cases around it.
@@ -183,17 +258,24 @@ fn with_device(
     let Some(scenario) = scenario() else {
         return UNKNOWN;
     };
-    let Some(dev) = scenario.devices.get(index_of(device)) else {
+    let (gpu, mig) = indexes_of(device);
+    let Some(dev) = scenario.devices.get(gpu).and_then(|d| d.view(mig)) else {
         return INVALID_ARGUMENT;
     };
+    let dev = &dev;
     if dev.call_delay_ms > 0 {
         std::thread::sleep(Duration::from_millis(dev.call_delay_ms));
     }
     if dev.lost {
         return GPU_IS_LOST;
     }
-    if dev.unsupported.iter().any(|u| u == field) {
+    if dev.unsupported.iter().any(|u| u == field)
+        || (dev.instance.is_some() && !MIG_DEVICE_FIELDS.contains(&field))
+    {
         return NOT_SUPPORTED;
+    }
+    if dev.no_permission.iter().any(|u| u == field) {
+        return NO_PERMISSION;
     }
     answer(dev)
 }
@@ -765,4 +847,66 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
         }
     }
     SUCCESS
+}
+
+/// `NVML_DEVICE_MIG_ENABLE` is 1 (nvml.h); the pending mode equals the current one.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "mig_mode", |d| {
+        let mode = c_uint::from(d.mig.enabled);
+        put(pending, mode);
+        put(current, mode)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    // An H100 has at most seven instances.
+    with_device(device, "mig_mode", |_| put(count, 7))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_device(device, "mig_mode", |d| {
+        if !d.mig.enabled {
+            return NOT_SUPPORTED;
+        }
+        if index as usize >= d.mig.instances.len() {
+            return NOT_FOUND;
+        }
+        put(mig_device, mig_handle_of(index_of(device), index as usize))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "mig_ids", |d| match d.instance {
+        Some((gpu_instance, _)) => put(id, gpu_instance),
+        None => NOT_SUPPORTED,
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "mig_ids", |d| match d.instance {
+        Some((_, compute_instance)) => put(id, compute_instance),
+        None => NOT_SUPPORTED,
+    })
 }
