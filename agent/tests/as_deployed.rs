@@ -266,7 +266,18 @@ type AdmissionCase = (
 
 #[test]
 fn every_rendered_pod_is_admitted_by_its_namespace() {
-    let cases: [AdmissionCase; 5] = [
+    let cases: [AdmissionCase; 6] = [
+        (
+            "overlays/gpu",
+            &["components/mig-monitor"],
+            &["capabilities_baseline", "hostPathVolumes"],
+            &[
+                "capabilities_restricted",
+                "restrictedVolumes",
+                "runAsNonRoot",
+                "runAsUser",
+            ],
+        ),
         (
             "overlays/gpu",
             &[],

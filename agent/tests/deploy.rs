@@ -242,6 +242,7 @@ fn every_component_renders_valid_objects() {
         &["components/prometheus-release"],
         &["components/servicemonitor", "components/prometheus-release"],
         &["components/non-root"],
+        &["components/mig-monitor"],
     ] {
         let Some(objects) = render("overlays/gpu", components) else {
             return;
