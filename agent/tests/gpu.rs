@@ -379,6 +379,12 @@ fn unsupported_fields_are_absent_and_fallbacks_are_used() {
     scenario.set(3, "unsupported", json!(["throttle_reasons"]));
     // An Ampere-class GPU: no GPM; and one whose driver answers none of the newer fields.
     scenario.set(4, "gpm", json!(null));
+    // A driver older than the agent's header: the v2 memory struct and NVML 13's temperature call
+    // answer ARGUMENT_VERSION_MISMATCH; another answers NOT_SUPPORTED for the new temperature call.
+    scenario.set(6, "version_mismatch", json!(["memory", "temperature_v"]));
+    scenario.set(7, "unsupported", json!(["temperature_v"]));
+    // And a current driver that no longer answers the deprecated call: the new one is what is used.
+    scenario.set(0, "unsupported", json!(["temperature"]));
     scenario.set(
         5,
         "unsupported",
@@ -429,6 +435,24 @@ fn unsupported_fields_are_absent_and_fallbacks_are_used() {
         Some(87.0),
         "the rest of GPU 5 is read"
     );
+    // The older calls answer instead, and the new one where the old is gone.
+    for gpu in ["0", "6", "7"] {
+        assert_eq!(
+            sample(&metrics, "mlnode_gpu_temperature_celsius", &[("gpu", gpu)]),
+            Some(40.0 + gpu.parse::<f64>().unwrap()),
+            "GPU {gpu}: one of the two temperature calls"
+        );
+    }
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_gpu_memory_reserved_bytes",
+            &[("gpu", "6")]
+        ),
+        None,
+        "v1 memory: no reserved"
+    );
+    assert!(sample(&metrics, "mlnode_gpu_memory_free_bytes", &[("gpu", "6")]).is_some());
     assert_eq!(
         sample(
             &metrics,

@@ -14,7 +14,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
-use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
+use nvml_wrapper::enum_wrappers::device::{PcieUtilCounter, TemperatureSensor};
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
@@ -29,6 +29,8 @@ use crate::metrics::{AgentMetrics, Collector};
 const XID_WAIT_MS: u32 = 500;
 const NVML_ERROR_NOT_SUPPORTED: u32 = 3;
 const NVML_ERROR_FUNCTION_NOT_FOUND: u32 = 13;
+/// A driver older than the struct version asked for (nvml-wrapper 0.13 has no variant for it).
+const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: u32 = 25;
 
 /// NVML, opened from a configurable library path.
 pub struct NvmlSource {
@@ -68,7 +70,7 @@ impl NvmlSource {
                 ))
             }
         };
-        use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+        use nvml_wrapper::enum_wrappers::device::Clock;
         let mut failed = None;
         let identity = GpuIdentity {
             index,
@@ -98,7 +100,7 @@ impl NvmlSource {
             clock_event_reasons: field(self.clock_event_reasons(&device), &mut failed),
             sm_clock_mhz: field(device.clock_info(Clock::SM), &mut failed),
             mem_clock_mhz: field(device.clock_info(Clock::Memory), &mut failed),
-            temperature_c: field(device.temperature(TemperatureSensor::Gpu), &mut failed),
+            temperature_c: field(self.temperature(&device), &mut failed),
             power_mw: field(device.power_usage(), &mut failed),
             utilization_gpu_pct: utilization.map(|u| u.gpu),
             energy_mj: field(device.total_energy_consumption(), &mut failed),
@@ -150,6 +152,28 @@ impl NvmlSource {
         // SAFETY: the handle is valid while `mig` lives; `id` is a plain out-parameter.
         nvml_try(unsafe { sym(mig.handle(), &mut id) })?;
         Ok(id)
+    }
+
+    /// `nvmlDeviceGetTemperatureV` (NVML 13; nvml-wrapper has no wrapper for it), else the
+    /// deprecated `nvmlDeviceGetTemperature` that older drivers have instead.
+    fn temperature(&self, device: &Device) -> Result<u32, NvmlError> {
+        if let Ok(sym) = self.nvml.lib().nvmlDeviceGetTemperatureV.as_ref() {
+            // SAFETY: the handle is valid while `device` lives; the struct is plain data whose
+            // version word says its size, as nvml.h's NVML_STRUCT_VERSION builds it.
+            let result = unsafe {
+                let mut reading: nvml_wrapper_sys::bindings::nvmlTemperature_v1_t =
+                    std::mem::zeroed();
+                reading.version = std::mem::size_of_val(&reading) as u32 | (1 << 24);
+                reading.sensorType = 0; // NVML_TEMPERATURE_GPU
+                nvml_try(sym(device.handle(), &mut reading))
+                    .map(|()| reading.temperature.max(0) as u32)
+            };
+            match result {
+                Err(e) if is_older_driver(&e) => {}
+                other => return other,
+            }
+        }
+        device.temperature(TemperatureSensor::Gpu)
     }
 
     /// `nvmlDeviceGetRemappedRows` (nvml-wrapper has no wrapper for it).
@@ -222,7 +246,7 @@ impl NvmlSource {
                 free: m.free,
                 reserved: Some(m.reserved),
             }),
-            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => {
+            Err(e) if is_older_driver(&e) => {
                 let sym = self
                     .nvml
                     .lib()
@@ -265,6 +289,17 @@ impl NvmlSource {
         }
         Err(NvmlError::NotSupported)
     }
+}
+
+/// An answer that means "this driver predates the call or its struct": try the older one.
+fn is_older_driver(error: &NvmlError) -> bool {
+    matches!(
+        error,
+        NvmlError::NotSupported
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::FunctionNotFound
+            | NvmlError::UnexpectedVariant(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    )
 }
 
 /// Which of a MIG device's two instance ids.

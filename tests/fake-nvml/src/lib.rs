@@ -10,6 +10,8 @@
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
 //! `handle_error` (per device) is the NVML code the handle call answers instead of a handle.
 //! `call_delay_ms` (per device) makes every call on the device block that long first.
+//! `version_mismatch` (per device) names versioned calls that answer ARGUMENT_VERSION_MISMATCH
+//! (`memory`: the v2 struct; `temperature_v`), as a driver older than the caller's header does.
 //! `mig: {"enabled", "monitor_capability", "instances": [{"uuid", "gpu_instance_id",
 //! "compute_instance_id", "profile", "memory"}]}` makes the GPU MIG-enabled (see `Mig`).
 //! `unsupported` names fields whose call answers NVML_ERROR_NOT_SUPPORTED (`reserved`: the v2 memory
@@ -94,6 +96,9 @@ struct Device {
     /// Every call on the device blocks this long first, as NVML does on a dying GPU.
     call_delay_ms: u64,
     mig: Mig,
+    /// Fields whose versioned call answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH, as a driver older
+    /// than the caller's header does: `memory` (the v2 struct), `temperature_v`.
+    version_mismatch: Vec<String>,
     /// Fields whose call answers NVML_ERROR_NO_PERMISSION (filled in for MIG, see `view`).
     #[serde(skip)]
     no_permission: Vec<String>,
@@ -466,6 +471,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     with_device(device, "memory", |d| {
         if d.unsupported.iter().any(|u| u == "reserved") {
             return NOT_SUPPORTED;
+        }
+        if d.version_mismatch.iter().any(|u| u == "memory") {
+            return ARGUMENT_VERSION_MISMATCH;
         }
         if memory.is_null() {
             return INVALID_ARGUMENT;
@@ -908,5 +916,32 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     with_device(device, "mig_ids", |d| match d.instance {
         Some((_, compute_instance)) => put(id, compute_instance),
         None => NOT_SUPPORTED,
+    })
+}
+
+/// `nvmlTemperature_v1`: `NVML_STRUCT_VERSION(Temperature, 1)`, sizeof | 1 << 24 (nvml.h).
+const TEMPERATURE_V1: c_uint =
+    std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlTemperature_v1_t>() as c_uint | (1 << 24);
+
+/// NVML 13's replacement for the deprecated `nvmlDeviceGetTemperature`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperatureV(
+    device: nvmlDevice_t,
+    temperature: *mut nvml_wrapper_sys::bindings::nvmlTemperature_v1_t,
+) -> nvmlReturn_t {
+    if temperature.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device(device, "temperature_v", |d| {
+        if (*temperature).version != TEMPERATURE_V1
+            || d.version_mismatch.iter().any(|u| u == "temperature_v")
+        {
+            return ARGUMENT_VERSION_MISMATCH;
+        }
+        if (*temperature).sensorType != TEMPERATURE_GPU {
+            return INVALID_ARGUMENT;
+        }
+        (*temperature).temperature = d.temperature_c as std::ffi::c_int;
+        SUCCESS
     })
 }
