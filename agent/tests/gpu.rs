@@ -991,4 +991,37 @@ fn mig_devices_are_series_of_their_own_with_their_pods() {
         "the pods hold MIG devices, not the whole GPU"
     );
     assert!(agent.log().contains("MIG"), "{}", agent.log());
+
+    // An XID inside instance 7 (NVML's event carries its GPU and compute instance ids).
+    scenario.set(
+        0,
+        "xid_events",
+        json!([{"xid": 31, "gpu_instance_id": 7, "compute_instance_id": 0}]),
+    );
+    agent.wait_for("the instance's XID", Duration::from_secs(10), |m| {
+        sample(
+            m,
+            "mlnode_gpu_mig_xid_errors_total",
+            &[
+                ("GPU_I_ID", "7"),
+                ("GPU_I_PROFILE", "1g.10gb"),
+                ("pod", "vllm-small-0"),
+                ("xid", "31"),
+            ],
+        ) == Some(1.0)
+    });
+    let m = agent.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            "mlnode_gpu_xid_errors_total",
+            &[("gpu", "0"), ("xid", "31")]
+        ),
+        Some(1.0),
+        "the GPU counts it too"
+    );
+    assert_eq!(
+        sample(&m, "mlnode_gpu_mig_xid_errors_total", &[("GPU_I_ID", "2")]),
+        None
+    );
 }

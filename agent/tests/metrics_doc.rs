@@ -262,7 +262,8 @@ fn register_gpu(registry: &prometheus::Registry) {
         },
         1.0,
     );
-    state.record_xid(0, 79);
+    state.record_xid(0, 79, None);
+    state.record_xid(0, 31, Some(1));
     // A second GPU that needs a reset, so the failure family is exposed too.
     state.apply(
         1,

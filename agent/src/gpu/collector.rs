@@ -36,7 +36,8 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 37] = [
+const FAMILIES: [FamilySpec; 38] = [
+    ("mlnode_gpu_mig_xid_errors_total", "Critical XID errors NVML placed in a MIG GPU instance since the agent started, per instance and XID (also counted in mlnode_gpu_xid_errors_total).", MetricType::COUNTER),
     ("mlnode_gpu_mig_mode", "1 while Multi-Instance GPU mode is on, else 0; absent on GPUs without MIG. A MIG GPU reports no GPU-wide utilisation, and its memory only to a holder of the mig/monitor capability.", MetricType::GAUGE),
     ("mlnode_gpu_mig_instance_info", "A MIG device (GPU instance and compute instance) of the GPU, with its MIG UUID; always 1.", MetricType::GAUGE),
     ("mlnode_gpu_mig_memory_used_bytes", "Memory used in the MIG instance.", MetricType::GAUGE),
@@ -340,6 +341,27 @@ impl Collector for GpuCollector {
                 );
             }
             self.collect_counters(entry, &labels, &mut out);
+            // An instance's XIDs, labelled as that instance's series are where it is still known.
+            for ((gpu_instance, xid), count) in &entry.instance_xids {
+                let known = entry
+                    .reading
+                    .as_ref()
+                    .and_then(|r| r.mig.iter().find(|i| i.gpu_instance_id == *gpu_instance));
+                let instance_labels = match known {
+                    Some(instance) => self.instance_labels(
+                        identity,
+                        &state.driver_version,
+                        instance,
+                        &assignments,
+                    ),
+                    None => with_label(&labels, "GPU_I_ID", &gpu_instance.to_string()),
+                };
+                out.counter(
+                    "mlnode_gpu_mig_xid_errors_total",
+                    &with_label(&instance_labels, "xid", &xid.to_string()),
+                    *count as f64,
+                );
+            }
             // A stalled sampler's readings are history, not the GPU now.
             if let Some(reading) = entry.reading.as_ref().filter(|_| !stalled) {
                 self.collect_reading(reading, &labels, &mut out);

@@ -10,7 +10,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
@@ -546,6 +545,51 @@ fn register_xids(
     })
 }
 
+/// One critical XID event: the GPU's index, the XID (999: one NVML could not identify), and the
+/// MIG GPU instance it happened in, if one.
+struct XidEvent {
+    device: u32,
+    xid: u64,
+    gpu_instance: Option<u32>,
+}
+
+/// `nvmlEventSetWait_v2` through the raw symbol: nvml-wrapper's `EventData` drops the event's
+/// `gpuInstanceId`/`computeInstanceId` (nvml.h), which say which MIG instance an XID hit.
+/// Ok(None): an event that is not a critical XID, or of a device without an index.
+fn wait_xid(
+    nvml: &Nvml,
+    set: &nvml_wrapper::EventSet,
+    timeout_ms: u32,
+) -> Result<Option<XidEvent>, NvmlError> {
+    let lib = nvml.lib();
+    let wait = lib
+        .nvmlEventSetWait_v2
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let index_of = lib
+        .nvmlDeviceGetIndex
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    // SAFETY: the set's handle is valid while `set` lives; the event data is plain out-data whose
+    // device handle NVML owns.
+    unsafe {
+        let mut data: nvml_wrapper_sys::bindings::nvmlEventData_t = std::mem::zeroed();
+        nvml_try(wait(set.handle(), &mut data, timeout_ms))?;
+        if data.eventType & EventTypes::CRITICAL_XID_ERROR.bits() == 0 {
+            return Ok(None);
+        }
+        let mut device = 0;
+        if nvml_try(index_of(data.device, &mut device)).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(XidEvent {
+            device,
+            xid: data.eventData,
+            gpu_instance: (data.gpuInstanceId != u32::MAX).then_some(data.gpuInstanceId),
+        }))
+    }
+}
+
 fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
     let nvml = &source.nvml;
     let Ok(mut set) = nvml.create_event_set() else {
@@ -588,19 +632,16 @@ fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
         }
     }
     while !stop.is_stopped() {
-        match set.wait(XID_WAIT_MS) {
-            Ok(event) => {
-                // NVML's 999 is an XID it could not identify: still an XID, counted as 999.
-                let xid = match event.event_data {
-                    Some(XidError::Value(xid)) => xid,
-                    Some(XidError::Unknown) => 999,
-                    None => continue,
-                };
-                let Ok(index) = event.device.index() else {
-                    continue;
-                };
-                tracing::error!(gpu = index, xid, "XID error");
-                lock(state).record_xid(index, xid);
+        match wait_xid(nvml, &set, XID_WAIT_MS) {
+            Ok(None) => {}
+            Ok(Some(event)) => {
+                tracing::error!(
+                    gpu = event.device,
+                    xid = event.xid,
+                    gpu_instance = event.gpu_instance,
+                    "XID error"
+                );
+                lock(state).record_xid(event.device, event.xid, event.gpu_instance);
             }
             Err(NvmlError::Timeout) => {}
             Err(e) => {

@@ -18,6 +18,8 @@ pub struct GpuEntry {
     pub reason_seconds: [f64; CLOCK_EVENT_REASONS.len()],
     /// Critical XID events seen since the agent started, per XID.
     pub xids: BTreeMap<u64, u64>,
+    /// Those of them NVML placed in a MIG GPU instance, per (GPU instance id, XID).
+    pub instance_xids: BTreeMap<(u32, u64), u64>,
     pub last_xid: Option<u64>,
 }
 
@@ -117,9 +119,13 @@ impl GpuState {
         (age > self.stall_after).then_some(age)
     }
 
-    pub fn record_xid(&mut self, index: u32, xid: u64) {
+    /// An XID on GPU `index`, in MIG GPU instance `gpu_instance` when NVML says which.
+    pub fn record_xid(&mut self, index: u32, xid: u64, gpu_instance: Option<u32>) {
         let entry = self.gpus.entry(index).or_default();
         *entry.xids.entry(xid).or_default() += 1;
+        if let Some(instance) = gpu_instance {
+            *entry.instance_xids.entry((instance, xid)).or_default() += 1;
+        }
         entry.last_xid = Some(xid);
     }
 }
@@ -163,7 +169,7 @@ mod tests {
     fn a_lost_gpu_keeps_its_identity_and_counters() {
         let mut state = GpuState::default();
         state.apply(0, reasons(0x4), 1.0);
-        state.record_xid(0, 79);
+        state.record_xid(0, 79, None);
         state.apply(0, DeviceRead::Failed(GpuFailure::Lost), 1.0);
         let entry = &state.gpus[&0];
         assert!(entry.failure == Some(GpuFailure::Lost) && entry.reading.is_none());
@@ -176,7 +182,7 @@ mod tests {
     fn a_failing_nvml_leaves_no_reading_current() {
         let mut state = GpuState::default();
         state.apply(0, reasons(0x4), 1.0);
-        state.record_xid(0, 79);
+        state.record_xid(0, 79, None);
         state.fail("NVML: Unknown Error".into());
         let entry = &state.gpus[&0];
         assert!(entry.reading.is_none() && entry.identity.is_some());
@@ -204,11 +210,15 @@ mod tests {
     fn xids_count_per_value_and_remember_the_last() {
         let mut state = GpuState::default();
         for xid in [79, 48, 79] {
-            state.record_xid(3, xid);
+            state.record_xid(3, xid, None);
         }
+        state.record_xid(3, 31, Some(7));
         let entry = &state.gpus[&3];
         assert_eq!(entry.xids[&79], 2);
         assert_eq!(entry.xids[&48], 1);
-        assert_eq!(entry.last_xid, Some(79));
+        assert_eq!(entry.xids[&31], 1, "an instance's XID is the GPU's too");
+        assert_eq!(entry.instance_xids[&(7, 31)], 1);
+        assert_eq!(entry.instance_xids.len(), 1);
+        assert_eq!(entry.last_xid, Some(31));
     }
 }

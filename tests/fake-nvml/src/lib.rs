@@ -78,7 +78,7 @@ struct Device {
     power_mw: u32,
     utilization: Utilization,
     energy_mj: u64,
-    xid_events: Vec<u64>,
+    xid_events: Vec<XidEvent>,
     lost: bool,
     /// An NVML return code the handle call answers instead of a handle (16: RESET_REQUIRED,
     /// 11: IRQ_ISSUE, 4: NO_PERMISSION, 999: UNKNOWN); 0: none.
@@ -155,6 +155,19 @@ impl Device {
         }
         Some(view)
     }
+}
+
+/// An XID, for the whole GPU (a number) or for a MIG instance (`{"xid", "gpu_instance_id",
+/// "compute_instance_id"}`), as `nvmlEventData_t` carries them (0xFFFFFFFF: no instance).
+#[derive(Deserialize, Clone, Copy)]
+#[serde(untagged)]
+enum XidEvent {
+    Gpu(u64),
+    Instance {
+        xid: u64,
+        gpu_instance_id: c_uint,
+        compute_instance_id: c_uint,
+    },
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -634,16 +647,24 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                     continue;
                 };
                 let delivered = state.delivered.entry(index).or_insert(0);
-                if let Some(&xid) = device.xid_events.get(*delivered) {
+                if let Some(&event) = device.xid_events.get(*delivered) {
                     *delivered += 1;
+                    let (xid, gpu_instance, compute_instance) = match event {
+                        XidEvent::Gpu(xid) => (xid, 0xFFFF_FFFF, 0xFFFF_FFFF),
+                        XidEvent::Instance {
+                            xid,
+                            gpu_instance_id,
+                            compute_instance_id,
+                        } => (xid, gpu_instance_id, compute_instance_id),
+                    };
                     return put(
                         data,
                         nvmlEventData_t {
                             device: handle_of(index),
                             eventType: EVENT_TYPE_XID_CRITICAL_ERROR,
                             eventData: xid,
-                            gpuInstanceId: 0xFFFF_FFFF,
-                            computeInstanceId: 0xFFFF_FFFF,
+                            gpuInstanceId: gpu_instance,
+                            computeInstanceId: compute_instance,
                         },
                     );
                 }
