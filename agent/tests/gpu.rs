@@ -1025,3 +1025,45 @@ fn mig_devices_are_series_of_their_own_with_their_pods() {
         None
     );
 }
+
+#[test]
+fn an_old_drivers_library_without_the_newer_symbols_is_read_with_the_older_calls() {
+    let scenario = Scenario::new(2);
+    let config = format!(
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  dcgm_names: true\n",
+        common::nvml::fake_nvml_old_driver().display().to_string()
+    );
+    let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+    agent.wait_for("both GPUs read twice", Duration::from_secs(30), |m| {
+        sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "1")]).is_some()
+            && sample(m, "mlnode_gpu_readings_age_seconds", &[]).is_some()
+    });
+    let m = agent.metrics();
+    assert_eq!(
+        sample(&m, "mlnode_collector_up", &[("collector", "nvml")]),
+        Some(1.0)
+    );
+    // The older calls answer: throttle reasons, v1 memory, the deprecated temperature call.
+    assert_eq!(
+        sample(
+            &m,
+            "mlnode_gpu_clock_event_reason_active",
+            &[("gpu", "0"), ("reason", "gpu_idle")]
+        ),
+        Some(1.0)
+    );
+    assert!(sample(&m, "mlnode_gpu_memory_free_bytes", &[("gpu", "0")]).is_some());
+    assert_eq!(
+        sample(&m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]),
+        Some(40.0)
+    );
+    // What the old library has no symbol for is absent, not 0.
+    for absent in [
+        "mlnode_gpu_memory_reserved_bytes",
+        "mlnode_gpu_sm_active_ratio",
+        "mlnode_gpu_remapped_rows_total",
+        "mlnode_gpu_mig_mode",
+    ] {
+        assert_eq!(sample(&m, absent, &[("gpu", "0")]), None, "{absent}");
+    }
+}

@@ -8,9 +8,29 @@ use serde_json::{json, Value};
 /// Builds tests/fake-nvml once and returns the path of `libfake_nvml.so`.
 pub fn fake_nvml() -> &'static Path {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| build(&[]))
+}
+
+/// The fake as an R450-era driver's library: without the symbols later drivers added (feature
+/// `old-driver` of tests/fake-nvml), built in a target directory of its own.
+pub fn fake_nvml_old_driver() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
     LIBRARY.get_or_init(|| {
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-nvml-old-driver");
+        build(&[
+            "--features",
+            "old-driver",
+            "--target-dir",
+            target.to_str().unwrap(),
+        ])
+    })
+}
+
+fn build(extra: &[&str]) -> PathBuf {
+    {
         let output = std::process::Command::new(env!("CARGO"))
             .args(["build", "-p", "fake-nvml", "--message-format=json"])
+            .args(extra)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
             .expect("cargo runs");
@@ -27,7 +47,7 @@ pub fn fake_nvml() -> &'static Path {
             .filter_map(|f| f.as_str().map(PathBuf::from))
             .find(|f| f.extension().is_some_and(|e| e == "so"))
             .expect("cargo reports libfake_nvml.so")
-    })
+    }
 }
 
 /// One fake H100 80GB, in the scenario format tests/fake-nvml reads.

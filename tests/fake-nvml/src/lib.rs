@@ -10,6 +10,7 @@
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
 //! `handle_error` (per device) is the NVML code the handle call answers instead of a handle.
 //! `call_delay_ms` (per device) makes every call on the device block that long first.
+//! Built with feature `old-driver`, the library lacks the symbols drivers after R450 added.
 //! `version_mismatch` (per device) names versioned calls that answer ARGUMENT_VERSION_MISMATCH
 //! (`memory`: the v2 struct; `temperature_v`), as a driver older than the caller's header does.
 //! `mig: {"enabled", "monitor_capability", "instances": [{"uuid", "gpu_instance_id",
@@ -25,6 +26,8 @@
 //! "any_tensor_util", "dram_bw_util"}` (percent; absent: no GPM, as before Hopper).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
+// Without the newer calls, their types and codes go unused.
+#![cfg_attr(feature = "old-driver", allow(unused))]
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_uint, c_ulonglong};
@@ -476,6 +479,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
@@ -505,6 +509,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
     device: nvmlDevice_t,
@@ -731,6 +736,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     device: nvmlDevice_t,
@@ -784,6 +790,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     device: nvmlDevice_t,
@@ -798,6 +805,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
     let mut state = state();
@@ -807,6 +815,7 @@ pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvm
     put(sample, id as nvmlGpmSample_t)
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
     match state().gpm_samples.remove(&(sample as usize)) {
@@ -815,6 +824,7 @@ pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
     }
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleGet(
     device: nvmlDevice_t,
@@ -835,6 +845,7 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
 }
 
 /// The scenario's percentages for the device both samples were taken of.
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
     if request.is_null() || (*request).version != 1 {
@@ -879,6 +890,7 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
 }
 
 /// `NVML_DEVICE_MIG_ENABLE` is 1 (nvml.h); the pending mode equals the current one.
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: nvmlDevice_t,
@@ -892,6 +904,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
@@ -901,6 +914,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     with_device(device, "mig_mode", |_| put(count, 7))
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     device: nvmlDevice_t,
@@ -918,6 +932,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: nvmlDevice_t,
@@ -929,6 +944,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     })
 }
 
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: nvmlDevice_t,
@@ -945,6 +961,7 @@ const TEMPERATURE_V1: c_uint =
     std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlTemperature_v1_t>() as c_uint | (1 << 24);
 
 /// NVML 13's replacement for the deprecated `nvmlDeviceGetTemperature`.
+#[cfg(not(feature = "old-driver"))]
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetTemperatureV(
     device: nvmlDevice_t,
