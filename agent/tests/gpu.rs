@@ -140,6 +140,15 @@ fn every_series_and_label_matches_the_scenario() {
         assert_eq!(
             sample(
                 &metrics,
+                "mlnode_gpu_nvlink_bytes_total",
+                &[("gpu", g.as_str()), ("direction", "tx")]
+            ),
+            Some((1_048_576 + i) as f64 * 1024.0),
+            "KiB over all links (scope UINT_MAX), in bytes"
+        );
+        assert_eq!(
+            sample(
+                &metrics,
                 "mlnode_gpu_pcie_bytes_per_second",
                 &[("gpu", g.as_str()), ("direction", "rx")]
             ),
@@ -377,8 +386,10 @@ fn unsupported_fields_are_absent_and_fallbacks_are_used() {
     scenario.set(1, "unsupported", json!(["clocks_event_reasons"]));
     scenario.set(1, "clocks_event_reasons", json!(0x40)); // hw_thermal_slowdown via the old call
     scenario.set(3, "unsupported", json!(["throttle_reasons"]));
-    // An Ampere-class GPU: no GPM; and one whose driver answers none of the newer fields.
+    // An Ampere-class PCIe GPU: no GPM, no NVLink; and one whose driver answers none of the newer
+    // fields.
     scenario.set(4, "gpm", json!(null));
+    scenario.set(4, "nvlink_kib", json!(null));
     // A driver older than the agent's header: the v2 memory struct and NVML 13's temperature call
     // answer ARGUMENT_VERSION_MISMATCH; another answers NOT_SUPPORTED for the new temperature call.
     scenario.set(6, "version_mismatch", json!(["memory", "temperature_v"]));
@@ -430,6 +441,11 @@ fn unsupported_fields_are_absent_and_fallbacks_are_used() {
     ] {
         assert_eq!(sample(&metrics, absent, &[("gpu", "5")]), None, "{absent}");
     }
+    // A GPU without NVLink (a PCIe card).
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_nvlink_bytes_total", &[("gpu", "4")]),
+        None
+    );
     assert_eq!(
         sample(&metrics, "DCGM_FI_DEV_GPU_UTIL", &[("gpu", "5")]),
         Some(87.0),

@@ -234,6 +234,7 @@ fn register_gpu(registry: &prometheus::Registry) {
         remapped_rows: Some(mlnode_agent::gpu::RemappedRows::default()),
         memory_temp_c: Some(1),
         pcie_bytes_per_second: Some((1, 1)),
+        nvlink_bytes: Some((1, 1)),
         gpm: Some(mlnode_agent::gpu::GpmReading {
             graphics_active: Some(0.5),
             sm_active: Some(0.5),

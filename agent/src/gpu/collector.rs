@@ -36,7 +36,8 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 38] = [
+const FAMILIES: [FamilySpec; 39] = [
+    ("mlnode_gpu_nvlink_bytes_total", "NVLink data bytes over every link since the driver loaded, per direction (tx, rx).", MetricType::COUNTER),
     ("mlnode_gpu_mig_xid_errors_total", "Critical XID errors NVML placed in a MIG GPU instance since the agent started, per instance and XID (also counted in mlnode_gpu_xid_errors_total).", MetricType::COUNTER),
     ("mlnode_gpu_mig_mode", "1 while Multi-Instance GPU mode is on, else 0; absent on GPUs without MIG. A MIG GPU reports no GPU-wide utilisation, and its memory only to a holder of the mig/monitor capability.", MetricType::GAUGE),
     ("mlnode_gpu_mig_instance_info", "A MIG device (GPU instance and compute instance) of the GPU, with its MIG UUID; always 1.", MetricType::GAUGE),
@@ -603,6 +604,15 @@ impl GpuCollector {
                 if self.dcgm_names {
                     out.gauge(dcgm, labels, bytes as f64);
                 }
+            }
+        }
+        if let Some((tx, rx)) = reading.nvlink_bytes {
+            for (direction, bytes) in [("tx", tx), ("rx", rx)] {
+                out.counter(
+                    "mlnode_gpu_nvlink_bytes_total",
+                    &with_label(labels, "direction", direction),
+                    bytes as f64,
+                );
             }
         }
         if let Some(replays) = reading.pcie_replays {

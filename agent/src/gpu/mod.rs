@@ -65,6 +65,8 @@ pub struct GpuReading {
     pub memory_temp_c: Option<u32>,
     /// (transmitted, received) over NVML's last 20 ms PCIe sample.
     pub pcie_bytes_per_second: Option<(u64, u64)>,
+    /// NVLink data bytes (transmitted, received) over every link since the driver loaded.
+    pub nvlink_bytes: Option<(u64, u64)>,
     /// GPU Performance Monitoring ratios between two samples (Hopper and later).
     pub gpm: Option<GpmReading>,
     /// Whether MIG is on (None: the GPU has no MIG).

@@ -92,6 +92,7 @@ impl NvmlSource {
             remapped_rows: field(self.remapped_rows(&device), &mut failed),
             memory_temp_c: field(memory_temperature(&device), &mut failed),
             pcie_bytes_per_second: field(pcie_throughput(&device), &mut failed),
+            nvlink_bytes: field(self.nvlink_bytes(&device), &mut failed),
             gpm: self.gpm(&device, gpm),
             mig_mode: device.mig_mode().ok().map(|m| m.current == 1),
             mig: self.mig_instances(&device),
@@ -173,6 +174,43 @@ impl NvmlSource {
             }
         }
         device.temperature(TemperatureSensor::Gpu)
+    }
+
+    /// NVLink data bytes over every link, from the field values
+    /// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`/`_RX` (KiB) with scope UINT_MAX, which nvml.h
+    /// defines as the sum over links; through the raw call, as nvml-wrapper sets no scope.
+    fn nvlink_bytes(&self, device: &Device) -> Result<(u64, u64), NvmlError> {
+        use nvml_wrapper_sys::bindings::field_id::{
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        };
+        let sym = self
+            .nvml
+            .lib()
+            .nvmlDeviceGetFieldValues
+            .as_ref()
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        // SAFETY: the handle is valid while `device` lives; the two values are plain in/out data.
+        unsafe {
+            let mut values: [nvml_wrapper_sys::bindings::nvmlFieldValue_t; 2] = std::mem::zeroed();
+            for (value, id) in values.iter_mut().zip([
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            ]) {
+                value.fieldId = id;
+                value.scopeId = u32::MAX;
+            }
+            nvml_try(sym(device.handle(), 2, values.as_mut_ptr()))?;
+            let kib = |v: &nvml_wrapper_sys::bindings::nvmlFieldValue_t| {
+                nvml_try(v.nvmlReturn)?;
+                match v.valueType {
+                    // NVML_VALUE_TYPE_UNSIGNED_INT, _UNSIGNED_LONG, _UNSIGNED_LONG_LONG
+                    1 => Ok(u64::from(v.value.uiVal)),
+                    2 | 3 => Ok(v.value.ullVal),
+                    _ => Err(NvmlError::NotSupported),
+                }
+            };
+            Ok((kib(&values[0])? * 1024, kib(&values[1])? * 1024))
+        }
     }
 
     /// `nvmlDeviceGetRemappedRows` (nvml-wrapper has no wrapper for it).

@@ -22,7 +22,8 @@
 //! delivered once through `nvmlEventSetWait_v2` to an event set registered for critical XIDs.
 //! dcgm-exporter's default fields: `encoder_util_pct`, `decoder_util_pct`, `pcie_replay_count`,
 //! `remapped_rows: {"correctable", "uncorrectable", "pending", "failed"}`, `memory_temp_c` (field
-//! value 82), `pcie_tx_kbps`/`pcie_rx_kbps`, and `gpm: {"graphics_util", "sm_util",
+//! value 82), `pcie_tx_kbps`/`pcie_rx_kbps`, `nvlink_kib: [tx, rx]` (field values 138/139 over all
+//! links), and `gpm: {"graphics_util", "sm_util",
 //! "any_tensor_util", "dram_bw_util"}` (percent; absent: no GPM, as before Hopper).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -94,6 +95,9 @@ struct Device {
     memory_temp_c: u32,
     pcie_tx_kbps: u32,
     pcie_rx_kbps: u32,
+    /// NVLink data KiB transmitted and received over all links since the driver loaded; absent: a
+    /// GPU without NVLink.
+    nvlink_kib: Option<(u64, u64)>,
     /// GPU Performance Monitoring (Hopper and later); absent: the device does not support it.
     gpm: Option<Gpm>,
     /// Every call on the device blocks this long first, as NVML does on a dying GPU.
@@ -764,6 +768,12 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
 const FI_DEV_MEMORY_TEMP: c_uint = 82;
 /// `NVML_VALUE_TYPE_UNSIGNED_INT`.
 const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+/// `NVML_VALUE_TYPE_UNSIGNED_LONG_LONG`.
+const VALUE_TYPE_UNSIGNED_LONG_LONG: c_uint = 3;
+/// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`/`_RX` (nvml.h 2614-2615), KiB; scope UINT_MAX sums
+/// every link.
+const FI_DEV_NVLINK_THROUGHPUT_DATA_TX: c_uint = 138;
+const FI_DEV_NVLINK_THROUGHPUT_DATA_RX: c_uint = 139;
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
@@ -781,6 +791,18 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                 FI_DEV_MEMORY_TEMP if !d.unsupported.iter().any(|u| u == "memory_temp") => {
                     value.valueType = VALUE_TYPE_UNSIGNED_INT;
                     value.value.uiVal = d.memory_temp_c;
+                    value.nvmlReturn = SUCCESS;
+                }
+                FI_DEV_NVLINK_THROUGHPUT_DATA_TX | FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+                    if value.scopeId == c_uint::MAX && d.nvlink_kib.is_some() =>
+                {
+                    let (tx, rx) = d.nvlink_kib.unwrap_or_default();
+                    value.valueType = VALUE_TYPE_UNSIGNED_LONG_LONG;
+                    value.value.ullVal = if value.fieldId == FI_DEV_NVLINK_THROUGHPUT_DATA_TX {
+                        tx
+                    } else {
+                        rx
+                    };
                     value.nvmlReturn = SUCCESS;
                 }
                 _ => value.nvmlReturn = NOT_SUPPORTED,
