@@ -143,11 +143,10 @@ impl NvmlSource {
     /// (nvml-wrapper has no wrappers for them).
     fn instance_id(&self, mig: &Device, kind: InstanceKind) -> Result<u32, NvmlError> {
         let lib = self.nvml.lib();
-        let sym = match kind {
-            InstanceKind::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref(),
-            InstanceKind::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref(),
-        }
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let sym = symbol(match kind {
+            InstanceKind::Gpu => &lib.nvmlDeviceGetGpuInstanceId,
+            InstanceKind::Compute => &lib.nvmlDeviceGetComputeInstanceId,
+        })?;
         let mut id = 0;
         // SAFETY: the handle is valid while `mig` lives; `id` is a plain out-parameter.
         nvml_try(unsafe { sym(mig.handle(), &mut id) })?;
@@ -183,12 +182,7 @@ impl NvmlSource {
         use nvml_wrapper_sys::bindings::field_id::{
             NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
         };
-        let sym = self
-            .nvml
-            .lib()
-            .nvmlDeviceGetFieldValues
-            .as_ref()
-            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let sym = symbol(&self.nvml.lib().nvmlDeviceGetFieldValues)?;
         // SAFETY: the handle is valid while `device` lives; the two values are plain in/out data.
         unsafe {
             let mut values: [nvml_wrapper_sys::bindings::nvmlFieldValue_t; 2] = std::mem::zeroed();
@@ -215,12 +209,7 @@ impl NvmlSource {
 
     /// `nvmlDeviceGetRemappedRows` (nvml-wrapper has no wrapper for it).
     fn remapped_rows(&self, device: &Device) -> Result<RemappedRows, NvmlError> {
-        let sym = self
-            .nvml
-            .lib()
-            .nvmlDeviceGetRemappedRows
-            .as_ref()
-            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let sym = symbol(&self.nvml.lib().nvmlDeviceGetRemappedRows)?;
         let (mut correctable, mut uncorrectable, mut pending, mut failed) = (0, 0, 0, 0);
         // SAFETY: the handle is valid while `device` lives; the four are plain out-parameters.
         nvml_try(unsafe {
@@ -284,12 +273,7 @@ impl NvmlSource {
                 reserved: Some(m.reserved),
             }),
             Err(e) if is_older_driver(&e) => {
-                let sym = self
-                    .nvml
-                    .lib()
-                    .nvmlDeviceGetMemoryInfo
-                    .as_ref()
-                    .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+                let sym = symbol(&self.nvml.lib().nvmlDeviceGetMemoryInfo)?;
                 // SAFETY: the handle is valid while `device` lives; the out-struct is plain data.
                 unsafe {
                     let mut memory: nvml_wrapper_sys::bindings::nvmlMemory_t = std::mem::zeroed();
@@ -326,6 +310,13 @@ impl NvmlSource {
         }
         Err(NvmlError::NotSupported)
     }
+}
+
+/// A raw NVML symbol, or the error nvml-wrapper gives for one the library lacks.
+fn symbol<T, E: std::fmt::Display>(loaded: &Result<T, E>) -> Result<&T, NvmlError> {
+    loaded
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))
 }
 
 /// An answer that means "this driver predates the call or its struct": try the older one.
@@ -568,11 +559,7 @@ fn register_xids(
     device: &Device,
     set: &nvml_wrapper::EventSet,
 ) -> Result<(), NvmlError> {
-    let sym = nvml
-        .lib()
-        .nvmlDeviceRegisterEvents
-        .as_ref()
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let sym = symbol(&nvml.lib().nvmlDeviceRegisterEvents)?;
     // SAFETY: both handles are valid while `device` and `set` live; NVML copies what it needs.
     nvml_try(unsafe {
         sym(
@@ -600,14 +587,8 @@ fn wait_xid(
     timeout_ms: u32,
 ) -> Result<Option<XidEvent>, NvmlError> {
     let lib = nvml.lib();
-    let wait = lib
-        .nvmlEventSetWait_v2
-        .as_ref()
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
-    let index_of = lib
-        .nvmlDeviceGetIndex
-        .as_ref()
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let wait = symbol(&lib.nvmlEventSetWait_v2)?;
+    let index_of = symbol(&lib.nvmlDeviceGetIndex)?;
     // SAFETY: the set's handle is valid while `set` lives; the event data is plain out-data whose
     // device handle NVML owns.
     unsafe {
