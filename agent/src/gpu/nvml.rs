@@ -78,6 +78,7 @@ impl NvmlSource {
             model_name: field(device.name(), &mut failed).unwrap_or_default(),
         };
         let utilization = field(device.utilization_rates(), &mut failed);
+        let mig_mode = device.mig_mode().ok().map(|m| m.current == 1);
         let reading = GpuReading {
             memory_copy_util_pct: utilization.as_ref().map(|u| u.memory),
             encoder_util_pct: field(
@@ -94,8 +95,11 @@ impl NvmlSource {
             pcie_bytes_per_second: field(pcie_throughput(&device), &mut failed),
             nvlink_bytes: field(self.nvlink_bytes(&device), &mut failed),
             gpm: self.gpm(&device, gpm),
-            mig_mode: device.mig_mode().ok().map(|m| m.current == 1),
-            mig: self.mig_instances(&device),
+            mig_mode,
+            mig: match mig_mode {
+                Some(true) => self.mig_instances(&device),
+                _ => Vec::new(),
+            },
             memory: field(self.memory(&device), &mut failed),
             clock_event_reasons: field(self.clock_event_reasons(&device), &mut failed),
             sm_clock_mhz: field(device.clock_info(Clock::SM), &mut failed),
@@ -114,12 +118,9 @@ impl NvmlSource {
         })
     }
 
-    /// The MIG devices of `device`, empty where MIG is off or unsupported. A MIG device that cannot
-    /// be read is left out; its siblings are not.
+    /// The MIG devices of a MIG-enabled `device`. A MIG device that cannot be read is left out;
+    /// its siblings are not.
     fn mig_instances(&self, device: &Device) -> Vec<MigInstance> {
-        if !device.mig_mode().is_ok_and(|m| m.current == 1) {
-            return Vec::new();
-        }
         let slots = device.mig_device_count().unwrap_or(0);
         (0..slots)
             .filter_map(|slot| device.mig_device_by_index(slot).ok())

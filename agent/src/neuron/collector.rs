@@ -215,26 +215,18 @@ impl Collector for NeuronCollector {
             &[],
             snapshot.devices.len() as f64,
         );
-        let mut view = monitor_names::View {
+        // neuron-monitor's view of the node, gathered only where its names are exported.
+        let mut view = self.settings.monitor_names.then(|| monitor_names::View {
             devices: snapshot.devices.len() as u32,
             ..Default::default()
-        };
+        });
         for device in &snapshot.devices {
             let labels = self.device_labels(device, &node, &assignments);
             let physical: Vec<u32> = device.cores.iter().map(|c| c.index).collect();
             let logical = layout.logical_cores(device.index, &physical);
             device_series(&mut out, device, &labels, &layout, logical.len());
-            view.cores_per_device = view.cores_per_device.max(logical.len() as u32);
-            view.host_memory += device
-                .host_memory
-                .values()
-                .filter_map(|m| m.total)
-                .sum::<u64>();
-            for (kind, value) in &device.hardware {
-                let events = state
-                    .ecc_rises
-                    .observe((device.index, kind.clone()), *value);
-                view.ecc_events.insert((device.index, kind.clone()), events);
+            if let Some(view) = &mut view {
+                view.add_device(device, logical.len(), &mut state.ecc_rises);
             }
             for core in &logical {
                 let core_labels = self.core_labels(&labels, core.global, &assignments);
@@ -249,24 +241,22 @@ impl Collector for NeuronCollector {
                 if let Some(ratio) = utilization {
                     out.gauge("mlnode_neuron_core_utilization_ratio", &core_labels, ratio);
                 }
-                let mut memory: BTreeMap<String, u64> = BTreeMap::new();
-                for snapshot in device
+                let physical_cores: Vec<&CoreSnapshot> = device
                     .cores
                     .iter()
                     .filter(|c| core.physical.contains(&c.index))
-                {
-                    view.device_memory += snapshot.device_memory_total.total.unwrap_or(0);
-                    for (category, stat) in &snapshot.device_memory {
-                        *memory.entry(category.clone()).or_default() += stat.total.unwrap_or(0);
-                    }
+                    .collect();
+                if let Some(view) = &mut view {
+                    view.add_core(core.global, utilization, &physical_cores);
+                }
+                for snapshot in physical_cores {
                     let labels =
                         with_label(&core_labels, "physical_core", &snapshot.index.to_string());
                     physical_core_series(&mut out, device.index, snapshot, &labels, &mut state);
                 }
-                view.cores.insert(core.global, (utilization, memory));
             }
         }
-        if self.settings.monitor_names {
+        if let Some(mut view) = view {
             view.system = state.system.read();
             let runtimes = self
                 .runtimes

@@ -236,14 +236,13 @@ pub fn render(runtimes: &BTreeMap<String, Runtime>, instance: &Labels, out: &mut
                 *seconds,
             );
         }
-        if let Some((user, system)) = runtime.vcpu {
-            for (usage_type, ratio) in [("user", user), ("system", system)] {
-                out.gauge(
-                    "neuron_runtime_vcpu_usage_ratio",
-                    &with_label(&labels, "usage_type", usage_type),
-                    ratio,
-                );
-            }
+        if let Some(usage) = runtime.vcpu {
+            super::monitor_names::usage_gauges(
+                out,
+                "neuron_runtime_vcpu_usage_ratio",
+                &labels,
+                usage,
+            );
         }
         if let Some((host, device)) = runtime.memory {
             for (location, bytes) in [("host", host), ("neuron_device", device)] {

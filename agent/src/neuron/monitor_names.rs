@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::MetricType;
 
+use super::counters::Rises;
+use super::sysfs::{CoreSnapshot, DeviceSnapshot};
 use super::NodeLabels;
 use crate::metrics::family::{with_label, Families, FamilySpec, Labels};
 
@@ -121,6 +123,40 @@ pub struct View {
     pub runtimes_reported: bool,
 }
 
+impl View {
+    /// A device: its logical core count, host memory, and the rises of its firmware ECC counts
+    /// (neuron-monitor's ECC series are counters of events).
+    pub fn add_device(
+        &mut self,
+        device: &DeviceSnapshot,
+        logical_cores: usize,
+        rises: &mut Rises<(u32, String)>,
+    ) {
+        self.cores_per_device = self.cores_per_device.max(logical_cores as u32);
+        self.host_memory += device
+            .host_memory
+            .values()
+            .filter_map(|m| m.total)
+            .sum::<u64>();
+        for (kind, value) in &device.hardware {
+            let events = rises.observe((device.index, kind.clone()), *value);
+            self.ecc_events.insert((device.index, kind.clone()), events);
+        }
+    }
+
+    /// A logical core: its utilisation and the device memory of its physical cores, per category.
+    pub fn add_core(&mut self, global: u32, utilization: Option<f64>, physical: &[&CoreSnapshot]) {
+        let mut memory: BTreeMap<String, u64> = BTreeMap::new();
+        for core in physical {
+            self.device_memory += core.device_memory_total.total.unwrap_or(0);
+            for (category, stat) in &core.device_memory {
+                *memory.entry(category.clone()).or_default() += stat.total.unwrap_or(0);
+            }
+        }
+        self.cores.insert(global, (utilization, memory));
+    }
+}
+
 /// Host CPU and memory from procfs, as neuron-monitor's `system_data` reports them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SystemView {
@@ -187,14 +223,8 @@ pub fn render(view: &View, node: &NodeLabels, out: &mut Families) {
     }
     if let Some(system) = &view.system {
         out.gauge("system_vcpu_count", &instance, system.vcpus as f64);
-        if let Some((user, sys)) = system.usage {
-            for (usage_type, ratio) in [("user", user), ("system", sys)] {
-                out.gauge(
-                    "system_vcpu_usage_ratio",
-                    &with_label(&instance, "usage_type", usage_type),
-                    ratio,
-                );
-            }
+        if let Some(usage) = system.usage {
+            usage_gauges(out, "system_vcpu_usage_ratio", &instance, usage);
         }
         for (family, bytes) in [
             ("system_memory_total_bytes", system.memory_total),
@@ -204,6 +234,18 @@ pub fn render(view: &View, node: &NodeLabels, out: &mut Families) {
         ] {
             out.gauge(family, &instance, bytes as f64);
         }
+    }
+}
+
+/// `family{usage_type="user"}` and `{usage_type="system"}`, as the exporter writes CPU shares.
+pub fn usage_gauges(
+    out: &mut Families,
+    family: &'static str,
+    labels: &Labels,
+    (user, system): (f64, f64),
+) {
+    for (usage_type, ratio) in [("user", user), ("system", system)] {
+        out.gauge(family, &with_label(labels, "usage_type", usage_type), ratio);
     }
 }
 

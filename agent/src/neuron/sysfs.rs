@@ -110,6 +110,26 @@ pub fn ultraserver_node_id(class_root: &Path) -> Option<i32> {
     read_once(&class_root.join("node_id_4")).ok()?.parse().ok()
 }
 
+/// Each device's firmware ECC counts alone, by device index: what the readiness gate needs, a few
+/// files per device where the whole tree of a trn2.48xlarge is 8,000. Read errors are the
+/// collector's to count.
+pub fn read_ecc(root: &Path) -> BTreeMap<u32, BTreeMap<String, u64>> {
+    let mut errors = BTreeMap::new();
+    device_indexes(root)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|index| {
+            let dir = root.join(format!("neuron{index}"));
+            (index, read_hardware(&dir, &mut errors))
+        })
+        .collect()
+}
+
+/// `stats/hardware/<name>` of the device at `dir`.
+fn read_hardware(dir: &Path, errors: &mut BTreeMap<&'static str, u64>) -> BTreeMap<String, u64> {
+    read_counters(&dir.join("stats/hardware"), "hardware", errors)
+}
+
 /// Reads the whole tree.
 pub fn read(root: &Path) -> Snapshot {
     let mut snapshot = Snapshot::default();
@@ -136,7 +156,7 @@ fn read_device(dir: &Path, index: u32, errors: &mut BTreeMap<&'static str, u64>)
         serial_number: read_once(&dir.join("info/serial_number")).ok(),
         ..DeviceSnapshot::default()
     };
-    device.hardware = read_counters(&dir.join("stats/hardware"), "hardware", errors);
+    device.hardware = read_hardware(dir, errors);
     device.power =
         read_text(&dir.join("stats/power/utilization"), "power", errors).and_then(|text| {
             match parse_power(&text) {

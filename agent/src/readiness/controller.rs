@@ -201,14 +201,13 @@ impl Controller {
             }
         }
         if let Some(root) = &self.sources.neuron_root {
-            let snapshot = crate::neuron::sysfs::read(root);
-            facts.neuron_devices = snapshot.devices.len();
-            let raw: BTreeMap<u32, u64> = snapshot
-                .devices
+            let ecc = crate::neuron::sysfs::read_ecc(root);
+            facts.neuron_devices = ecc.len();
+            let raw: BTreeMap<u32, u64> = ecc
                 .iter()
-                .map(|d| {
+                .map(|(&index, hardware)| {
                     (
-                        d.index,
+                        index,
                         // Repairable included: a pending HBM repair needs a reboot to apply.
                         [
                             "mem_ecc_uncorrected",
@@ -216,7 +215,7 @@ impl Controller {
                             "sram_ecc_uncorrected",
                         ]
                         .iter()
-                        .filter_map(|e| d.hardware.get(*e))
+                        .filter_map(|e| hardware.get(*e))
                         .sum(),
                     )
                 })

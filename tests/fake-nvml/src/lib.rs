@@ -700,9 +700,8 @@ pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
     utilization: *mut c_uint,
     sampling_period_us: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, "encoder", |d| {
-        put(sampling_period_us, 167_000);
-        put(utilization, d.encoder_util_pct)
+    engine_utilization(device, "encoder", utilization, sampling_period_us, |d| {
+        d.encoder_util_pct
     })
 }
 
@@ -712,9 +711,22 @@ pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
     utilization: *mut c_uint,
     sampling_period_us: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, "decoder", |d| {
+    engine_utilization(device, "decoder", utilization, sampling_period_us, |d| {
+        d.decoder_util_pct
+    })
+}
+
+/// The video engines' answer: a percentage and the period it was sampled over.
+unsafe fn engine_utilization(
+    device: nvmlDevice_t,
+    field: &str,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+    percent: impl FnOnce(&Device) -> u32,
+) -> nvmlReturn_t {
+    with_device(device, field, |d| {
         put(sampling_period_us, 167_000);
-        put(utilization, d.decoder_util_pct)
+        put(utilization, percent(d))
     })
 }
 
