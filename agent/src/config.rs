@@ -351,6 +351,10 @@ pub struct KubeletSettings {
     /// Extended resource names whose devices are NVIDIA GPUs or MIG devices (device ids are GPU or
     /// MIG UUIDs); a trailing `*` matches by prefix.
     pub gpu_resource_names: Vec<String>,
+    /// DRA drivers whose devices are NVIDIA GPUs or MIG devices: a container's claimed device
+    /// (driver, pool, device) is resolved to its UUID through the driver's ResourceSlices. Empty
+    /// turns DRA attribution off.
+    pub gpu_dra_drivers: Vec<String>,
     /// Extended resources whose device ids are Neuron device indexes.
     pub neuron_device_resource_names: Vec<String>,
     /// Extended resources whose device ids are global NeuronCore indexes.
@@ -365,6 +369,7 @@ impl Default for KubeletSettings {
         KubeletSettings {
             pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
             gpu_resource_names: vec!["nvidia.com/gpu".into(), "nvidia.com/mig-*".into()],
+            gpu_dra_drivers: vec!["gpu.nvidia.com".into()],
             neuron_device_resource_names: vec![
                 "aws.amazon.com/neuron".into(),
                 "aws.amazon.com/neurondevice".into(),
@@ -953,6 +958,16 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         100 * MS,
         HOUR,
     )?;
+    for (i, driver) in config.kubelet.gpu_dra_drivers.iter().enumerate() {
+        if !is_dns_subdomain(driver) {
+            return Err((
+                format!("kubelet.gpu_dra_drivers[{i}]"),
+                format!(
+                    "{driver:?} is not a DRA driver name (a DNS subdomain such as gpu.nvidia.com)"
+                ),
+            ));
+        }
+    }
     let startup = &config.startup;
     check_count("startup.recent_pods", startup.recent_pods, 1, 10_000)?;
     check_duration(
@@ -962,6 +977,20 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         7 * DAY,
     )?;
     Ok(())
+}
+
+/// What the API server accepts as a DRA driver name (RFC 1123 subdomain: lowercase labels of
+/// letters, digits and inner hyphens, dot-separated, at most 253 characters).
+fn is_dns_subdomain(name: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    name.len() <= 253 && name.split('.').all(label_ok)
 }
 
 /// What `mlnode-agent config` prints: the effective configuration as YAML, then every value that
@@ -1259,6 +1288,35 @@ mod tests {
                     .iter()
                     .any(|reason| message.contains(reason)),
                 "{key}={value}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn dra_drivers_are_driver_names_or_none() {
+        let drivers = |list: &str| {
+            from_yaml(
+                &format!("{ONE_MODEL}kubelet:\n  gpu_dra_drivers: {list}\n"),
+                &[],
+            )
+            .map(|c| c.kubelet.gpu_dra_drivers)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            drivers("[gpu.nvidia.com, gpu.example.com]").unwrap(),
+            ["gpu.nvidia.com", "gpu.example.com"]
+        );
+        assert!(drivers("[]").unwrap().is_empty());
+        for bad in [
+            "[GPU.nvidia.com]",
+            "[\"\"]",
+            "[gpu..nvidia.com]",
+            "[nvidia.com/gpu]",
+        ] {
+            let message = drivers(bad).unwrap_err();
+            assert!(
+                message.contains("kubelet.gpu_dra_drivers[0]") && message.contains("DNS subdomain"),
+                "{bad}: {message}"
             );
         }
     }

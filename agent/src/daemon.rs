@@ -12,6 +12,7 @@ use crate::cache::priority::Hashers;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::{Config, Toggle};
 use crate::gpu::GpuRuntime;
+use crate::kubelet::dra::DraSlices;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
 use crate::metrics::{AgentMetrics, Collector};
 use crate::neuron;
@@ -217,7 +218,12 @@ async fn start_gpu(
         registry.clone(),
         assignments.clone(),
     );
-    let resources = config.kubelet.gpu_resource_names.clone();
+    // DRA devices are looked up under their driver's name (kubelet::dra).
+    let resources = [
+        &config.kubelet.gpu_resource_names[..],
+        &config.kubelet.gpu_dra_drivers[..],
+    ]
+    .concat();
     let sampler_up = up.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
@@ -361,10 +367,29 @@ async fn run_collectors(
         &shutdown,
     )
     .await?;
+    // GPUs allocated through DRA are named by the API server's ResourceSlices. Any configured API
+    // (in-cluster or KUBECONFIG) will do: nothing is asked of it until the kubelet reports one.
+    let dra = match kube_client().await {
+        Ok(client) if gpu.is_some() && !kubelet.gpu_dra_drivers.is_empty() => {
+            Some(DraSlices::spawn(
+                client,
+                &config.node_name,
+                kubelet.gpu_dra_drivers.clone(),
+                &mut tasks,
+                shutdown.child_token(),
+            ))
+        }
+        Ok(_) => None,
+        Err(reason) => {
+            tracing::debug!(%reason, "GPUs allocated through DRA will carry no pod labels");
+            None
+        }
+    };
     if !resource_names.is_empty() {
         tasks.spawn(pod_resources::poll(
             kubelet.pod_resources_socket.clone(),
             resource_names,
+            dra,
             kubelet.pod_resources_interval,
             assignments.clone(),
             pod_resources::register_errors(&registry)?,

@@ -867,10 +867,15 @@ fn gpu_node_with(components: &[&str], uid: u32) -> Result<GpuNode, String> {
     std::fs::create_dir_all(&socket_dir).unwrap();
     let gpus = [h100(0), h100(1)];
     let vllm_gpu = gpus[1]["uuid"].as_str().unwrap().to_string();
-    let kubelet = FakeKubelet::serve_in(
-        &socket_dir,
-        response(&[("vllm-0", "nvidia.com/gpu", &[vllm_gpu.as_str()])]),
-    );
+    // GPU 1 through the device plugin; GPU 0 claimed through NVIDIA's DRA driver, whose slice
+    // names it.
+    let mut pods = response(&[("vllm-0", "nvidia.com/gpu", &[vllm_gpu.as_str()])]);
+    pods.pod_resources
+        .push(common::kubelet::dra_claim("dra-0", NODE, &["gpu-0"]));
+    let kubelet = FakeKubelet::serve_in(&socket_dir, pods);
+    let mut slice = common::kube::nvidia_resource_slice(NODE);
+    slice["spec"]["devices"][0]["attributes"]["uuid"]["string"] = gpus[0]["uuid"].clone();
+    api.put_resource_slice(slice);
     let scenario = host.root.path().join("nvml-scenario.json");
     std::fs::write(
         &scenario,
@@ -921,22 +926,23 @@ fn the_gpu_overlay_with_the_startup_taint_runs_as_deployed() {
             .iter()
             .all(|t| t["key"] != "mlnode.dev/not-ready")
     });
-    // UID 0 without capabilities opens the kubelet's root-only socket: the GPU's owner is labelled.
+    let dra_gpu = h100(0)["uuid"].as_str().unwrap().to_string();
+    // UID 0 without capabilities opens the kubelet's root-only socket: the GPUs' owners are
+    // labelled, the device plugin's by UUID, the DRA claim's through the driver's ResourceSlice.
     agent.wait(
-        "GPU series with the vLLM pod's labels",
+        "GPU series with the vLLM and DRA pods' labels",
         Duration::from_secs(30),
         |a| {
             a.metrics().is_some_and(|m| {
-                sample(
-                    &m,
-                    "mlnode_gpu_utilization_ratio",
-                    &[
-                        ("UUID", &vllm_gpu),
-                        ("pod", "vllm-0"),
-                        ("namespace", "inference"),
-                    ],
-                )
-                .is_some()
+                let labelled = |gpu: &str, pod: &str| {
+                    sample(
+                        &m,
+                        "mlnode_gpu_utilization_ratio",
+                        &[("UUID", gpu), ("pod", pod), ("namespace", "inference")],
+                    )
+                    .is_some()
+                };
+                labelled(&vllm_gpu, "vllm-0") && labelled(&dra_gpu, "dra-0")
             })
         },
     );

@@ -696,7 +696,16 @@ fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
         "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n{extra}",
         fake_nvml().display().to_string()
     );
-    let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+    // An API server is configured, but the kubelet reports no DRA device: nothing asks it for
+    // ResourceSlices.
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = Agent::start_with_env(
+        &config,
+        &[
+            ("FAKE_NVML_SCENARIO", &scenario.path()),
+            ("KUBECONFIG", &api.kubeconfig()),
+        ],
+    );
     agent.wait_for("pod labels", Duration::from_secs(20), |m| {
         sample(
             m,
@@ -718,6 +727,99 @@ fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
     assert!(
         !metrics.contains("fpga-job"),
         "other resources' devices are not GPUs"
+    );
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.path.contains("resourceslices")),
+        "{:#?}",
+        api.requests()
+    );
+}
+
+#[test]
+fn gpus_allocated_through_dra_are_named_by_the_drivers_resource_slices() {
+    let mut scenario = Scenario::new(2);
+    scenario.set(
+        1,
+        "mig",
+        json!({"enabled": true, "monitor_capability": false, "instances": [
+            {"uuid": "MIG-11111111-2222-3333-4444-555555555555", "gpu_instance_id": 7, "compute_instance_id": 0, "profile": "1g.10gb",
+             "memory": {"total": 10_737_418_240u64, "used": 1u64 << 30, "free": 9_663_676_416u64, "reserved": 0}}]}),
+    );
+    let kubelet =
+        common::kubelet::FakeKubelet::serve(fake_kubelet::api::ListPodResourcesResponse {
+            pod_resources: vec![
+                common::kubelet::dra_claim("vllm-0", "test-node", &["gpu-0"]),
+                common::kubelet::dra_claim("vllm-small-0", "test-node", &["gpu-1-mig-1g10gb-19-0"]),
+            ],
+        });
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let extra = format!(
+        "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
+        kubelet.socket().display().to_string()
+    );
+    let config = format!(
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n{extra}",
+        fake_nvml().display().to_string()
+    );
+    let agent = Agent::start_with_env(
+        &config,
+        &[
+            ("FAKE_NVML_SCENARIO", &scenario.path()),
+            ("KUBECONFIG", &api.kubeconfig()),
+        ],
+    );
+    // The kubelet's first DRA device starts a watch of this node's slices; the driver has published
+    // none yet, so nothing can be named.
+    common::kube::wait(
+        || {
+            api.requests()
+                .iter()
+                .any(|r| r.path.contains("resourceslices") && r.path.contains("watch=true"))
+        },
+        Duration::from_secs(20),
+    );
+    let slice_requests: Vec<String> = api
+        .requests()
+        .into_iter()
+        .map(|r| r.path)
+        .filter(|p| p.contains("resourceslices"))
+        .collect();
+    assert!(
+        slice_requests.iter().all(
+            |p| p.starts_with("/apis/resource.k8s.io/v1/resourceslices?")
+                && p.contains("fieldSelector=spec.nodeName%3Dtest-node")
+        ),
+        "{slice_requests:#?}"
+    );
+    assert!(!agent.metrics().contains("pod=\""));
+
+    // The driver publishes its slice; the watch delivers it and the next List is named.
+    api.put_resource_slice(common::kube::nvidia_resource_slice("test-node"));
+    agent.wait_for(
+        "DRA-allocated GPUs labelled",
+        Duration::from_secs(20),
+        |m| {
+            sample(
+                m,
+                "mlnode_gpu_temperature_celsius",
+                &[("gpu", "0"), ("pod", "vllm-0"), ("container", "vllm")],
+            )
+            .is_some()
+                && sample(
+                    m,
+                    "mlnode_gpu_mig_memory_used_bytes",
+                    &[("gpu", "1"), ("GPU_I_ID", "7"), ("pod", "vllm-small-0")],
+                ) == Some(1_073_741_824.0)
+        },
+    );
+    let metrics = agent.metrics();
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.contains("gpu=\"1\"") && l.contains("pod=\"") && !l.contains("GPU_I_ID")),
+        "the claim holds a MIG device of GPU 1, not GPU 1"
     );
 }
 
@@ -913,12 +1015,17 @@ fn mig_devices_are_series_of_their_own_with_their_pods() {
         json!({"uuid": uuid, "gpu_instance_id": gi, "compute_instance_id": 0, "profile": profile,
                "memory": {"total": 10_737_418_240u64, "used": used, "free": 10_737_418_240u64 - used, "reserved": 0}})
     };
+    // GPU instance 7 has GPM counters of its own (nvmlGpmMigSampleGet); instance 2 none.
+    let with_gpm = |mut instance: Value| {
+        instance["gpm"] = json!({"graphics_util": 40.0, "sm_util": 35.0, "any_tensor_util": 20.0, "dram_bw_util": 10.0});
+        instance
+    };
     // GPU 0 as a MIG-enabled H100 seen without the mig/monitor capability: two instances.
     scenario.set(
         0,
         "mig",
         json!({"enabled": true, "monitor_capability": false, "instances": [
-            instance("MIG-11111111-2222-3333-4444-555555555555", 7, "1g.10gb", 1 << 30),
+            with_gpm(instance("MIG-11111111-2222-3333-4444-555555555555", 7, "1g.10gb", 1 << 30)),
             instance("MIG-66666666-7777-8888-9999-000000000000", 2, "3g.40gb", 2 << 30),
         ]}),
     );
@@ -1006,6 +1113,46 @@ fn mig_devices_are_series_of_their_own_with_their_pods() {
             .any(|l| l.contains("pod=\"") && !l.contains("GPU_I_ID")),
         "the pods hold MIG devices, not the whole GPU"
     );
+    // Per-instance GPM, under its own names and dcgm-exporter's (told apart by GPU_I_ID).
+    agent.wait_for(
+        "GPU instance 7's GPM ratios",
+        Duration::from_secs(10),
+        |m| {
+            sample(
+                m,
+                "mlnode_gpu_mig_sm_active_ratio",
+                &[("GPU_I_ID", "7"), ("pod", "vllm-small-0")],
+            ) == Some(0.35)
+        },
+    );
+    let m = agent.metrics();
+    for (ours, dcgm, value) in [
+        (
+            "mlnode_gpu_mig_graphics_engine_active_ratio",
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            0.4,
+        ),
+        (
+            "mlnode_gpu_mig_sm_active_ratio",
+            "DCGM_FI_PROF_SM_ACTIVE",
+            0.35,
+        ),
+        (
+            "mlnode_gpu_mig_tensor_pipe_active_ratio",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            0.2,
+        ),
+        (
+            "mlnode_gpu_mig_dram_active_ratio",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            0.1,
+        ),
+    ] {
+        let instance7 = [("GPU_I_ID", "7"), ("GPU_I_PROFILE", "1g.10gb")];
+        assert_eq!(sample(&m, ours, &instance7), Some(value), "{ours}");
+        assert_eq!(sample(&m, dcgm, &instance7), Some(value), "{dcgm}");
+        assert_eq!(sample(&m, ours, &[("GPU_I_ID", "2")]), None, "{ours}");
+    }
     assert!(agent.log().contains("MIG"), "{}", agent.log());
 
     // An XID inside instance 7 (NVML's event carries its GPU and compute instance ids).

@@ -213,6 +213,12 @@ fn register_gpu(registry: &prometheus::Registry) {
         pci_bus_id: "00000000:07:00.0".into(),
         model_name: "H100".into(),
     };
+    let gpm = mlnode_agent::gpu::GpmReading {
+        graphics_active: Some(0.5),
+        sm_active: Some(0.5),
+        tensor_active: Some(0.5),
+        dram_active: Some(0.5),
+    };
     let reading = GpuReading {
         memory: Some(MemoryReading {
             total: 4,
@@ -235,12 +241,7 @@ fn register_gpu(registry: &prometheus::Registry) {
         memory_temp_c: Some(1),
         pcie_bytes_per_second: Some((1, 1)),
         nvlink_bytes: Some((1, 1)),
-        gpm: Some(mlnode_agent::gpu::GpmReading {
-            graphics_active: Some(0.5),
-            sm_active: Some(0.5),
-            tensor_active: Some(0.5),
-            dram_active: Some(0.5),
-        }),
+        gpm: Some(gpm),
         mig_mode: Some(true),
         mig: vec![mlnode_agent::gpu::MigInstance {
             uuid: "MIG-1".into(),
@@ -253,6 +254,7 @@ fn register_gpu(registry: &prometheus::Registry) {
                 free: 3,
                 reserved: None,
             }),
+            gpm: Some(gpm),
         }],
     };
     state.apply(

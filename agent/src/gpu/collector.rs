@@ -9,7 +9,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
 use super::state::{GpuEntry, GpuFailure, GpuState};
-use super::{GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
+use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
 use crate::metrics::family::{descs, with_label, Families, FamilySpec};
 
@@ -36,12 +36,16 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 39] = [
+const FAMILIES: [FamilySpec; 43] = [
     ("mlnode_gpu_nvlink_bytes_total", "NVLink data bytes over every link since the driver loaded, per direction (tx, rx).", MetricType::COUNTER),
     ("mlnode_gpu_mig_xid_errors_total", "Critical XID errors NVML placed in a MIG GPU instance since the agent started, per instance and XID (also counted in mlnode_gpu_xid_errors_total).", MetricType::COUNTER),
     ("mlnode_gpu_mig_mode", "1 while Multi-Instance GPU mode is on, else 0; absent on GPUs without MIG. A MIG GPU reports no GPU-wide utilisation, and its memory only to a holder of the mig/monitor capability.", MetricType::GAUGE),
     ("mlnode_gpu_mig_instance_info", "A MIG device (GPU instance and compute instance) of the GPU, with its MIG UUID; always 1.", MetricType::GAUGE),
     ("mlnode_gpu_mig_memory_used_bytes", "Memory used in the MIG instance.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_graphics_engine_active_ratio", "Fraction of time any compute or graphics engine of the MIG GPU instance was active (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_mig_sm_active_ratio", "Fraction of time the MIG GPU instance's SMs had at least one warp assigned (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_mig_tensor_pipe_active_ratio", "Fraction of time the MIG GPU instance's SMs ran any tensor operation (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_mig_dram_active_ratio", "Fraction of the theoretical DRAM bandwidth used by the MIG GPU instance (GPM).", MetricType::GAUGE),
     ("mlnode_gpu_mig_memory_free_bytes", "Memory free in the MIG instance.", MetricType::GAUGE),
     ("mlnode_gpu_mig_memory_total_bytes", "Memory of the MIG instance.", MetricType::GAUGE),
     ("mlnode_gpu_readings_age_seconds", "Time since the NVML sampler last finished reading every GPU; past five sample intervals (at least 3 s) the readings are dropped as not current.", MetricType::GAUGE),
@@ -385,6 +389,12 @@ impl Collector for GpuCollector {
     }
 }
 
+#[derive(Clone, Copy)]
+enum GpmScope {
+    Gpu,
+    MigInstance,
+}
+
 impl GpuCollector {
     fn collect_instance(
         &self,
@@ -404,6 +414,57 @@ impl GpuCollector {
             if self.dcgm_names {
                 out.gauge("DCGM_FI_DEV_FB_USED", labels, (m.used / MIB) as f64);
                 out.gauge("DCGM_FI_DEV_FB_FREE", labels, (m.free / MIB) as f64);
+            }
+        }
+        if let Some(gpm) = &instance.gpm {
+            self.collect_gpm(gpm, GpmScope::MigInstance, labels, out);
+        }
+    }
+
+    /// GPM ratios under their own names (per GPU, or `mlnode_gpu_mig_*` per GPU instance, so that
+    /// a sum over a GPU's series never adds the instances to the whole) and, with `dcgm_names`,
+    /// under DCGM's profiling names, which dcgm-exporter uses for both, told apart by `GPU_I_ID`.
+    fn collect_gpm(
+        &self,
+        gpm: &GpmReading,
+        scope: GpmScope,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        for (gpu, instance, dcgm, value) in [
+            (
+                "mlnode_gpu_graphics_engine_active_ratio",
+                "mlnode_gpu_mig_graphics_engine_active_ratio",
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                gpm.graphics_active,
+            ),
+            (
+                "mlnode_gpu_sm_active_ratio",
+                "mlnode_gpu_mig_sm_active_ratio",
+                "DCGM_FI_PROF_SM_ACTIVE",
+                gpm.sm_active,
+            ),
+            (
+                "mlnode_gpu_tensor_pipe_active_ratio",
+                "mlnode_gpu_mig_tensor_pipe_active_ratio",
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                gpm.tensor_active,
+            ),
+            (
+                "mlnode_gpu_dram_active_ratio",
+                "mlnode_gpu_mig_dram_active_ratio",
+                "DCGM_FI_PROF_DRAM_ACTIVE",
+                gpm.dram_active,
+            ),
+        ] {
+            let Some(value) = value else { continue };
+            let ours = match scope {
+                GpmScope::Gpu => gpu,
+                GpmScope::MigInstance => instance,
+            };
+            out.gauge(ours, labels, value);
+            if self.dcgm_names {
+                out.gauge(dcgm, labels, value);
             }
         }
     }
@@ -565,31 +626,8 @@ impl GpuCollector {
             "DCGM_FI_DEV_MEMORY_TEMP",
             as_f64(reading.memory_temp_c),
         );
-        if let Some(gpm) = reading.gpm {
-            for (ours, dcgm, value) in [
-                (
-                    "mlnode_gpu_graphics_engine_active_ratio",
-                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-                    gpm.graphics_active,
-                ),
-                (
-                    "mlnode_gpu_sm_active_ratio",
-                    "DCGM_FI_PROF_SM_ACTIVE",
-                    gpm.sm_active,
-                ),
-                (
-                    "mlnode_gpu_tensor_pipe_active_ratio",
-                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-                    gpm.tensor_active,
-                ),
-                (
-                    "mlnode_gpu_dram_active_ratio",
-                    "DCGM_FI_PROF_DRAM_ACTIVE",
-                    gpm.dram_active,
-                ),
-            ] {
-                scalar(out, ours, value, dcgm, value);
-            }
+        if let Some(gpm) = &reading.gpm {
+            self.collect_gpm(gpm, GpmScope::Gpu, labels, out);
         }
         if let Some((tx, rx)) = reading.pcie_bytes_per_second {
             for (direction, bytes, dcgm) in [

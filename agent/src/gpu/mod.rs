@@ -86,6 +86,8 @@ pub struct MigInstance {
     /// `1g.10gb`, from the MIG device's name (`<GPU name> MIG <profile>`).
     pub profile: String,
     pub memory: Option<MemoryReading>,
+    /// The GPU instance's GPM ratios (`nvmlGpmMigSampleGet`), from the second read on.
+    pub gpm: Option<GpmReading>,
 }
 
 /// `nvmlDeviceGetRemappedRows`: HBM rows remapped since manufacture, the standard memory health

@@ -3,6 +3,7 @@
 //! blocks in `nvmlEventSetWait` for critical XID events. Neither needs root: NVML's read calls
 //! work for any user who can open /dev/nvidia*.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
@@ -58,9 +59,9 @@ impl NvmlSource {
             .map_err(|e| format!("cannot count GPUs: {e}"))
     }
 
-    /// Reads one GPU. `gpm` holds this GPU's GPM sample from the previous read, replaced by this
+    /// Reads one GPU. `gpm` holds this GPU's GPM samples from the previous read, replaced by this
     /// read's: the metrics are the interval between the two.
-    pub fn read<'a>(&'a self, index: u32, gpm: &mut Option<GpmSample<'a>>) -> Option<DeviceRead> {
+    pub fn read<'a>(&'a self, index: u32, gpm: &mut GpmSamples<'a>) -> Option<DeviceRead> {
         let device = match self.nvml.device_by_index(index) {
             Ok(device) => device,
             Err(e) => {
@@ -79,6 +80,7 @@ impl NvmlSource {
         };
         let utilization = field(device.utilization_rates(), &mut failed);
         let mig_mode = device.mig_mode().ok().map(|m| m.current == 1);
+        let gpm_supported = device.gpm_support().unwrap_or(false);
         let reading = GpuReading {
             memory_copy_util_pct: utilization.as_ref().map(|u| u.memory),
             encoder_util_pct: field(
@@ -94,10 +96,12 @@ impl NvmlSource {
             memory_temp_c: field(memory_temperature(&device), &mut failed),
             pcie_bytes_per_second: field(pcie_throughput(&device), &mut failed),
             nvlink_bytes: field(self.nvlink_bytes(&device), &mut failed),
-            gpm: self.gpm(&device, gpm),
+            gpm: gpm_supported
+                .then(|| self.gpm_since(&mut gpm.device, device.gpm_sample()))
+                .flatten(),
             mig_mode,
             mig: match mig_mode {
-                Some(true) => self.mig_instances(&device),
+                Some(true) => self.mig_instances(&device, gpm_supported, &mut gpm.instances),
                 _ => Vec::new(),
             },
             memory: field(self.memory(&device), &mut failed),
@@ -119,25 +123,38 @@ impl NvmlSource {
     }
 
     /// The MIG devices of a MIG-enabled `device`. A MIG device that cannot be read is left out;
-    /// its siblings are not.
-    fn mig_instances(&self, device: &Device) -> Vec<MigInstance> {
+    /// its siblings are not. Each GPU instance's GPM sample (`nvmlGpmMigSampleGet`, on the parent)
+    /// is kept in `gpm` for the next read; those of instances that are gone are dropped.
+    fn mig_instances<'a>(
+        &'a self,
+        device: &Device<'a>,
+        gpm_supported: bool,
+        gpm: &mut BTreeMap<u32, Option<GpmSample<'a>>>,
+    ) -> Vec<MigInstance> {
         let slots = device.mig_device_count().unwrap_or(0);
-        (0..slots)
+        let instances: Vec<MigInstance> = (0..slots)
             .filter_map(|slot| device.mig_device_by_index(slot).ok())
             .filter_map(|mig| {
                 let name = mig.name().ok()?;
+                let gpu_instance_id = self.instance_id(&mig, InstanceKind::Gpu).ok()?;
+                let previous = gpm.entry(gpu_instance_id).or_default();
                 Some(MigInstance {
                     uuid: mig.uuid().ok()?,
-                    gpu_instance_id: self.instance_id(&mig, InstanceKind::Gpu).ok()?,
+                    gpu_instance_id,
                     compute_instance_id: self.instance_id(&mig, InstanceKind::Compute).ok()?,
                     profile: name
                         .rsplit_once(" MIG ")
                         .map(|(_, profile)| profile.to_string())
                         .unwrap_or(name),
                     memory: self.memory(&mig).ok(),
+                    gpm: gpm_supported
+                        .then(|| self.gpm_since(previous, device.gpm_mig_sample(gpu_instance_id)))
+                        .flatten(),
                 })
             })
-            .collect()
+            .collect();
+        gpm.retain(|id, _| instances.iter().any(|i| i.gpu_instance_id == *id));
+        instances
     }
 
     /// `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` of a MIG device handle
@@ -230,18 +247,17 @@ impl NvmlSource {
         })
     }
 
-    /// GPM ratios between the previous sample and one taken now; None where the GPU has no GPM
-    /// (before Hopper) or on the first read.
-    fn gpm<'a>(
+    /// GPM ratios between the `previous` sample and `now`, which replaces it; None on the first
+    /// read or when the sample cannot be taken (which forgets the previous one).
+    fn gpm_since<'a>(
         &'a self,
-        device: &Device<'a>,
         previous: &mut Option<GpmSample<'a>>,
+        now: Result<GpmSample<'a>, NvmlError>,
     ) -> Option<GpmReading> {
-        if !device.gpm_support().unwrap_or(false) {
+        let Ok(now) = now else {
             *previous = None;
             return None;
-        }
-        let now = device.gpm_sample().ok()?;
+        };
         let before = previous.replace(now)?;
         let ids = [
             GpmMetricId::GraphicsUtil,
@@ -446,6 +462,13 @@ pub fn spawn(
     Ok(threads)
 }
 
+/// One GPU's GPM samples from the previous read: of the whole GPU, and of each MIG GPU instance.
+#[derive(Default)]
+pub struct GpmSamples<'a> {
+    device: Option<GpmSample<'a>>,
+    instances: BTreeMap<u32, Option<GpmSample<'a>>>,
+}
+
 fn lock(state: &Mutex<GpuState>) -> std::sync::MutexGuard<'_, GpuState> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -463,7 +486,7 @@ fn sample_loop(
         state.last_round = Some(Instant::now());
     }
     let mut last = Instant::now();
-    let mut gpm_samples: std::collections::BTreeMap<u32, Option<GpmSample>> = Default::default();
+    let mut gpm_samples: BTreeMap<u32, GpmSamples> = BTreeMap::new();
     loop {
         let elapsed = last.elapsed().as_secs_f64();
         last = Instant::now();

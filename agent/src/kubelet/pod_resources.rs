@@ -11,6 +11,8 @@ use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Endpoint, Uri};
 
+use super::dra::{DraIndex, DraSlices};
+
 /// The generated protobuf types and gRPC client for `v1.PodResourcesLister`.
 pub mod api {
     tonic::include_proto!("v1");
@@ -26,6 +28,8 @@ pub struct Assignment {
 
 /// (resource name, device id) → the container holding it. Device ids are only unique within a
 /// resource: `aws.amazon.com/neuron` "3" is device 3, `aws.amazon.com/neuroncore` "3" is core 3.
+/// Devices allocated through DRA are kept under their driver's name and their UUID
+/// (`gpu.nvidia.com`, `GPU-…`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Assignments(BTreeMap<(String, String), Assignment>);
 
@@ -52,8 +56,8 @@ pub type SharedAssignments = Arc<Mutex<Assignments>>;
 /// Bounds one List call: a wedged kubelet must not stall the poller.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Lists the kubelet's assignments for devices of `resource_names`.
-pub async fn list(socket: &Path, resource_names: &[String]) -> Result<Assignments, String> {
+/// The kubelet's `List` answer.
+pub async fn list(socket: &Path) -> Result<api::ListPodResourcesResponse, String> {
     let path = socket.to_path_buf();
     // The URI is required by the API and ignored by the connector.
     let channel = Endpoint::from_static("http://kubelet.invalid")
@@ -81,7 +85,7 @@ pub async fn list(socket: &Path, resource_names: &[String]) -> Result<Assignment
         .await
         .map_err(|status| format!("List on {} failed: {}", socket.display(), status.message()))?
         .into_inner();
-    Ok(assignments(&response, resource_names))
+    Ok(response)
 }
 
 /// Whether resource `name` is one `pattern` names: exactly, or by prefix where the pattern ends in
@@ -93,16 +97,35 @@ fn names(pattern: &str, name: &str) -> bool {
     }
 }
 
-/// Picks out the devices of the wanted resources, each kept under the pattern that named it. A
-/// device shared between containers (GPU time-slicing hands out replicas `GPU-<uuid>::<n>`, EKS
-/// MIG devices `MIG-<uuid>::<n>`) is attributed to the first container listed.
+/// Picks out the devices of the wanted resources, each kept under the pattern that named it, and
+/// the DRA devices `dra` resolves. A device shared between containers (GPU time-slicing hands out
+/// replicas `GPU-<uuid>::<n>`, EKS MIG devices `MIG-<uuid>::<n>`, a DRA claim shared by several
+/// containers or a `share_id`) is attributed to the first container listed.
 pub fn assignments(
     response: &api::ListPodResourcesResponse,
     resource_names: &[String],
+    dra: &DraIndex,
 ) -> Assignments {
     let mut out = Assignments::default();
     for pod in &response.pod_resources {
         for container in &pod.containers {
+            let holder = || Assignment {
+                pod: pod.name.clone(),
+                namespace: pod.namespace.clone(),
+                container: container.name.clone(),
+            };
+            for device in container
+                .dynamic_resources
+                .iter()
+                .flat_map(|claim| &claim.claim_resources)
+            {
+                let pool = (&device.driver_name, &device.pool_name);
+                if let Some(uuid) = dra.uuid(pool.0, pool.1, &device.device_name) {
+                    out.0
+                        .entry((device.driver_name.clone(), uuid.to_string()))
+                        .or_insert_with(holder);
+                }
+            }
             for devices in &container.devices {
                 let Some(pattern) = resource_names
                     .iter()
@@ -114,16 +137,23 @@ pub fn assignments(
                     let device = id.split("::").next().unwrap_or(id).to_string();
                     out.0
                         .entry((pattern.clone(), device))
-                        .or_insert_with(|| Assignment {
-                            pod: pod.name.clone(),
-                            namespace: pod.namespace.clone(),
-                            container: container.name.clone(),
-                        });
+                        .or_insert_with(holder);
                 }
             }
         }
     }
     out
+}
+
+/// Whether the kubelet reports any device of `drivers` allocated to a container through DRA.
+fn reports_dra(response: &api::ListPodResourcesResponse, drivers: &[String]) -> bool {
+    response
+        .pod_resources
+        .iter()
+        .flat_map(|pod| &pod.containers)
+        .flat_map(|container| &container.dynamic_resources)
+        .flat_map(|claim| &claim.claim_resources)
+        .any(|device| drivers.contains(&device.driver_name))
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -152,9 +182,11 @@ pub fn register_errors(
     Ok(errors)
 }
 
+/// `dra`, where the API server is reachable, names the devices allocated through DRA.
 pub async fn poll(
     socket: PathBuf,
     resource_names: Vec<String>,
+    dra: Option<DraSlices>,
     interval: Duration,
     shared: SharedAssignments,
     errors: prometheus::IntCounter,
@@ -167,11 +199,16 @@ pub async fn poll(
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match list(&socket, &resource_names).await {
-            Ok(found) => {
+        match list(&socket).await {
+            Ok(response) => {
                 if failing.take().is_some() {
                     tracing::info!(socket = %socket.display(), "kubelet pod-resources API answers again");
                 }
+                let dra = match &dra {
+                    Some(dra) if reports_dra(&response, dra.drivers()) => dra.index().await,
+                    _ => DraIndex::default(),
+                };
+                let found = assignments(&response, &resource_names, &dra);
                 *shared.lock().unwrap_or_else(|p| p.into_inner()) = found;
             }
             Err(reason) => {
@@ -204,6 +241,7 @@ mod tests {
                 }],
                 cpu_ids: vec![],
                 memory: vec![],
+                dynamic_resources: vec![],
             }],
         }
     }
@@ -223,7 +261,7 @@ mod tests {
             ],
         };
         let gpus = ["nvidia.com/gpu".to_string()];
-        let found = assignments(&response, &gpus);
+        let found = assignments(&response, &gpus, &DraIndex::default());
         assert_eq!(found.len(), 2);
         assert_eq!(found.find(&gpus, "GPU-aaa").unwrap().pod, "vllm-0");
         assert_eq!(
@@ -249,9 +287,73 @@ mod tests {
             ],
         };
         let wanted = ["nvidia.com/gpu".to_string(), "nvidia.com/mig-*".to_string()];
-        let found = assignments(&response, &wanted);
+        let found = assignments(&response, &wanted, &DraIndex::default());
         assert_eq!(found.find(&wanted, "MIG-aaa").unwrap().pod, "small");
         assert_eq!(found.find(&wanted, "MIG-bbb").unwrap().pod, "mid");
         assert_eq!(found.len(), 2, "nvidia.com/migrate is not a MIG profile");
+    }
+
+    /// A container holding claimed devices, as the kubelet reports them (api.proto
+    /// `DynamicResource`, `ClaimResource` with the CDI device names the NVIDIA driver writes).
+    fn claimed(pod: &str, devices: &[(&str, &str)]) -> PodResources {
+        PodResources {
+            name: pod.into(),
+            namespace: "inference".into(),
+            containers: vec![ContainerResources {
+                name: "vllm".into(),
+                dynamic_resources: vec![DynamicResource {
+                    claim_name: format!("{pod}-gpu-claim-9x2fz"),
+                    claim_namespace: "inference".into(),
+                    claim_resources: devices
+                        .iter()
+                        .map(|(driver, device)| ClaimResource {
+                            cdi_devices: vec![CdiDevice {
+                                name: format!("k8s.{driver}/claim=0b7f5a4e-{device}"),
+                            }],
+                            driver_name: driver.to_string(),
+                            pool_name: "gpu-node-1".into(),
+                            device_name: device.to_string(),
+                            share_id: None,
+                        })
+                        .collect(),
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn claimed_gpus_are_attributed_under_their_driver_and_uuid() {
+        let drivers = ["gpu.nvidia.com".to_string()];
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                claimed("vllm-0", &[("gpu.nvidia.com", "gpu-0")]),
+                claimed("vllm-1", &[("gpu.nvidia.com", "gpu-1-mig-1g10gb-19-0")]),
+                claimed("nic", &[("dra.net", "eth1")]),
+            ],
+        };
+        assert!(reports_dra(&response, &drivers));
+        assert!(!reports_dra(&response, &["gpu.example.com".to_string()]));
+        let slice = crate::kubelet::dra::tests::nvidia_slice("gpu-node-1");
+        let index = DraIndex::of(&[slice], &drivers);
+        let found = assignments(&response, &["nvidia.com/gpu".to_string()], &index);
+        assert_eq!(found.len(), 2, "{found:?}");
+        let lookup = ["nvidia.com/gpu".to_string(), "gpu.nvidia.com".to_string()];
+        assert_eq!(
+            found
+                .find(&lookup, "GPU-00000000-1111-2222-3333-444444444440")
+                .map(|a| a.pod.as_str()),
+            Some("vllm-0")
+        );
+        assert_eq!(
+            found
+                .find(&lookup, "MIG-11111111-2222-3333-4444-555555555555")
+                .map(|a| a.pod.as_str()),
+            Some("vllm-1")
+        );
+        assert!(
+            assignments(&response, &[], &DraIndex::default()).is_empty(),
+            "unresolved devices name nothing"
+        );
     }
 }

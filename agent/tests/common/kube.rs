@@ -35,10 +35,11 @@ pub struct ApiState {
     /// Before applying the next JSON patch of the node, add a foreign taint, as another controller
     /// writing between the agent's read and its write would.
     pub race_next_taint_patch: AtomicBool,
-    /// Pods (as listed) and Events (as stored).
+    /// Pods (as listed), ResourceSlices and Events (as stored).
     pub pods: Mutex<Vec<Value>>,
+    pub slices: Mutex<Vec<Value>>,
     pub events: Mutex<Vec<Value>>,
-    /// Watch event lines for open pod watches.
+    /// Watch event lines for open watches (each keeps those of its own kind).
     pub watch: Mutex<Option<tokio::sync::broadcast::Sender<Value>>>,
     pub resource_version: std::sync::atomic::AtomicU64,
     pub access: Option<Access>,
@@ -176,6 +177,13 @@ pub fn gpu_node(name: &str) -> Value {
             "nodeInfo": {"kubeletVersion": "v1.33.4-eks-1234567", "containerRuntimeVersion": "containerd://1.7.27"},
         },
     })
+}
+
+/// NVIDIA's DRA driver's ResourceSlice for `node` (tests/fixtures/dra, cited in SOURCES): `gpu-0`
+/// is GPU 0 of the fake NVML's scenarios, `gpu-1-mig-1g10gb-19-0` a MIG device of GPU 1.
+pub fn nvidia_resource_slice(node: &str) -> Value {
+    let fixture = include_str!("../../../tests/fixtures/dra/nvidia-resourceslice.json");
+    serde_json::from_str(&fixture.replace("gpu-node-1", node)).unwrap()
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Response {
@@ -379,20 +387,65 @@ async fn pods(
     State(state): State<Arc<ApiState>>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
+    let items = state.pods.lock().unwrap().clone();
+    list_or_watch(&state, "/api/v1/pods", "PodList", "v1", items, query)
+}
+
+/// ResourceSlices, as resource.k8s.io/v1 serves them, honouring a `spec.nodeName` field selector.
+async fn resource_slices(
+    State(state): State<Arc<ApiState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let node = field_selector(query.as_deref().unwrap_or_default())
+        .and_then(|s| s.strip_prefix("spec.nodeName=").map(str::to_string));
+    let items = state
+        .slices
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| node.as_deref().is_none_or(|n| s["spec"]["nodeName"] == n))
+        .cloned()
+        .collect();
+    list_or_watch(
+        &state,
+        "/apis/resource.k8s.io/v1/resourceslices",
+        "ResourceSliceList",
+        "resource.k8s.io/v1",
+        items,
+        query,
+    )
+}
+
+fn field_selector(query: &str) -> Option<String> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("fieldSelector="))
+        .map(|s| s.replace("%3D", "=").replace("%2C", ","))
+}
+
+/// A list (`items` at the current resourceVersion) or, with `watch=true`, the stream of watch
+/// events for objects of `api_version` as they change.
+fn list_or_watch(
+    state: &ApiState,
+    path: &str,
+    list_kind: &str,
+    api_version: &'static str,
+    items: Vec<Value>,
+    query: Option<String>,
+) -> Response {
     let query = query.unwrap_or_default();
     let watching = query
         .split('&')
         .any(|kv| kv == "watch=true" || kv == "watch=1");
     state.requests.lock().unwrap().push(Recorded {
         method: "GET",
-        path: format!("/api/v1/pods?{query}"),
+        path: format!("{path}?{query}"),
         content_type: String::new(),
         body: Value::Null,
     });
     if !watching {
         let version = state.resource_version.load(Ordering::Relaxed).to_string();
-        let items = state.pods.lock().unwrap().clone();
-        return axum::Json(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": version}, "items": items})).into_response();
+        return axum::Json(json!({"kind": list_kind, "apiVersion": api_version, "metadata": {"resourceVersion": version}, "items": items})).into_response();
     }
     let receiver = state
         .watch
@@ -402,9 +455,12 @@ async fn pods(
         .subscribe();
     let lines = tokio_stream::StreamExt::filter_map(
         tokio_stream::wrappers::BroadcastStream::new(receiver),
-        |line| {
+        move |line| {
             line.ok()
-                .map(|v: Value| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))))
+                .filter(|v: &Value| {
+                    v["type"] == "ERROR" || v["object"]["apiVersion"] == api_version
+                })
+                .map(|v| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))))
         },
     );
     Response::builder()
@@ -425,10 +481,7 @@ async fn list_events(
         content_type: String::new(),
         body: Value::Null,
     });
-    let uid = query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("fieldSelector="))
-        .map(|s| s.replace("%3D", "="))
+    let uid = field_selector(&query)
         .and_then(|s| s.strip_prefix("involvedObject.uid=").map(str::to_string));
     let items: Vec<Value> = state
         .events
@@ -478,6 +531,14 @@ impl FakeApiServer {
         }
     }
 
+    /// Adds a ResourceSlice (as a DRA driver's kubelet plugin publishes one) and tells open watches.
+    pub fn put_resource_slice(&self, mut slice: Value) {
+        let version = self.state.resource_version.fetch_add(1, Ordering::Relaxed) + 1;
+        slice["metadata"]["resourceVersion"] = json!(version.to_string());
+        self.state.slices.lock().unwrap().push(slice.clone());
+        self.send(json!({"type": "ADDED", "object": slice}));
+    }
+
     /// Ends the watches with 410 Gone, as an API server does when the watch's resourceVersion has
     /// been compacted away: the client must list again.
     pub fn expire_watches(&self) {
@@ -507,6 +568,10 @@ impl FakeApiServer {
                 post(create_event).get(list_events),
             )
             .route("/api/v1/pods", get(pods))
+            .route(
+                "/apis/resource.k8s.io/v1/resourceslices",
+                get(resource_slices),
+            )
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 authorize,

@@ -81,8 +81,39 @@ pub fn response(pods: &[(&str, &str, &[&str])]) -> ListPodResourcesResponse {
                     }],
                     cpu_ids: vec![2, 3],
                     memory: vec![],
+                    dynamic_resources: vec![],
                 }],
             })
             .collect(),
+    }
+}
+
+/// A pod whose container holds `devices` of NVIDIA's DRA driver (pool `node`) through one
+/// ResourceClaim, as the kubelet reports it since 1.34 (api.proto `DynamicResource`), with the CDI
+/// device names that driver writes (`k8s.gpu.nvidia.com/claim=<claim uid>-<device>`).
+pub fn dra_claim(pod: &str, node: &str, devices: &[&str]) -> PodResources {
+    PodResources {
+        name: pod.to_string(),
+        namespace: "inference".into(),
+        containers: vec![ContainerResources {
+            name: pod.split('-').next().unwrap_or(pod).to_string(),
+            dynamic_resources: vec![DynamicResource {
+                claim_name: format!("{pod}-gpu-9x2fz"),
+                claim_namespace: "inference".into(),
+                claim_resources: devices
+                    .iter()
+                    .map(|device| ClaimResource {
+                        cdi_devices: vec![CdiDevice {
+                            name: format!("k8s.gpu.nvidia.com/claim=5f1c7e2a-{device}"),
+                        }],
+                        driver_name: "gpu.nvidia.com".into(),
+                        pool_name: node.to_string(),
+                        device_name: device.to_string(),
+                        share_id: None,
+                    })
+                    .collect(),
+            }],
+            ..Default::default()
+        }],
     }
 }

@@ -17,10 +17,19 @@ pub struct Attributes {
 }
 
 impl Attributes {
-    /// The attributes of a core-API (`/api/v1`) request, as the API server's request-info resolver
-    /// derives them (k8s.io/apiserver `pkg/endpoints/request/requestinfo.go`).
+    /// The attributes of a request to the core API (`/api/v1/…`) or a named group
+    /// (`/apis/<group>/<version>/…`), as the API server's request-info resolver derives them
+    /// (k8s.io/apiserver `pkg/endpoints/request/requestinfo.go`).
     pub fn from_request(method: &str, path: &str, query: &str) -> Option<Attributes> {
-        let parts: Vec<&str> = path.strip_prefix("/api/v1/")?.split('/').collect();
+        let (api_group, rest) = match path.strip_prefix("/api/v1/") {
+            Some(rest) => ("", rest),
+            None => {
+                let mut named = path.strip_prefix("/apis/")?.splitn(3, '/');
+                let (group, _version, rest) = (named.next()?, named.next()?, named.next()?);
+                (group, rest)
+            }
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
         let (namespace, rest) = match parts.as_slice() {
             ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
             rest => (None, rest),
@@ -47,7 +56,7 @@ impl Attributes {
         };
         Some(Attributes {
             verb: verb.into(),
-            api_group: String::new(),
+            api_group: api_group.into(),
             resource: resource.into(),
             subresource: subresource.into(),
             namespace,

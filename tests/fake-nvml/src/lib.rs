@@ -24,7 +24,8 @@
 //! `remapped_rows: {"correctable", "uncorrectable", "pending", "failed"}`, `memory_temp_c` (field
 //! value 82), `pcie_tx_kbps`/`pcie_rx_kbps`, `nvlink_kib: [tx, rx]` (field values 138/139 over all
 //! links), and `gpm: {"graphics_util", "sm_util",
-//! "any_tensor_util", "dram_bw_util"}` (percent; absent: no GPM, as before Hopper).
+//! "any_tensor_util", "dram_bw_util"}` (percent; absent: no GPM, as before Hopper); a MIG
+//! instance's own `gpm` answers `nvmlGpmMigSampleGet` for its GPU instance.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 // Without the newer calls, their types and codes go unused.
@@ -134,6 +135,8 @@ struct MigInstance {
     compute_instance_id: u32,
     profile: String,
     memory: Memory,
+    /// The GPU instance's GPM percentages (`nvmlGpmMigSampleGet` on the parent); absent: none.
+    gpm: Option<Gpm>,
 }
 
 /// The calls a MIG device handle answers; the rest are NOT_SUPPORTED on it.
@@ -214,8 +217,9 @@ struct Utilization {
 
 struct State {
     initialized: u32,
-    /// GPM sample handles (their value is the key), and the device each was last taken of.
-    gpm_samples: BTreeMap<usize, Option<usize>>,
+    /// GPM sample handles (their value is the key), and what each was last taken of: a device
+    /// index, with the GPU instance id for a MIG sample.
+    gpm_samples: BTreeMap<usize, Option<(usize, Option<u32>)>>,
     next_sample: usize,
     /// Per device index, how many of its `xid_events` were delivered.
     delivered: BTreeMap<usize, usize>,
@@ -868,13 +872,41 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
         if d.gpm.is_none() {
             return NOT_SUPPORTED;
         }
-        match state().gpm_samples.get_mut(&(sample as usize)) {
-            Some(taken) => {
-                *taken = Some(index_of(device));
-                SUCCESS
-            }
-            None => INVALID_ARGUMENT,
+        take_gpm_sample(sample, (index_of(device), None))
+    })
+}
+
+fn take_gpm_sample(sample: nvmlGpmSample_t, of: (usize, Option<u32>)) -> nvmlReturn_t {
+    match state().gpm_samples.get_mut(&(sample as usize)) {
+        Some(taken) => {
+            *taken = Some(of);
+            SUCCESS
         }
+        None => INVALID_ARGUMENT,
+    }
+}
+
+/// A GPU instance's sample, taken on its parent GPU (nvml.h: Hopper or newer with MIG on).
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    device: nvmlDevice_t,
+    gpu_instance_id: c_uint,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    with_device(device, "gpm", |d| {
+        if d.gpm.is_none() || !d.mig.enabled {
+            return NOT_SUPPORTED;
+        }
+        if !d
+            .mig
+            .instances
+            .iter()
+            .any(|i| i.gpu_instance_id == gpu_instance_id)
+        {
+            return NOT_FOUND;
+        }
+        take_gpm_sample(sample, (index_of(device), Some(gpu_instance_id)))
     })
 }
 
@@ -897,9 +929,18 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
     if first != second || request.numMetrics as usize > request.metrics.len() {
         return INVALID_ARGUMENT;
     }
+    let (device, gpu_instance) = second;
     let Some(gpm) = scenario()
-        .and_then(|s| s.devices.get(second).cloned())
-        .and_then(|d| d.gpm)
+        .and_then(|s| s.devices.get(device).cloned())
+        .and_then(|d| match gpu_instance {
+            None => d.gpm,
+            Some(id) => d
+                .mig
+                .instances
+                .iter()
+                .find(|i| i.gpu_instance_id == id)
+                .and_then(|i| i.gpm),
+        })
     else {
         return NOT_SUPPORTED;
     };
