@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::cache::hasher::Control;
+use crate::cache::manifest::TrustChoice;
 use crate::cache::report::{FileStatus, Report};
 use crate::cache::{self, manifest, TrustPolicy, VerifyOptions};
 use crate::config::{self, LogFormat, Override};
@@ -107,13 +108,33 @@ pub struct VerifyArgs {
     /// Expected revision: a commit, or a ref name such as `main` in a Hugging Face cache.
     #[arg(long)]
     pub revision: Option<String>,
-    /// PEM public key (ECDSA P-256, P-384 or P-521) that must have signed a model_signing bundle;
-    /// with it, an unsigned manifest is refused.
-    #[arg(long)]
+    /// PEM public key (ECDSA P-256, P-384 or P-521) that must have signed a model_signing bundle
+    /// (`model_signing verify key`); with any signer given, an unsigned manifest is refused.
+    #[arg(long, visible_alias = "public_key", group = "signer")]
     pub public_key: Option<PathBuf>,
+    /// PEM certificates (a root, or intermediates you trust) the bundle's signing certificate must
+    /// chain to (`model_signing verify certificate`); repeat for several files.
+    #[arg(long, visible_alias = "certificate_chain", group = "signer")]
+    pub certificate_chain: Vec<PathBuf>,
+    /// Keyless (`model_signing verify sigstore`): the signer's identity in its certificate (an
+    /// email, or a workload URI), matched exactly.
+    #[arg(long, group = "signer", requires = "identity_provider")]
+    pub identity: Option<String>,
+    /// Keyless: the OpenID Connect issuer that vouched for the identity, matched exactly.
+    #[arg(long, visible_alias = "identity_provider", requires = "identity")]
+    pub identity_provider: Option<String>,
+    /// Keyless: a trusted_root.json for a private Sigstore deployment, or model_signing's
+    /// --trust-config file holding one (default: the public-good instance's, built in; nothing is
+    /// fetched).
+    #[arg(long, visible_aliases = ["trust_root", "trust-config"], requires = "identity")]
+    pub trust_root: Option<PathBuf>,
     /// Trust a model_signing bundle's digests without checking its signature.
-    #[arg(long, conflicts_with = "public_key")]
+    #[arg(long, conflicts_with = "signer")]
     pub allow_unsigned: bool,
+    /// Files or folders under ROOT that are neither checked nor extra, besides those a bundle's
+    /// own ignore list names (model_signing's --ignore-paths); relative to ROOT, or a path inside it.
+    #[arg(long, visible_alias = "ignore_paths")]
+    pub ignore_paths: Vec<PathBuf>,
     /// Fail when ROOT holds files the manifest does not list (always so for a signed bundle,
     /// unless --ignore-unsigned-files).
     #[arg(long)]
@@ -203,12 +224,19 @@ fn spawn_progress(
 }
 
 fn verify(args: VerifyArgs) -> ExitCode {
-    let trust = TrustPolicy::from_choice(args.public_key.as_deref(), args.allow_unsigned);
+    let trust = TrustPolicy::from_choice(&TrustChoice {
+        public_key: args.public_key.as_deref(),
+        certificate_chain: &args.certificate_chain,
+        identity: args.identity.as_deref(),
+        identity_provider: args.identity_provider.as_deref(),
+        trust_root: args.trust_root.as_deref(),
+        allow_unsigned: args.allow_unsigned,
+    });
     let loaded = match &args.manifest {
         Some(path) => manifest::load(path, &trust),
         None => manifest::hub::from_blob_names(&args.root, args.revision.as_deref()),
     };
-    let manifest = match loaded {
+    let mut manifest = match loaded {
         Ok(manifest) => manifest,
         // A signature or policy check that ran and failed is a failed verification, not bad usage.
         Err(e) => match e.failed_stage() {
@@ -216,6 +244,12 @@ fn verify(args: VerifyArgs) -> ExitCode {
             None => return usage_error(e),
         },
     };
+    for path in &args.ignore_paths {
+        match relative_to(&args.root, path) {
+            Ok(relative) => manifest.ignore_paths.push(relative),
+            Err(e) => return usage_error(e),
+        }
+    }
     let options = VerifyOptions {
         revision: args.revision.clone(),
         fail_on_extra: args.fail_on_extra,
@@ -252,6 +286,31 @@ fn verify(args: VerifyArgs) -> ExitCode {
     } else {
         ExitCode::from(EXIT_FAILED)
     }
+}
+
+/// `path` as the manifest spells paths, relative to `root`: given relative to ROOT, or as a path
+/// (relative to the working directory, as model_signing's scripts pass them) that lies inside it.
+fn relative_to(root: &std::path::Path, path: &std::path::Path) -> Result<String, String> {
+    let inside = std::fs::canonicalize(path)
+        .ok()
+        .zip(std::fs::canonicalize(root).ok())
+        .and_then(|(path, root)| path.strip_prefix(root).ok().map(PathBuf::from));
+    let relative = match inside {
+        Some(relative) => relative,
+        None if path.is_relative() => path.to_path_buf(),
+        None => {
+            return Err(format!(
+                "--ignore-paths {}: not inside {}",
+                path.display(),
+                root.display()
+            ))
+        }
+    };
+    relative
+        .to_str()
+        .map(|p| p.trim_start_matches("./").trim_end_matches('/').to_string())
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| format!("--ignore-paths {}: not a path under ROOT", path.display()))
 }
 
 /// The stage at which a verification that hashed files failed: the revision on disk, a file's

@@ -78,11 +78,25 @@ pub struct ModelConfig {
     pub manifest: PathBuf,
     #[serde(default)]
     pub revision: Option<String>,
-    /// PEM key that must have signed a model_signing bundle.
+    /// PEM key that must have signed a model_signing bundle (`model_signing verify key`).
     #[serde(default)]
     pub public_key: Option<PathBuf>,
+    /// PEM certificates the bundle's signing certificate must chain to (`verify certificate`).
+    #[serde(default)]
+    pub certificate_chain: Vec<PathBuf>,
+    /// Keyless (`verify sigstore`): the signer's certificate identity, and its OpenID issuer.
+    #[serde(default)]
+    pub identity: Option<String>,
+    #[serde(default)]
+    pub identity_provider: Option<String>,
+    /// Keyless: a private Sigstore deployment's trusted_root.json.
+    #[serde(default)]
+    pub trust_root: Option<PathBuf>,
     #[serde(default)]
     pub allow_unsigned: bool,
+    /// Paths under `root` (files or folders) neither checked nor extra, besides a bundle's own list.
+    #[serde(default)]
+    pub ignore_paths: Vec<String>,
     #[serde(default)]
     pub fail_on_extra: bool,
     /// With a signed bundle, files it does not list pass (model_signing's
@@ -894,10 +908,36 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         if model.manifest.as_os_str().is_empty() {
             return Err((key("manifest"), "must name the manifest file".into()));
         }
-        if model.public_key.is_some() && model.allow_unsigned {
+        let signers: Vec<&str> = [
+            ("public_key", model.public_key.is_some()),
+            ("certificate_chain", !model.certificate_chain.is_empty()),
+            ("identity", model.identity.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect();
+        if let [first, second, ..] = signers[..] {
+            return Err((
+                key(second),
+                format!("contradicts {first}: a bundle has one signer, give one way to check it"),
+            ));
+        }
+        if model.identity.is_some() != model.identity_provider.is_some() {
+            return Err((
+                key(if model.identity.is_some() { "identity_provider" } else { "identity" }),
+                "keyless verification needs both identity and identity_provider (the OpenID issuer)".into(),
+            ));
+        }
+        if model.trust_root.is_some() && model.identity.is_none() {
+            return Err((
+                key("trust_root"),
+                "is for keyless verification: give identity and identity_provider too".into(),
+            ));
+        }
+        if let (Some(signer), true) = (signers.first(), model.allow_unsigned) {
             return Err((
                 key("allow_unsigned"),
-                "contradicts public_key: give one or the other".into(),
+                format!("contradicts {signer}: give one or the other"),
             ));
         }
     }
@@ -1288,6 +1328,34 @@ mod tests {
                     .iter()
                     .any(|reason| message.contains(reason)),
                 "{key}={value}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_model_has_one_signer_and_keyless_needs_identity_and_issuer() {
+        let model = |extra: &str| {
+            from_yaml(&format!("{ONE_MODEL}{extra}"), &[])
+                .map(|c| c.models[0].clone())
+                .map_err(|e| e.to_string())
+        };
+        let keyless = model("    identity: ci@example.com\n    identity_provider: https://token.actions.githubusercontent.com\n    trust_root: /etc/sigstore/root.json\n").unwrap();
+        assert_eq!(keyless.identity.as_deref(), Some("ci@example.com"));
+        let chain =
+            model("    certificate_chain: [/pki/root.pem, /pki/intermediate.pem]\n").unwrap();
+        assert_eq!(chain.certificate_chain.len(), 2);
+        for (extra, key, reason) in [
+            ("    public_key: /k.pem\n    certificate_chain: [/c.pem]\n", "certificate_chain", "contradicts public_key"),
+            ("    certificate_chain: [/c.pem]\n    identity: a@b.c\n    identity_provider: https://x\n", "identity", "contradicts certificate_chain"),
+            ("    identity: a@b.c\n", "identity_provider", "needs both"),
+            ("    identity_provider: https://x\n", "identity", "needs both"),
+            ("    trust_root: /r.json\n", "trust_root", "keyless"),
+            ("    certificate_chain: [/c.pem]\n    allow_unsigned: true\n", "allow_unsigned", "contradicts certificate_chain"),
+        ] {
+            let message = model(extra).unwrap_err();
+            assert!(
+                message.contains(&format!("models[0].{key}")) && message.contains(reason),
+                "{extra}: {message}"
             );
         }
     }

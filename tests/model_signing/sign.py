@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
 """Signs a model directory with the real OpenSSF model_signing library, for the verifier's tests.
 
-usage: sign.py MODEL_DIR SIGNATURE KEY_DIR files|shards [SHARD_SIZE] [CURVE] [IGNORE_PATH ...]
+usage: sign.py MODEL_DIR SIGNATURE KEY_DIR files|shards|certificate [SHARD_SIZE] [CURVE] [IGNORE_PATH ...]
 
 Makes an ECDSA key pair on CURVE (secp256r1, the default; secp384r1; secp521r1: the curves
 model_signing signs with) in KEY_DIR (private.pem, public.pem) unless one is there. The
 `files` bundle is made with the `model_signing sign key` command line, as a release pipeline
 would; the `shards` bundle with the Python API, the only way model_signing offers shard
-serialization.
+serialization. `certificate` also makes a root CA (RSA 3072, as CAs still are; KEY_DIR/ca.pem), an
+intermediate CA (P-384; intermediate.pem) and a code-signing certificate for the key (signing.pem),
+and signs with `model_signing sign certificate`, the bundle carrying the signing certificate and
+the intermediate.
 """
+import datetime
 import pathlib
 import subprocess
 import sys
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
 CURVES = {"secp256r1": ec.SECP256R1, "secp384r1": ec.SECP384R1, "secp521r1": ec.SECP521R1}
@@ -40,6 +46,47 @@ def ensure_key(key_dir: pathlib.Path, curve: str) -> pathlib.Path:
     return private
 
 
+def certificate(subject, key, issuer_name, issuer_key, ca):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_name)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=not ca, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False
+        )
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def make_chain(key_dir: pathlib.Path, private: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    root_key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    intermediate_key = ec.generate_private_key(ec.SECP384R1())
+    signer_key = serialization.load_pem_private_key(private.read_bytes(), password=None)
+    root = certificate("test root CA", root_key, "test root CA", root_key, True)
+    intermediate = certificate("test intermediate CA", intermediate_key, "test root CA", root_key, True)
+    signing = certificate("model signer", signer_key, "test intermediate CA", intermediate_key, False)
+    pem = lambda cert: cert.public_bytes(serialization.Encoding.PEM)
+    (key_dir / "ca.pem").write_bytes(pem(root))
+    (key_dir / "intermediate.pem").write_bytes(pem(intermediate))
+    (key_dir / "signing.pem").write_bytes(pem(signing))
+    return key_dir / "signing.pem", key_dir / "intermediate.pem"
+
+
 def main() -> None:
     model, signature, key_dir, method = sys.argv[1:5]
     curve = sys.argv[6] if len(sys.argv) > 6 else "secp256r1"
@@ -48,6 +95,15 @@ def main() -> None:
     if method == "files":
         subprocess.run(
             ["model_signing", "sign", "key", "--private_key", str(private), "--signature", signature, *ignored, model],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    elif method == "certificate":
+        signing, intermediate = make_chain(pathlib.Path(key_dir), private)
+        subprocess.run(
+            ["model_signing", "sign", "certificate", "--private_key", str(private),
+             "--signing_certificate", str(signing), "--certificate_chain", str(intermediate),
+             "--signature", signature, *ignored, model],
             check=True,
             stdout=subprocess.DEVNULL,
         )

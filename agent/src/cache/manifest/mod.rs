@@ -5,6 +5,7 @@
 //! ([`model_signing`], `{"mediaType", "dsseEnvelope"}`). Both become one [`Manifest`], so the
 //! verifier never knows which it was given.
 
+pub mod certificate;
 pub mod hub;
 pub mod model_signing;
 pub mod native;
@@ -176,27 +177,90 @@ impl Manifest {
     }
 }
 
-/// What it takes for a model_signing bundle's digests to be trusted.
+/// What it takes for a model_signing bundle's digests to be trusted: the three ways
+/// `model_signing verify` checks a signer (`key`, `certificate`, `sigstore`), or none.
 #[derive(Clone, Debug, Default)]
 pub enum TrustPolicy {
-    /// The DSSE signature must verify with this PEM public key (ECDSA P-256).
+    /// The DSSE signature must verify with this PEM public key (ECDSA P-256, P-384 or P-521).
     PublicKey(PathBuf),
+    /// The bundle's signing certificate must chain to one of the certificates in these PEM files
+    /// (a root, or an intermediate the operator trusts), be valid when it signed and be meant for
+    /// signing; its key must verify the signature.
+    CertificateChain(Vec<PathBuf>),
+    /// Keyless: a Fulcio certificate for `identity` from the OpenID provider `issuer`, logged in
+    /// Rekor, all checked offline against a Sigstore trusted root.
+    Sigstore(SigstoreSigner),
     /// Trust the digests without checking who signed them (`--allow-unsigned`).
     AllowUnsigned,
-    /// No key and no permission: a bundle is refused. Native manifests are trusted as given,
+    /// No signer and no permission: a bundle is refused. Native manifests are trusted as given,
     /// because their trust comes from where the operator keeps them.
     #[default]
     RequireKey,
 }
 
+/// Who must have signed a keyless bundle, and the trusted root that vouches for the certificate
+/// authority and logs (the public-good instance's, embedded, unless one is given).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SigstoreSigner {
+    /// The certificate's subject alternative name (an email, or a workload URI), matched exactly.
+    pub identity: String,
+    /// The OpenID Connect issuer that vouched for it, matched exactly.
+    pub issuer: String,
+    /// A `trusted_root.json` for a private Sigstore deployment.
+    pub trust_root: Option<PathBuf>,
+}
+
+/// What the operator gave, from flags or a model's config, before it becomes a [`TrustPolicy`].
+/// The places that take it refuse contradicting choices, naming them; here the order only decides.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TrustChoice<'a> {
+    pub public_key: Option<&'a Path>,
+    pub certificate_chain: &'a [PathBuf],
+    pub identity: Option<&'a str>,
+    pub identity_provider: Option<&'a str>,
+    pub trust_root: Option<&'a Path>,
+    pub allow_unsigned: bool,
+}
+
 impl TrustPolicy {
-    /// From what the operator gave: a key wins (a key and `allow_unsigned` together are refused
-    /// where both can be set), else the permission, else a bundle needs a key.
-    pub fn from_choice(public_key: Option<&Path>, allow_unsigned: bool) -> TrustPolicy {
-        match (public_key, allow_unsigned) {
-            (Some(key), _) => TrustPolicy::PublicKey(key.to_path_buf()),
-            (None, true) => TrustPolicy::AllowUnsigned,
-            (None, false) => TrustPolicy::RequireKey,
+    pub fn from_choice(choice: &TrustChoice) -> TrustPolicy {
+        if let Some(key) = choice.public_key {
+            return TrustPolicy::PublicKey(key.to_path_buf());
+        }
+        if !choice.certificate_chain.is_empty() {
+            return TrustPolicy::CertificateChain(choice.certificate_chain.to_vec());
+        }
+        if let (Some(identity), Some(issuer)) = (choice.identity, choice.identity_provider) {
+            return TrustPolicy::Sigstore(SigstoreSigner {
+                identity: identity.to_string(),
+                issuer: issuer.to_string(),
+                trust_root: choice.trust_root.map(Path::to_path_buf),
+            });
+        }
+        if choice.allow_unsigned {
+            TrustPolicy::AllowUnsigned
+        } else {
+            TrustPolicy::RequireKey
+        }
+    }
+
+    /// The configured signer, in words; None when no signer is required.
+    pub fn signer(&self) -> Option<String> {
+        match self {
+            TrustPolicy::PublicKey(key) => Some(format!("public key {}", key.display())),
+            TrustPolicy::CertificateChain(chain) => Some(format!(
+                "certificate chain {}",
+                chain
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            TrustPolicy::Sigstore(signer) => Some(format!(
+                "sigstore identity {} from {}",
+                signer.identity, signer.issuer
+            )),
+            TrustPolicy::AllowUnsigned | TrustPolicy::RequireKey => None,
         }
     }
 }
@@ -219,32 +283,46 @@ pub enum ManifestError {
     },
     #[error("manifest {path} is not a native manifest (keys \"revision\", \"files\") nor a model_signing bundle (keys \"mediaType\", \"dsseEnvelope\")")]
     UnknownFormat { path: PathBuf },
-    #[error("manifest {path} is a model_signing bundle, and its digests are only trusted once its signature is checked: give the signer's key (--public-key PEM, or public_key in the model's config), or trust it unchecked (--allow-unsigned, or allow_unsigned)")]
+    #[error("manifest {path} is a model_signing bundle, and its digests are only trusted once its signature is checked: say who signed it (--public-key PEM, --certificate-chain PEM, or --identity with --identity-provider; public_key, certificate_chain, identity and identity_provider in the model's config), or trust it unchecked (--allow-unsigned, or allow_unsigned)")]
     Unsigned { path: PathBuf },
-    #[error("manifest {path}: the signature does not verify with public key {key}: {reason}")]
+    #[error("manifest {path}: the signature does not verify with {signer}: {reason}")]
     BadSignature {
         path: PathBuf,
-        key: PathBuf,
+        signer: String,
+        reason: String,
+    },
+    #[error("manifest {path}: signed, but not by {signer}: {reason}")]
+    WrongSigner {
+        path: PathBuf,
+        signer: String,
         reason: String,
     },
     #[error("manifest {path}: the signed statement is inconsistent: {reason}")]
     Inconsistent { path: PathBuf, reason: String },
-    #[error("manifest {path} is not a signed bundle, but a key ({key}) is configured: only a bundle that verifies with it is accepted (drop the key to trust a native manifest by where it is kept)")]
-    Downgrade { path: PathBuf, key: PathBuf },
+    #[error("manifest {path} is not a signed bundle, but a signer ({signer}) is configured: only a bundle that verifies with it is accepted (drop the signer to trust a native manifest by where it is kept)")]
+    Downgrade { path: PathBuf, signer: String },
     #[error("{path} cannot be verified without --manifest: {reason}")]
     NoManifest { path: PathBuf, reason: String },
     #[error("public key {path}: {reason}")]
     BadKey { path: PathBuf, reason: String },
+    #[error("{what} {path}: {reason}")]
+    BadTrustMaterial {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
 }
 
 impl ManifestError {
     /// The stage of a verification that ran and failed (exit 1), as opposed to input that could
-    /// not be used at all (exit 2): `signature` (does not verify with the key), `digest` (the signed
-    /// statement's digests do not add up), `policy` (a key is configured and this manifest is not
-    /// signed with it).
+    /// not be used at all (exit 2): `signature` (does not verify with the key, certificate or log
+    /// proof), `digest` (the signed statement's digests do not add up), `policy` (a signer is
+    /// configured and this manifest is not signed by it: unsigned, another identity, a certificate
+    /// outside the chain).
     pub fn failed_stage(&self) -> Option<&'static str> {
         match self {
             ManifestError::BadSignature { .. } => Some("signature"),
+            ManifestError::WrongSigner { .. } => Some("policy"),
             ManifestError::Inconsistent { .. } => Some("digest"),
             ManifestError::Downgrade { .. } => Some("policy"),
             _ => None,
@@ -340,12 +418,12 @@ fn from_source<S: Read + Seek>(
         hashing.read_to_end(&mut bytes).map_err(read_error)?;
         model_signing::parse(path, &bytes, trust)?
     } else if probe.files.is_some() {
-        // A configured key means "only what this key signed": an unsigned manifest put in the
+        // A configured signer means "only what it signed": an unsigned manifest put in the
         // bundle's place must not be trusted instead (a downgrade).
-        if let TrustPolicy::PublicKey(key) = trust {
+        if let Some(signer) = trust.signer() {
             return Err(ManifestError::Downgrade {
                 path: path.to_path_buf(),
-                key: key.clone(),
+                signer,
             });
         }
         native::parse(path, BufReader::new(&mut hashing))?

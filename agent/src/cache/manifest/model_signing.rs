@@ -3,10 +3,13 @@
 //! A sigstore bundle holds a DSSE envelope whose payload is an in-toto statement; the statement's
 //! predicate lists every file (`files` serialization) or every byte range of every file (`shards`
 //! serialization, resource names `path:start:end`) with its SHA-256. We check, in this order:
-//! the DSSE signature over the envelope's pre-authentication encoding with the operator's key
-//! (ECDSA on P-256, P-384 or P-521, as `model_signing sign key` makes), then that the statement's subject digest is
-//! the SHA-256 of the resource digests in order (as model_signing's own verifier does), and only
-//! then hand the digests to the verifier.
+//! who signed it, as the operator requires (the three ways `model_signing verify` does: the DSSE
+//! signature over the envelope's pre-authentication encoding with a public key on P-256, P-384 or
+//! P-521; a signing certificate that chains to the operator's certificates ([`super::certificate`]);
+//! or keyless, a Fulcio certificate for an identity and issuer, logged in Rekor, checked offline by
+//! `sigstore-verify`), then that the statement's subject digest is the SHA-256 of the resource
+//! digests in order (as model_signing's own verifier does), and only then hand the digests to the
+//! verifier.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,12 +22,15 @@ use sha2::Digest as _;
 
 use super::{
     parse_json, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256, Shard,
-    TrustPolicy,
+    SigstoreSigner, TrustPolicy,
 };
 
 const IN_TOTO_PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 const PREDICATE_TYPE: &str = "https://model_signing/signature/v1.0";
+/// What model_signing before 1.0 (0.2.x) signed: a digest list in another layout, signed over a
+/// pre-authentication encoding with a known bug (its own verifier keeps a compatibility path).
+const PREDICATE_TYPE_V0_2: &str = "https://model_signing/Digests/v0.1";
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -40,6 +46,21 @@ struct Bundle {
 struct VerificationMaterial {
     #[serde(default)]
     public_key: Option<PublicKeyIdentifier>,
+    /// `model_signing sign certificate`: the signing certificate first, then what leads to a root.
+    #[serde(default)]
+    x509_certificate_chain: Option<CertificateChain>,
+}
+
+#[derive(Deserialize)]
+struct CertificateChain {
+    certificates: Vec<RawCertificate>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawCertificate {
+    /// Base64 DER.
+    raw_bytes: String,
 }
 
 #[derive(Deserialize)]
@@ -136,9 +157,32 @@ pub(super) fn parse(
     }
     let payload = base64_decode(&envelope.payload)
         .map_err(|e| ManifestError::invalid(path, "$[\"dsseEnvelope\"][\"payload\"]", e))?;
-
+    // Read before it is trusted: a keyless check binds the signature to the statement's subject.
+    let statement = parse_statement(path, &payload)?;
     match trust {
         TrustPolicy::PublicKey(key_path) => check_signature(path, key_path, &bundle, &payload)?,
+        TrustPolicy::CertificateChain(chain_files) => {
+            let signer = trust.signer().unwrap_or_default();
+            let chain: Option<Vec<&str>> = bundle
+                .verification_material
+                .as_ref()
+                .and_then(|m| m.x509_certificate_chain.as_ref())
+                .map(|c| {
+                    c.certificates
+                        .iter()
+                        .map(|c| c.raw_bytes.as_str())
+                        .collect()
+                });
+            let spki =
+                super::certificate::signing_key(path, chain_files, &signer, chain.as_deref())?;
+            let key = SignerKey::from_spki_der(&spki).map_err(|e| ManifestError::WrongSigner {
+                path: path.to_path_buf(),
+                signer: signer.clone(),
+                reason: format!("the signing certificate: {e}"),
+            })?;
+            verify_envelope(path, &signer, &key, &bundle, &payload)?;
+        }
+        TrustPolicy::Sigstore(signer) => check_keyless(path, bytes, &bundle, &statement, signer)?,
         TrustPolicy::AllowUnsigned => {}
         TrustPolicy::RequireKey => {
             return Err(ManifestError::Unsigned {
@@ -146,17 +190,142 @@ pub(super) fn parse(
             })
         }
     }
+    statement_to_manifest(path, statement)
+}
 
-    let statement: Statement = parse_json(path, &payload).map_err(|e| match e {
+/// Just the statement's predicate type, read before the predicate is: an older model_signing's
+/// predicate has another shape, and deserves "unsupported version" rather than a field error.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatementKind {
+    predicate_type: Option<String>,
+}
+
+fn parse_statement(path: &Path, payload: &[u8]) -> Result<Statement, ManifestError> {
+    let in_payload = |e| match e {
         ManifestError::Invalid { path, at, reason } => ManifestError::Invalid {
             path,
             at: format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) {at}"),
             reason,
         },
         other => other,
-    })?;
-    statement_to_manifest(path, statement)
+    };
+    let kind: StatementKind = parse_json(path, payload).map_err(in_payload)?;
+    if kind.predicate_type.as_deref() == Some(PREDICATE_TYPE_V0_2) {
+        return Err(ManifestError::invalid(
+            path,
+            "$[\"dsseEnvelope\"][\"payload\"] (decoded) $.predicateType",
+            format!("unsupported format version: {PREDICATE_TYPE_V0_2:?} is model_signing 0.2's; sign the model again with model_signing 1.x (predicate {PREDICATE_TYPE:?})"),
+        ));
+    }
+    parse_json(path, payload).map_err(in_payload)
 }
+
+/// Keyless: `sigstore-verify` checks the Fulcio certificate chain and its SCT against the trusted
+/// root, the identity and issuer exactly, the Rekor entry's inclusion proof, checkpoint and promise,
+/// the certificate's validity at the logged time, and the DSSE signature; the statement's subject
+/// is what the signature must bind (its resources are checked to hash to it afterwards).
+fn check_keyless(
+    path: &Path,
+    bytes: &[u8],
+    ours: &Bundle,
+    statement: &Statement,
+    signer: &SigstoreSigner,
+) -> Result<(), ManifestError> {
+    use sigstore_verify::trust_root::{TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT};
+    use sigstore_verify::types::{Artifact, ArtifactDigest, Sha256Hash};
+    let described = || {
+        TrustPolicy::Sigstore(signer.clone())
+            .signer()
+            .unwrap_or_default()
+    };
+    if let Some(material) = &ours.verification_material {
+        let other = if material.x509_certificate_chain.is_some() {
+            Some("a certificate chain (model_signing sign certificate)")
+        } else if material.public_key.is_some() {
+            Some("a key (model_signing sign key)")
+        } else {
+            None
+        };
+        if let Some(other) = other {
+            return Err(ManifestError::WrongSigner {
+                path: path.to_path_buf(),
+                signer: described(),
+                reason: format!("the bundle is not keyless: it was signed with {other}"),
+            });
+        }
+    }
+    let root = match &signer.trust_root {
+        Some(file) => crate::files::read_bounded_text(file, TRUST_ROOT_LIMIT)
+            .map_err(|e| format!("cannot read: {e}"))
+            .and_then(|json| {
+                // model_signing's --trust-config file is a ClientTrustConfig that holds the root.
+                let embedded = serde_json::from_str::<serde_json::Value>(&json)
+                    .ok()
+                    .and_then(|v| v.get("trustedRoot").map(ToString::to_string));
+                TrustedRoot::from_json(embedded.as_deref().unwrap_or(&json))
+                    .map_err(|e| format!("not a Sigstore trusted_root.json (nor a ClientTrustConfig holding one): {e}"))
+            })
+            .map_err(|reason| ManifestError::BadTrustMaterial {
+                what: "trusted root",
+                path: file.clone(),
+                reason,
+            })?,
+        None => TrustedRoot::from_json(SIGSTORE_PRODUCTION_TRUSTED_ROOT).map_err(|e| {
+            ManifestError::BadTrustMaterial {
+                what: "trusted root",
+                path: "(embedded public-good Sigstore root)".into(),
+                reason: e.to_string(),
+            }
+        })?,
+    };
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| ManifestError::invalid(path, "$", format!("not UTF-8: {e}")))?;
+    let bundle = sigstore_verify::types::Bundle::from_json(text)
+        .map_err(|e| ManifestError::invalid(path, "$", format!("not a sigstore bundle: {e}")))?;
+    let [subject] = statement.subject.as_slice() else {
+        return Err(ManifestError::invalid(
+            path,
+            "$[\"dsseEnvelope\"][\"payload\"] (decoded) $.subject",
+            "expected exactly one subject",
+        ));
+    };
+    let artifact = Artifact::Digest(ArtifactDigest::sha256(Sha256Hash::new(
+        subject.digest.sha256.0,
+    )));
+    let policy =
+        sigstore_verify::VerificationPolicy::new(signer.identity.as_str(), signer.issuer.as_str());
+    let described = || {
+        TrustPolicy::Sigstore(signer.clone())
+            .signer()
+            .unwrap_or_default()
+    };
+    match sigstore_verify::verify(artifact, &bundle, &policy, &root) {
+        Ok(_) => Ok(()),
+        Err(
+            e @ (sigstore_verify::Error::IdentityMismatch { .. }
+            | sigstore_verify::Error::IssuerMismatch { .. }),
+        ) => Err(ManifestError::WrongSigner {
+            path: path.to_path_buf(),
+            signer: described(),
+            reason: e.to_string(),
+        }),
+        Err(
+            e @ (sigstore_verify::Error::InvalidBundle(_)
+            | sigstore_verify::Error::UnsupportedBundle(_)
+            | sigstore_verify::Error::Bundle(_)
+            | sigstore_verify::Error::Types(_)),
+        ) => Err(ManifestError::invalid(path, "$", e.to_string())),
+        Err(e) => Err(ManifestError::BadSignature {
+            path: path.to_path_buf(),
+            signer: described(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// A trusted root is a few tens of kilobytes.
+const TRUST_ROOT_LIMIT: u64 = 4 << 20;
 
 fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
     base64::engine::general_purpose::STANDARD
@@ -187,11 +356,7 @@ fn check_signature(
         path: key_path.to_path_buf(),
         reason,
     };
-    let bad_signature = |reason: String| ManifestError::BadSignature {
-        path: path.to_path_buf(),
-        key: key_path.to_path_buf(),
-        reason,
-    };
+    let signer = format!("public key {}", key_path.display());
     let pem = crate::files::read_bounded_text(key_path, KEY_FILE_LIMIT)
         .map_err(|e| bad_key(format!("cannot read: {e}")))?;
     let key = SignerKey::from_pem(&pem).map_err(bad_key)?;
@@ -207,12 +372,31 @@ fn check_signature(
         let canonical = key.canonical_pem().map_err(bad_key)?;
         let ours = hex::encode(sha2::Sha256::digest(canonical.as_bytes()));
         if ours != hint {
-            return Err(bad_signature(format!(
-                "the bundle was signed with another key (its key hint is {hint}, this key's is {ours})"
-            )));
+            return Err(ManifestError::BadSignature {
+                path: path.to_path_buf(),
+                signer,
+                reason: format!(
+                    "the bundle was signed with another key (its key hint is {hint}, this key's is {ours})"
+                ),
+            });
         }
     }
+    verify_envelope(path, &signer, &key, bundle, payload)
+}
 
+/// The envelope's signature over the in-toto payload, checked with `key` (`signer` names it).
+fn verify_envelope(
+    path: &Path,
+    signer: &str,
+    key: &SignerKey,
+    bundle: &Bundle,
+    payload: &[u8],
+) -> Result<(), ManifestError> {
+    let bad_signature = |reason: String| ManifestError::BadSignature {
+        path: path.to_path_buf(),
+        signer: signer.to_string(),
+        reason,
+    };
     let message = pae(IN_TOTO_PAYLOAD_TYPE, payload);
     let signatures = &bundle.dsse_envelope.signatures;
     if signatures.is_empty() {
@@ -245,6 +429,22 @@ enum SignerKey {
 }
 
 impl SignerKey {
+    /// From a certificate's SubjectPublicKeyInfo (DER).
+    fn from_spki_der(der: &[u8]) -> Result<SignerKey, String> {
+        if let Ok(key) = p256::PublicKey::from_public_key_der(der) {
+            return Ok(SignerKey::P256(key));
+        }
+        if let Ok(key) = p384::PublicKey::from_public_key_der(der) {
+            return Ok(SignerKey::P384(key));
+        }
+        p521::PublicKey::from_public_key_der(der)
+            .map(SignerKey::P521)
+            .map_err(|_| {
+                "its key is not ECDSA on P-256, P-384 or P-521, the keys model_signing signs with"
+                    .to_string()
+            })
+    }
+
     fn from_pem(pem: &str) -> Result<SignerKey, String> {
         if let Ok(key) = p256::PublicKey::from_public_key_pem(pem) {
             return Ok(SignerKey::P256(key));

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::events::{changes_content, Router, Work};
 use super::hasher::Control;
 use super::layout;
-use super::manifest::{self, Manifest, TrustPolicy};
+use super::manifest::{self, Manifest, TrustChoice, TrustPolicy};
 use super::metrics::{CacheMetrics, VerifyKind};
 use super::priority::{self, Hashers, Priority, Situation};
 use super::report::{FileStatus, Report};
@@ -103,7 +103,15 @@ impl Monitor {
     }
 
     fn trust(&self) -> TrustPolicy {
-        TrustPolicy::from_choice(self.model.public_key.as_deref(), self.model.allow_unsigned)
+        let model = &self.model;
+        TrustPolicy::from_choice(&TrustChoice {
+            public_key: model.public_key.as_deref(),
+            certificate_chain: &model.certificate_chain,
+            identity: model.identity.as_deref(),
+            identity_provider: model.identity_provider.as_deref(),
+            trust_root: model.trust_root.as_deref(),
+            allow_unsigned: model.allow_unsigned,
+        })
     }
 
     fn timing(&self) -> Timing {
@@ -359,8 +367,12 @@ impl Monitor {
     async fn load_manifest(&self) -> Result<(Manifest, [u8; 32]), String> {
         let path = self.model.manifest.clone();
         let trust = self.trust();
+        let ignored = self.model.ignore_paths.clone();
         tokio::task::spawn_blocking(move || {
-            manifest::load_with_digest(&path, &trust).map_err(|e| e.to_string())
+            let (mut manifest, digest) =
+                manifest::load_with_digest(&path, &trust).map_err(|e| e.to_string())?;
+            manifest.ignore_paths.extend(ignored);
+            Ok((manifest, digest))
         })
         .await
         .unwrap_or_else(|e| Err(format!("manifest task failed: {e}")))
