@@ -1095,3 +1095,49 @@ fn a_configured_trusted_root_replaces_the_built_in_one() {
         out.stderr
     );
 }
+
+/// model_signing signs with `allow_symlinks: false` unless told otherwise, and its verifier then
+/// refuses a file reached through a symlink, even one inside the model: so do we, and both agree
+/// on the same tree (the real `model_signing verify key` runs beside ours).
+#[test]
+fn a_file_turned_into_a_symlink_fails_as_model_signing_fails_it() {
+    let signed = sign("files", 0);
+    let shard = "model-00002-of-00002.safetensors";
+    std::fs::create_dir_all(signed.model.path("store")).unwrap();
+    std::fs::rename(
+        signed.model.path(shard),
+        signed.model.path("store/real.bin"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("store/real.bin", signed.model.path(shard)).unwrap();
+    let out = signed.verify(&["--ignore-paths", "store", "--json"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(file_status(&json(&out), shard), "unsafe_path");
+    let peer = || {
+        Command::new("model_signing")
+            .args(["verify", "key", "--signature"])
+            .arg(&signed.bundle)
+            .arg("--public_key")
+            .arg(signed.public_key())
+            .arg("--ignore-paths")
+            .arg(signed.model.path("store"))
+            .arg(signed.model.root())
+            .output()
+            .expect("model_signing runs")
+    };
+    let refused = peer();
+    assert!(!refused.status.success(), "model_signing refuses it too");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("symlink"),
+        "for the symlink: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    std::fs::remove_file(signed.model.path(shard)).unwrap();
+    std::fs::rename(
+        signed.model.path("store/real.bin"),
+        signed.model.path(shard),
+    )
+    .unwrap();
+    assert!(peer().status.success());
+    assert_eq!(signed.verify(&["--ignore-paths", "store"]).code, 0);
+}

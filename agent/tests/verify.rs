@@ -258,6 +258,60 @@ fn symlink_chain_inside_root_is_fine() {
     }
 }
 
+/// A model_signing bundle signed with `allow_symlinks: false` (model_signing's default) reaches no
+/// file through a symlink, even one that stays inside ROOT, in either way of opening; the other
+/// files still verify. A directory symlink on the way is refused the same.
+#[test]
+fn a_bundle_without_allow_symlinks_refuses_every_symlink() {
+    for strategy in STRATEGIES {
+        let model = PlainModel::new();
+        let shard = "model-00002-of-00002.safetensors";
+        std::fs::create_dir_all(model.path("store")).unwrap();
+        std::fs::rename(model.path(shard), model.path("store/real.bin")).unwrap();
+        symlink("store/real.bin", model.path(shard)).unwrap();
+        let mut manifest = manifest::parse(
+            Path::new("bundle.sig"),
+            model.manifest_json("v1", true).as_bytes(),
+            &TrustPolicy::RequireKey,
+        )
+        .unwrap();
+        manifest.allow_symlinks = false;
+        let options = VerifyOptions {
+            strategy,
+            ..VerifyOptions::default()
+        };
+        let report = verify(model.root(), &manifest, &options, &Control::default()).unwrap();
+        assert_eq!(
+            status(&report, shard),
+            FileStatus::UnsafePath,
+            "{strategy:?}"
+        );
+        assert!(
+            error(&report, shard).contains("allow_symlinks"),
+            "{report:#?}"
+        );
+        assert_eq!(status(&report, "config.json"), FileStatus::Ok);
+        assert_eq!(report.status, Verdict::Failed);
+
+        // The file back in place, its folder reached through a symlinked directory instead.
+        std::fs::remove_file(model.path(shard)).unwrap();
+        std::fs::rename(model.path("store/real.bin"), model.path(shard)).unwrap();
+        let nested = "tokenizer/tokenizer.json";
+        std::fs::rename(model.path("tokenizer"), model.path("store/tok")).unwrap();
+        symlink("store/tok", model.path("tokenizer")).unwrap();
+        let report = verify(model.root(), &manifest, &options, &Control::default()).unwrap();
+        assert_eq!(
+            status(&report, nested),
+            FileStatus::UnsafePath,
+            "{strategy:?}"
+        );
+        assert_eq!(status(&report, shard), FileStatus::Ok, "{strategy:?}");
+        manifest.allow_symlinks = true;
+        let report = verify(model.root(), &manifest, &options, &Control::default()).unwrap();
+        assert_eq!(status(&report, nested), FileStatus::Ok, "{strategy:?}");
+    }
+}
+
 #[test]
 fn symlink_loop_is_an_io_error_not_a_hang() {
     for strategy in STRATEGIES {

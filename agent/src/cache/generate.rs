@@ -103,6 +103,7 @@ pub fn generate(
                 OpenFailure::Missing(r)
                 | OpenFailure::EscapesRoot(r)
                 | OpenFailure::NotRegular(r)
+                | OpenFailure::Symlink(r)
                 | OpenFailure::Io(r),
             )
             | JobResult::Changed(r)

@@ -40,6 +40,8 @@ pub enum OpenFailure {
     Missing(String),
     EscapesRoot(String),
     NotRegular(String),
+    /// A symlink on the path where the manifest allows none.
+    Symlink(String),
     Io(String),
 }
 
@@ -82,6 +84,9 @@ pub struct Root {
     dev: u64,
     path: PathBuf,
     strategy: Strategy,
+    /// Whether a path may pass through symlinks (inside ROOT). A model_signing bundle signed with
+    /// `allow_symlinks: false` allows none, as model_signing's own verifier.
+    symlinks: bool,
 }
 
 /// Remembers, process-wide, that the kernel refused openat2, so that each later open goes straight
@@ -133,7 +138,15 @@ impl Root {
             dev,
             path: path.to_path_buf(),
             strategy,
+            symlinks: true,
         })
+    }
+
+    /// The same ROOT, refusing every path that passes through a symlink (the kernel's
+    /// `RESOLVE_NO_SYMLINKS`, or the walk's own check), with no window for a rename.
+    pub fn without_symlinks(mut self) -> Root {
+        self.symlinks = false;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -208,11 +221,13 @@ impl Root {
     }
 
     fn openat2(&self, rel: &str, flags: OFlag) -> nix::Result<OwnedFd> {
-        let how = OpenHow::new().flags(flags).resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        );
+        let mut resolve = ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS
+            | ResolveFlag::RESOLVE_NO_XDEV;
+        if !self.symlinks {
+            resolve |= ResolveFlag::RESOLVE_NO_SYMLINKS;
+        }
+        let how = OpenHow::new().flags(flags).resolve(resolve);
         // RESOLVE_BENEATH answers EAGAIN when a concurrent rename might have let a `..` escape.
         let mut result = openat2(self.fd(), rel, how);
         for _ in 0..3 {
@@ -242,6 +257,7 @@ impl Root {
                 {
                     OPENAT2.store(OPENAT2_REFUSED, Ordering::Relaxed);
                 }
+                Err(Errno::ELOOP) if !self.symlinks => return Err(symlink_refused()),
                 Err(e) => return Err(classify(e)),
             }
         }
@@ -281,6 +297,9 @@ impl Root {
                 ));
             }
             if is_kind(&stat, SFlag::S_IFLNK) {
+                if !self.symlinks {
+                    return Err(symlink_refused());
+                }
                 symlinks += 1;
                 if symlinks > MAX_SYMLINKS {
                     return Err(classify(Errno::ELOOP));
@@ -318,6 +337,12 @@ impl Root {
 fn split(path: &[u8]) -> impl Iterator<Item = OsString> + '_ {
     path.split(|&b| b == b'/')
         .map(|part| OsString::from(std::ffi::OsStr::from_bytes(part)))
+}
+
+fn symlink_refused() -> OpenFailure {
+    OpenFailure::Symlink(
+        "its path passes through a symlink, and the bundle was signed with allow_symlinks: false (model_signing refuses it too)".into(),
+    )
 }
 
 fn classify(errno: Errno) -> OpenFailure {

@@ -166,6 +166,12 @@ fn verify_tree(
         }
     };
 
+    // A hub cache's snapshot entries are links into its blob store by design (the layout checks
+    // their form); in a plain directory, a bundle's `allow_symlinks: false` means none at all.
+    let root = match layout {
+        Layout::Plain if !manifest.allow_symlinks => root.without_symlinks(),
+        _ => root,
+    };
     let mut files = Vec::new();
     let mut ok_not_kept = 0;
     let mut expected_bytes = 0;
@@ -335,6 +341,7 @@ fn status_of(failure: OpenFailure) -> (FileStatus, String) {
         OpenFailure::Missing(reason) => (FileStatus::Missing, reason),
         OpenFailure::EscapesRoot(reason) => (FileStatus::EscapesRoot, reason),
         OpenFailure::NotRegular(reason) => (FileStatus::NotRegularFile, reason),
+        OpenFailure::Symlink(reason) => (FileStatus::UnsafePath, reason),
         OpenFailure::Io(reason) => (FileStatus::IoError, reason),
     }
 }

@@ -112,6 +112,10 @@ pub struct Manifest {
     pub files: Vec<ExpectedFile>,
     /// Paths the signer left out on purpose (a bundle's `ignore_paths`): never extra.
     pub ignore_paths: Vec<String>,
+    /// Whether a listed file may be reached through a symlink in a plain directory: a bundle says
+    /// (`allow_symlinks`, false unless it says true, as model_signing verifies); a native manifest
+    /// allows those that stay inside ROOT.
+    pub allow_symlinks: bool,
 }
 
 impl Manifest {
@@ -129,6 +133,7 @@ impl Manifest {
             revision,
             files,
             ignore_paths: Vec::new(),
+            allow_symlinks: true,
         }
     }
 

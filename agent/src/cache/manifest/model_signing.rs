@@ -115,6 +115,9 @@ struct Serialization {
     /// verifier ignores them too, and so do we when listing extras.
     #[serde(default)]
     ignore_paths: Vec<String>,
+    /// Whether the signer let symlinks be followed; model_signing's verifier refuses them otherwise.
+    #[serde(default)]
+    allow_symlinks: bool,
 }
 
 #[derive(Deserialize)]
@@ -588,6 +591,7 @@ fn statement_to_manifest(path: &Path, statement: Statement) -> Result<Manifest, 
         "files" => files_manifest(path, resources, &digests)?,
         _ => shards_manifest(path, resources, &digests)?,
     };
+    manifest.allow_symlinks = serialization.allow_symlinks;
     manifest.ignore_paths = serialization
         .ignore_paths
         .iter()
