@@ -4,10 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The bundle tests sign models with the real OpenSSF model_signing tool; the deploy tests validate
+# The bundle tests sign models with the real OpenSSF model_signing tool; the Hugging Face cache tests
+# lay out caches with huggingface_hub's own code (and hf_xet's hashes); the deploy tests validate
 # every object against the Kubernetes schema with kubernetes-validate.
-if ! python3 -c 'import model_signing' >/dev/null 2>&1 || ! command -v kubernetes-validate >/dev/null 2>&1; then
-    python3 -m pip install --quiet --disable-pip-version-check 'model-signing>=1.1,<2' pyopenssl 'kubernetes-validate>=1.33'
+if ! python3 -c 'import model_signing, huggingface_hub.utils._shared_blobs, hf_xet' >/dev/null 2>&1 || ! command -v kubernetes-validate >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check 'model-signing>=1.1,<2' pyopenssl 'kubernetes-validate>=1.33' 'huggingface_hub>=2.4,<3'
 fi
 
 # The end-to-end tests start a real Prometheus on loopback to scrape the agent.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{content, sha256_hex, HfCache, PlainModel, COMMIT, OTHER_COMMIT};
 use mlnode_agent::cache::hasher::Control;
+use mlnode_agent::cache::layout::Layout;
 use mlnode_agent::cache::manifest::{self, TrustPolicy};
 use mlnode_agent::cache::report::{FileStatus, Report, Verdict};
 use mlnode_agent::cache::safe_open::Strategy;
@@ -610,7 +611,7 @@ fn file_changed_while_hashing_is_retried_then_reported() {
         .num_threads(2)
         .build()
         .unwrap()
-        .install(|| hasher::run(&root, &[job], &Control::default()));
+        .install(|| hasher::run(&root, &Layout::Plain, &[job], &Control::default()));
     match &results[0] {
         JobResult::Changed(reason) => assert!(
             reason.contains("size") || reason.contains("replaced"),
@@ -800,5 +801,269 @@ fn a_throttled_verification_reads_no_faster_than_the_rate() {
         control.throttled() + SLACK >= at_rate / 2,
         "waited {:?} in all",
         control.throttled()
+    );
+}
+
+/// A cache laid out by huggingface_hub 2.x's own code (tests/hf_cache/shared_store.py): two repos
+/// whose weights are one entry of the cache-wide Xet store, each repo's blob a link into it.
+struct SharedStoreCache {
+    dir: tempfile::TempDir,
+    weights: Vec<u8>,
+}
+
+const SHARED_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+impl SharedStoreCache {
+    fn new() -> SharedStoreCache {
+        let dir = tempfile::tempdir().unwrap();
+        let weights = content(11, 300_000);
+        let sources = dir.path().join("sources");
+        std::fs::create_dir_all(&sources).unwrap();
+        std::fs::write(sources.join("weights"), &weights).unwrap();
+        std::fs::write(sources.join("config"), b"{\"model_type\": \"llama\"}").unwrap();
+        let list = sources.join("list");
+        std::fs::write(
+            &list,
+            format!(
+                "model.safetensors {}\nsub/config.json {}\n",
+                sources.join("weights").display(),
+                sources.join("config").display()
+            ),
+        )
+        .unwrap();
+        let cache = dir.path().join("hub");
+        let out = std::process::Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/hf_cache/shared_store.py"))
+            .arg(&cache)
+            .arg(SHARED_COMMIT)
+            .arg(&list)
+            .args(["org/llama", "org/llama-copy"])
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "huggingface_hub laid out the cache (the test command installs it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SharedStoreCache { dir, weights }
+    }
+
+    fn repo(&self, name: &str) -> std::path::PathBuf {
+        self.dir
+            .path()
+            .join("hub")
+            .join(format!("models--org--{name}"))
+    }
+
+    /// The store entry of the weights (the target of the repo blob's link).
+    fn store_entry(&self) -> std::path::PathBuf {
+        let blob = self
+            .repo("llama")
+            .join("blobs")
+            .join(sha256_hex(&self.weights));
+        let target = std::fs::read_link(&blob).unwrap();
+        assert!(target.starts_with("../../blobs/"), "{target:?}");
+        blob.parent().unwrap().join(target)
+    }
+
+    fn verify(&self, name: &str, strategy: Strategy) -> Report {
+        let manifest = manifest::hub::from_blob_names(&self.repo(name), None).unwrap();
+        let options = VerifyOptions {
+            strategy,
+            ..VerifyOptions::default()
+        };
+        verify(&self.repo(name), &manifest, &options, &Control::default()).unwrap()
+    }
+}
+
+/// `hf cache scan` accepts both repos; so does the verifier, for both, though their blobs lie
+/// outside the repo folders: a link of exactly the hub's form into the hub's marked store. The
+/// content is still checked: one corrupted store entry fails both repos.
+#[test]
+fn hf_cache_files_in_the_shared_xet_store_verify_and_fail_together() {
+    let cache = SharedStoreCache::new();
+    for strategy in STRATEGIES {
+        for repo in ["llama", "llama-copy"] {
+            let report = cache.verify(repo, strategy);
+            assert_eq!(
+                report.status,
+                Verdict::Verified,
+                "{repo} {strategy:?}: {report:#?}"
+            );
+        }
+    }
+    let entry = cache.store_entry();
+    let mut permissions = std::fs::metadata(&entry).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o600);
+    std::fs::set_permissions(&entry, permissions).unwrap();
+    let mut bytes = cache.weights.clone();
+    bytes[1234] ^= 1;
+    std::fs::write(&entry, &bytes).unwrap();
+    for repo in ["llama", "llama-copy"] {
+        let report = cache.verify(repo, Strategy::Auto);
+        assert_eq!(
+            status(&report, "model.safetensors"),
+            FileStatus::DigestMismatch,
+            "{repo}"
+        );
+        assert_eq!(status(&report, "sub/config.json"), FileStatus::Ok, "{repo}");
+    }
+    std::fs::remove_file(&entry).unwrap();
+    let report = cache.verify("llama", Strategy::Auto);
+    assert_eq!(status(&report, "model.safetensors"), FileStatus::Missing);
+}
+
+/// Only the hub's exact forms lead out of the repo folder: a blob link into an unmarked
+/// directory, into the store by another shape, or a store entry that is itself a link, stays
+/// refused.
+#[test]
+fn hf_cache_links_out_of_the_repo_are_refused_unless_they_are_the_stores_own() {
+    let cache = SharedStoreCache::new();
+    let blob = cache
+        .repo("llama")
+        .join("blobs")
+        .join(sha256_hex(&cache.weights));
+    let store = cache.dir.path().join("hub/blobs");
+    let entry = cache.store_entry();
+    let hash = entry.file_name().unwrap().to_str().unwrap().to_string();
+    let relink = |target: &str| {
+        std::fs::remove_file(&blob).unwrap();
+        symlink(target, &blob).unwrap();
+    };
+
+    // Another shape of link into the same store file.
+    relink(&format!("../../blobs/./{}/{hash}", &hash[..2]));
+    let report = cache.verify("llama", Strategy::Auto);
+    assert_eq!(
+        status(&report, "model.safetensors"),
+        FileStatus::EscapesRoot
+    );
+    relink(&format!("../../blobs/{}/{hash}", &hash[..2]));
+    assert_eq!(
+        cache.verify("llama", Strategy::Auto).status,
+        Verdict::Verified
+    );
+
+    // The store without huggingface_hub's marker is just a directory outside the repo.
+    let marker = store.join(".huggingface-shared-blobs");
+    std::fs::rename(&marker, store.join("marker.saved")).unwrap();
+    let report = cache.verify("llama", Strategy::Auto);
+    assert_eq!(
+        status(&report, "model.safetensors"),
+        FileStatus::EscapesRoot
+    );
+    assert!(error(&report, "model.safetensors").contains(".huggingface-shared-blobs"));
+    std::fs::rename(store.join("marker.saved"), &marker).unwrap();
+
+    // A store entry that is a link (to /etc/passwd, or anywhere) is not the hub's.
+    std::fs::remove_file(&entry).unwrap();
+    symlink("/etc/passwd", &entry).unwrap();
+    let report = cache.verify("llama", Strategy::Auto);
+    assert_eq!(status(&report, "model.safetensors"), FileStatus::UnsafePath);
+}
+
+/// huggingface_hub's tree listing of `cache`'s commit, written by its own code
+/// (tests/hf_cache/tree_listing.py): every file of the cache as an LFS file, plus `extra`.
+fn write_tree_listing(cache: &HfCache, extra: &[(&str, &[u8])]) {
+    let mut listing = serde_json::Map::new();
+    for (path, bytes) in cache
+        .files
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_slice()))
+        .chain(extra.iter().copied())
+    {
+        listing.insert(
+            path.to_string(),
+            serde_json::json!({"size": 134, "blob_id": "0".repeat(40),
+                "lfs_sha256": sha256_hex(bytes), "lfs_size": bytes.len()}),
+        );
+    }
+    let file = cache.hub.path().join("listing.json");
+    std::fs::write(&file, serde_json::Value::Object(listing).to_string()).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/hf_cache/tree_listing.py"))
+        .arg(cache.root())
+        .arg(COMMIT)
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Without a manifest, a file whose download died before its snapshot link was made is found from
+/// huggingface_hub's tree listing of the commit, when the cache holds evidence it was fetched: its
+/// blob with no link anywhere, or an `.incomplete` download of it. A listed file with no trace
+/// (skipped by allow_patterns), or whose blob another revision links, is not expected.
+#[test]
+fn hf_cache_without_manifest_finds_a_download_that_died_before_its_link() {
+    let cache = HfCache::new();
+    let without_manifest = |cache: &HfCache| {
+        let manifest = manifest::hub::from_blob_names(&cache.root(), None).unwrap();
+        verify(
+            &cache.root(),
+            &manifest,
+            &VerifyOptions::default(),
+            &Control::default(),
+        )
+        .unwrap()
+    };
+    // The weights' blob finished, its link was never made.
+    std::fs::remove_file(cache.snapshot(COMMIT).join("model.safetensors")).unwrap();
+    assert_eq!(
+        without_manifest(&cache).status,
+        Verdict::Verified,
+        "with no listing, nothing names the file"
+    );
+    let skipped: &[u8] = b"an original checkpoint nobody downloaded";
+    let dying = content(9, 50_000);
+    write_tree_listing(
+        &cache,
+        &[
+            ("original/consolidated.pth", skipped),
+            ("model-2.safetensors", &dying),
+        ],
+    );
+    let report = without_manifest(&cache);
+    assert_eq!(
+        status(&report, "model.safetensors"),
+        FileStatus::Missing,
+        "{report:#?}"
+    );
+    assert_eq!(report.status, Verdict::Failed);
+    assert!(!report
+        .files
+        .iter()
+        .any(|f| f.path == "original/consolidated.pth"));
+    assert!(!report.files.iter().any(|f| f.path == "model-2.safetensors"));
+
+    // Another file's download died half way (huggingface_hub 2.x's per-process marker).
+    std::fs::write(
+        cache
+            .root()
+            .join("blobs")
+            .join(format!("{}.1a2b3c4d.incomplete", sha256_hex(&dying))),
+        &dying[..1000],
+    )
+    .unwrap();
+    let report = without_manifest(&cache);
+    assert_eq!(
+        status(&report, "model-2.safetensors"),
+        FileStatus::InProgress
+    );
+
+    // The weights' blob linked by another revision: its presence says nothing about this one.
+    cache.add_entry(
+        OTHER_COMMIT,
+        "model.safetensors",
+        &cache.files["model.safetensors"],
+    );
+    let report = without_manifest(&cache);
+    assert!(
+        !report.files.iter().any(|f| f.path == "model.safetensors"),
+        "{report:#?}"
     );
 }

@@ -69,8 +69,8 @@ pub fn generate(
         .iter()
         .map(|path| {
             let located = layout.locate(path);
-            let weight = root
-                .open_file(&located)
+            let weight = layout
+                .open(&root, &located)
                 .map(|f| f.snapshot.size)
                 .unwrap_or(0);
             Job {
@@ -83,7 +83,7 @@ pub fn generate(
             }
         })
         .collect();
-    let results = hasher::run(&root, &jobs, control);
+    let results = hasher::run(&root, &layout, &jobs, control);
 
     let mut entries = BTreeMap::new();
     let mut problems = Vec::new();

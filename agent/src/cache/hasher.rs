@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use sha2::Digest as _;
 
+use super::layout::Layout;
 use super::page_cache::Restorer;
 use super::safe_open::{OpenFailure, OpenedFile, Root, Snapshot};
 use super::throttle::Throttle;
@@ -143,8 +144,9 @@ pub enum JobResult {
     Cancelled,
 }
 
-/// Runs every job on the current rayon pool and returns the results in the jobs' order.
-pub fn run(root: &Root, jobs: &[Job], control: &Control) -> Vec<JobResult> {
+/// Runs every job on the current rayon pool and returns the results in the jobs' order. Job paths
+/// are located in `layout` under `root`.
+pub fn run(root: &Root, layout: &Layout, jobs: &[Job], control: &Control) -> Vec<JobResult> {
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].weight));
     let next = AtomicUsize::new(0);
@@ -159,7 +161,7 @@ pub fn run(root: &Root, jobs: &[Job], control: &Control) -> Vec<JobResult> {
                 loop {
                     let slot = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&index) = order.get(slot) else { break };
-                    let result = run_job(root, &jobs[index], &mut buffer, control);
+                    let result = run_job(root, layout, &jobs[index], &mut buffer, control);
                     *results[index].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
                 }
             });
@@ -175,7 +177,13 @@ pub fn run(root: &Root, jobs: &[Job], control: &Control) -> Vec<JobResult> {
         .collect()
 }
 
-fn run_job(root: &Root, job: &Job, buffer: &mut [u8], control: &Control) -> JobResult {
+fn run_job(
+    root: &Root,
+    layout: &Layout,
+    job: &Job,
+    buffer: &mut [u8],
+    control: &Control,
+) -> JobResult {
     let mut last_change = String::new();
     for _attempt in 0..2 {
         if control.is_cancelled() {
@@ -184,7 +192,7 @@ fn run_job(root: &Root, job: &Job, buffer: &mut [u8], control: &Control) -> JobR
         let OpenedFile {
             file,
             snapshot: before,
-        } = match root.open_file(&job.path) {
+        } = match layout.open(root, &job.path) {
             Ok(opened) => opened,
             Err(failure) => return JobResult::Open(failure),
         };

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use super::safe_open::Root;
+use super::safe_open::{OpenFailure, OpenedFile, Root};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Layout {
@@ -148,6 +148,19 @@ impl Layout {
         }
     }
 
+    /// Opens a located path (see [`Layout::locate`]) under ROOT. A hub cache's blob may also live in
+    /// huggingface_hub's cache-wide store of Xet files: reached only through links of exactly the
+    /// forms the hub writes (see [`open_shared_blob`]), anything else stays refused.
+    pub fn open(&self, root: &Root, located: &str) -> Result<OpenedFile, OpenFailure> {
+        match (self, root.open_file(located)) {
+            (Layout::HfRepo { commit }, Err(OpenFailure::EscapesRoot(reason))) => {
+                open_shared_blob(root, commit, located)
+                    .unwrap_or(Err(OpenFailure::EscapesRoot(reason)))
+            }
+            (_, opened) => opened,
+        }
+    }
+
     /// Checks the form of a hub snapshot entry: a regular file, or a symlink of exactly the form
     /// the hub writes, `../../blobs/<40 or 64 hex>` with one more `../` per directory level.
     /// Returns the blob name the entry points to, if it is a link.
@@ -215,9 +228,69 @@ impl Layout {
     }
 }
 
+/// The marker huggingface_hub writes in its shared store, and the layout version it holds
+/// (`SHARED_BLOBS_MARKER_NAME`, `SHARED_BLOBS_LAYOUT_VERSION` in `utils/_shared_blobs.py`).
+const SHARED_STORE_MARKER: &str = ".huggingface-shared-blobs";
+const SHARED_STORE_VERSION: &[u8] = b"1\n";
+
+/// A snapshot file whose blob is in huggingface_hub 2.x's cache-wide Xet store
+/// (`utils/_shared_blobs.py`): the snapshot entry links `../../blobs/<etag>` in the repo, and that
+/// blob is itself a link `../../blobs/<first 2 hex>/<64 hex Xet hash>`, into `<cache>/blobs/`, a
+/// directory the hub marks with `.huggingface-shared-blobs` holding "1\n", whose entries are
+/// regular files. None when `located` is not of exactly these forms (its own error then stands);
+/// otherwise the store entry, opened beneath the store without following any symlink.
+fn open_shared_blob(
+    root: &Root,
+    commit: &str,
+    located: &str,
+) -> Option<Result<OpenedFile, OpenFailure>> {
+    let rel = located.strip_prefix(&format!("snapshots/{commit}/"))?;
+    let snapshot_link = root.read_link(located).ok()??;
+    let depth = rel.matches('/').count() + 2;
+    let etag = snapshot_link
+        .to_str()?
+        .strip_prefix(&format!("{}blobs/", "../".repeat(depth)))?
+        .to_string();
+    if etag.is_empty() || etag.contains('/') {
+        return None;
+    }
+    let blob_link = root.read_link(&format!("blobs/{etag}")).ok()??;
+    let entry = blob_link.to_str()?.strip_prefix("../../blobs/")?;
+    let (prefix, hash) = entry.split_once('/')?;
+    let is_hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if hash.len() != 64 || !is_hex(hash) || prefix != &hash[..2] {
+        return None;
+    }
+    let store_dir = root.path().parent()?.join("blobs");
+    let store = match Root::open(&store_dir) {
+        Ok(store) => store.without_symlinks(),
+        Err(e) => {
+            return Some(Err(OpenFailure::Io(format!(
+                "{}: {e}",
+                store_dir.display()
+            ))))
+        }
+    };
+    let marked = store.open_file(SHARED_STORE_MARKER).is_ok_and(|marker| {
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(&marker.file, 16), &mut text).is_ok()
+            && text == SHARED_STORE_VERSION
+    });
+    if !marked {
+        return Some(Err(OpenFailure::EscapesRoot(format!(
+            "its blob links to {}, which is not a huggingface_hub shared blob store (no {SHARED_STORE_MARKER} holding version 1)",
+            store_dir.display()
+        ))));
+    }
+    Some(store.open_file(entry))
+}
+
 /// `blobs/<blob>.incomplete` (huggingface_hub before 2.x) or `blobs/<blob>.<8 hex>.incomplete`
 /// (2.x writes a process-unique file: `_download_to_tmp_and_move` in its `file_download.py`).
-fn incomplete_blob_exists(root: &Root, blob: &str) -> bool {
+pub(crate) fn incomplete_blob_exists(root: &Root, blob: &str) -> bool {
     if root.exists_nofollow(&format!("blobs/{blob}.incomplete")) {
         return true;
     }

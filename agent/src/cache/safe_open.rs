@@ -341,7 +341,7 @@ fn split(path: &[u8]) -> impl Iterator<Item = OsString> + '_ {
 
 fn symlink_refused() -> OpenFailure {
     OpenFailure::Symlink(
-        "its path passes through a symlink, and the bundle was signed with allow_symlinks: false (model_signing refuses it too)".into(),
+        "its path passes through a symlink where none is allowed (a bundle signed with allow_symlinks: false, as model_signing verifies it; or an entry of a shared blob store)".into(),
     )
 }
 

@@ -308,7 +308,7 @@ fn verify_batch(
         });
     }
 
-    let results = hasher::run(root, &jobs, control);
+    let results = hasher::run(root, layout, &jobs, control);
     selected
         .iter()
         .zip(plans)
@@ -372,7 +372,7 @@ fn first_look(
         (_, Digest::Whole(sha256)) => Some(sha256.to_hex()),
         _ => None,
     };
-    let opened = match root.open_file(&layout.locate(path)) {
+    let opened = match layout.open(root, &layout.locate(path)) {
         Ok(opened) => opened,
         Err(failure) => {
             let (status, reason) = status_of(failure);

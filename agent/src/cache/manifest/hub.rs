@@ -4,8 +4,18 @@
 //! its own name catches truncation, corruption and half-downloads offline. It proves integrity, not
 //! provenance: someone who can write the cache can rename a blob too, so a trusted manifest is
 //! still what a release should be checked against.
+//!
+//! A file whose download died before its snapshot link was made leaves no link to check. What
+//! huggingface_hub 2.x leaves besides: the commit's tree listing, `trees/<commit>.json`, written by
+//! `snapshot_download` (its `_tree_cache.py`). The listing names every file of the repo, including
+//! those a download left out on purpose (`allow_patterns`), so a listed file without a link is only
+//! expected when the cache holds evidence that it was being fetched: its blob, or an `.incomplete`
+//! download of it. The listing also gives each linked file's size.
 
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
+
+use serde::Deserialize;
 
 use super::{Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256};
 use crate::cache::layout::{self, Layout};
@@ -61,6 +71,33 @@ pub fn from_blob_names(
             });
         }
     }
+    if let Some(listing) = commit.as_deref().and_then(|c| read_tree_listing(&root, c)) {
+        let linked: HashSet<Box<str>> = files.iter().map(|f| f.path.clone()).collect();
+        // A blob another revision links is explained by it; only an orphan is a download of ours.
+        let blobs_in_use = linked_blobs(&canonical.join("snapshots"));
+        for file in &mut files {
+            file.size = listing.get(&*file.path).map(TreeEntry::content_size);
+        }
+        for (path, entry) in &listing {
+            if linked.contains(path.as_str()) {
+                continue;
+            }
+            let Some(digest) = entry.digest() else {
+                continue;
+            };
+            let blob = entry.blob();
+            let orphan =
+                !blobs_in_use.contains(blob) && root.exists_nofollow(&format!("blobs/{blob}"));
+            let fetched = orphan || layout::incomplete_blob_exists(&root, blob);
+            if fetched {
+                files.push(ExpectedFile {
+                    path: path.as_str().into(),
+                    size: Some(entry.content_size()),
+                    digest,
+                });
+            }
+        }
+    }
     if files.is_empty() {
         return Err(fail(format!(
             "snapshot {} links no blobs",
@@ -68,4 +105,85 @@ pub fn from_blob_names(
         )));
     }
     Ok(Manifest::new(ManifestFormat::HubBlobNames, commit, files))
+}
+
+/// The blob names the snapshot links of every revision point to.
+fn linked_blobs(snapshots: &Path) -> HashSet<String> {
+    let mut blobs = HashSet::new();
+    let Ok(revisions) = std::fs::read_dir(snapshots) else {
+        return blobs;
+    };
+    for revision in revisions.filter_map(Result::ok) {
+        let dir = revision.path();
+        let Ok(listed) = walk::list_files(&dir) else {
+            continue;
+        };
+        for rel in listed.files {
+            if let Some(blob) = std::fs::read_link(dir.join(&rel))
+                .ok()
+                .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string))
+            {
+                blobs.insert(blob);
+            }
+        }
+    }
+    blobs
+}
+
+/// One file of huggingface_hub's tree listing (`TreeCacheEntry` in its `_tree_cache.py`).
+#[derive(Deserialize)]
+struct TreeEntry {
+    size: u64,
+    blob_id: String,
+    #[serde(default)]
+    lfs_sha256: Option<String>,
+    #[serde(default)]
+    lfs_size: Option<u64>,
+}
+
+impl TreeEntry {
+    /// The blob's name in the cache: the SHA-256 for LFS files, the git blob id otherwise.
+    fn blob(&self) -> &str {
+        self.lfs_sha256.as_deref().unwrap_or(&self.blob_id)
+    }
+
+    /// For an LFS file `size` is the pointer's, `lfs_size` the content's.
+    fn content_size(&self) -> u64 {
+        self.lfs_size.unwrap_or(self.size)
+    }
+
+    fn digest(&self) -> Option<Digest> {
+        match &self.lfs_sha256 {
+            Some(sha256) => Sha256::parse_hex(sha256).ok().map(Digest::Whole),
+            None => {
+                let mut id = [0u8; 20];
+                hex::decode_to_slice(&self.blob_id, &mut id).ok()?;
+                Some(Digest::GitBlob(id))
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct TreeListing {
+    format_version: u32,
+    files: BTreeMap<String, TreeEntry>,
+}
+
+/// A listing is the repo's file list: a few hundred bytes a file.
+const TREE_LISTING_LIMIT: u64 = 64 << 20;
+
+/// `trees/<commit>.json` in the repo folder, when huggingface_hub wrote one in the format it
+/// documents (`format_version` 1). A listing that cannot be read is no evidence: the links are
+/// checked as without one.
+fn read_tree_listing(root: &Root, commit: &str) -> Option<BTreeMap<String, TreeEntry>> {
+    let opened = root.open_file(&format!("trees/{commit}.json")).ok()?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&opened.file, TREE_LISTING_LIMIT),
+        &mut bytes,
+    )
+    .ok()?;
+    let listing: TreeListing = serde_json::from_slice(&bytes).ok()?;
+    (listing.format_version == 1).then_some(listing.files)
 }
