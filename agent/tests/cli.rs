@@ -198,6 +198,21 @@ fn sign_on(method: &str, shard_size: usize, curve: &str) -> Signed {
 
 /// [`sign_on`], with model_signing told to leave `ignored` (paths in the model) out.
 fn sign_ignoring(method: &str, shard_size: usize, curve: &str, ignored: &[&str]) -> Signed {
+    sign_with(method, shard_size, curve, ignored, None)
+}
+
+/// A `certificate` bundle whose chain has `flaw` (tests/model_signing/sign.py's CERT_FLAW).
+fn sign_flawed_certificate(flaw: &str) -> Signed {
+    sign_with("certificate", 0, "secp256r1", &[], Some(flaw))
+}
+
+fn sign_with(
+    method: &str,
+    shard_size: usize,
+    curve: &str,
+    ignored: &[&str],
+    cert_flaw: Option<&str>,
+) -> Signed {
     let model = PlainModel::new();
     for path in ignored {
         std::fs::write(model.path(path), b"left out on purpose").unwrap();
@@ -214,6 +229,7 @@ fn sign_ignoring(method: &str, shard_size: usize, curve: &str, ignored: &[&str])
         .arg(shard_size.to_string())
         .arg(curve)
         .args(ignored)
+        .envs(cert_flaw.map(|flaw| ("CERT_FLAW", flaw)))
         .status()
         .expect("python3 runs");
     assert!(
@@ -1140,4 +1156,42 @@ fn a_file_turned_into_a_symlink_fails_as_model_signing_fails_it() {
     .unwrap();
     assert!(peer().status.success());
     assert_eq!(signed.verify(&["--ignore-paths", "store"]).code, 0);
+}
+
+/// The certificate checks model_signing's verifier makes through OpenSSL, each tripped by a chain
+/// with one flaw: an intermediate expired before the signing certificate was issued, an
+/// intermediate that is not a CA, a signing certificate not meant for signing.
+#[test]
+fn a_certificate_chain_with_one_flaw_is_refused_naming_it() {
+    for (flaw, says) in [
+        (
+            "expired",
+            "was not valid when the signing certificate was issued",
+        ),
+        ("intermediate-not-ca", "is not a CA"),
+        ("not-for-signing", "is not meant for signing"),
+    ] {
+        let signed = sign_flawed_certificate(flaw);
+        let root = signed.keys.path().join("ca.pem");
+        let out = verify(
+            signed.model.root(),
+            &signed.bundle,
+            &["--certificate-chain", root.to_str().unwrap(), "--json"],
+        );
+        assert_eq!(out.code, 1, "{flaw}: {}", out.stderr);
+        assert_eq!(json(&out)["stage"], "policy", "{flaw}");
+        assert!(out.stderr.contains(says), "{flaw}: {}", out.stderr);
+        let peer = Command::new("model_signing")
+            .args(["verify", "certificate", "--signature"])
+            .arg(&signed.bundle)
+            .arg("--certificate_chain")
+            .arg(&root)
+            .arg(signed.model.root())
+            .output()
+            .expect("model_signing runs");
+        assert!(
+            !peer.status.success(),
+            "{flaw}: model_signing refuses it too"
+        );
+    }
 }

@@ -10,8 +10,11 @@ would; the `shards` bundle with the Python API, the only way model_signing offer
 serialization. `certificate` also makes a root CA (RSA 3072, as CAs still are; KEY_DIR/ca.pem), an
 intermediate CA (P-384; intermediate.pem) and a code-signing certificate for the key (signing.pem),
 and signs with `model_signing sign certificate`, the bundle carrying the signing certificate and
-the intermediate.
+the intermediate. With CERT_FLAW set, the chain has one flaw a verifier must catch: `expired` (the
+intermediate's validity ended before the signing certificate's began), `not-for-signing` (the
+signing certificate allows key encipherment only), `intermediate-not-ca` (no CA basic constraint).
 """
+import os
 import datetime
 import pathlib
 import subprocess
@@ -46,27 +49,31 @@ def ensure_key(key_dir: pathlib.Path, curve: str) -> pathlib.Path:
     return private
 
 
-def certificate(subject, key, issuer_name, issuer_key, ca):
+def certificate(subject, key, issuer_name, issuer_key, ca, flaw=None):
     now = datetime.datetime.now(datetime.timezone.utc)
+    valid_from, valid_until = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=30)
+    if flaw == "expired":
+        valid_from, valid_until = now - datetime.timedelta(days=60), now - datetime.timedelta(days=1)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
         .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_name)]))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .not_valid_before(valid_from)
+        .not_valid_after(valid_until)
+        .add_extension(x509.BasicConstraints(ca=ca and flaw != "intermediate-not-ca", path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=not ca, content_commitment=False, key_encipherment=False,
+                digital_signature=not ca and flaw != "not-for-signing", content_commitment=False,
+                key_encipherment=flaw == "not-for-signing",
                 data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
                 encipher_only=False, decipher_only=False,
             ),
             critical=True,
         )
     )
-    if not ca:
+    if not ca and flaw != "not-for-signing":
         builder = builder.add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False
         )
@@ -77,9 +84,16 @@ def make_chain(key_dir: pathlib.Path, private: pathlib.Path) -> tuple[pathlib.Pa
     root_key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
     intermediate_key = ec.generate_private_key(ec.SECP384R1())
     signer_key = serialization.load_pem_private_key(private.read_bytes(), password=None)
+    flaw = os.environ.get("CERT_FLAW")
     root = certificate("test root CA", root_key, "test root CA", root_key, True)
-    intermediate = certificate("test intermediate CA", intermediate_key, "test root CA", root_key, True)
-    signing = certificate("model signer", signer_key, "test intermediate CA", intermediate_key, False)
+    intermediate = certificate(
+        "test intermediate CA", intermediate_key, "test root CA", root_key, True,
+        flaw if flaw in ("expired", "intermediate-not-ca") else None,
+    )
+    signing = certificate(
+        "model signer", signer_key, "test intermediate CA", intermediate_key, False,
+        flaw if flaw == "not-for-signing" else None,
+    )
     pem = lambda cert: cert.public_bytes(serialization.Encoding.PEM)
     (key_dir / "ca.pem").write_bytes(pem(root))
     (key_dir / "intermediate.pem").write_bytes(pem(intermediate))
