@@ -1195,3 +1195,34 @@ fn a_certificate_chain_with_one_flaw_is_refused_naming_it() {
         );
     }
 }
+
+/// A key file that is not an ECDSA public key on model_signing's curves is bad input (exit 2),
+/// named, with what it is instead.
+#[test]
+fn a_public_key_that_is_not_one_is_named_with_what_it_is() {
+    let dir = peer_fixtures().join("v1.1.0-elliptic-key");
+    let certificate = peer_fixtures().join("keys/certificate/ca-cert.pem");
+    let out = verify(
+        &dir,
+        &dir.join("model.sig"),
+        &["--public-key", certificate.to_str().unwrap()],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("ca-cert.pem") && out.stderr.contains("its label is \"CERTIFICATE\""),
+        "{}",
+        out.stderr
+    );
+    let (_keep, garbage) = write_temp("not a key at all");
+    let out = verify(
+        &dir,
+        &dir.join("model.sig"),
+        &["--public-key", garbage.to_str().unwrap()],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("not a PEM ECDSA public key"),
+        "{}",
+        out.stderr
+    );
+}

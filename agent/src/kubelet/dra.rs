@@ -6,6 +6,7 @@
 //! `MIG-` uuid). dcgm-exporter resolves them the same way (`internal/pkg/transformation/dra.go`).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +78,7 @@ pub struct DraSlices {
     drivers: Vec<String>,
     store: Store<ResourceSlice>,
     start: Arc<Notify>,
+    started: Arc<AtomicBool>,
 }
 
 impl DraSlices {
@@ -101,6 +103,7 @@ impl DraSlices {
             drivers,
             store,
             start,
+            started: Arc::default(),
         }
     }
 
@@ -108,12 +111,15 @@ impl DraSlices {
         &self.drivers
     }
 
-    /// The devices of this node's slices, starting the watch on the first call (and waiting a
-    /// little for its first list).
+    /// The devices of this node's slices, starting the watch on the first call and waiting a
+    /// little for its first list then only: a watch the API server refuses must not hold up every
+    /// later round of pod labels.
     pub async fn index(&self) -> DraIndex {
-        // A stored permit: the task starts even if it was not waiting yet, and only once.
-        self.start.notify_one();
-        let _ = tokio::time::timeout(FIRST_LIST_TIMEOUT, self.store.wait_until_ready()).await;
+        if !self.started.swap(true, Ordering::Relaxed) {
+            // A stored permit: the task starts even if it was not waiting yet.
+            self.start.notify_one();
+            let _ = tokio::time::timeout(FIRST_LIST_TIMEOUT, self.store.wait_until_ready()).await;
+        }
         DraIndex::of(self.store.state().iter().map(Arc::as_ref), &self.drivers)
     }
 }
@@ -191,5 +197,41 @@ pub(crate) mod tests {
         );
         assert_eq!(index.uuid("gpu.example.com", node, "gpu-0"), None);
         assert_eq!(index.uuid("gpu.nvidia.com", "other-node", "gpu-0"), None);
+    }
+
+    /// An API server that refuses every request, as one without the RBAC rule does.
+    fn refusing_api() -> kube::Client {
+        use axum::http::Response;
+        let service = tower::service_fn(|_request| async {
+            let status = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"resourceslices.resource.k8s.io is forbidden","reason":"Forbidden","code":403}"#;
+            Response::builder()
+                .status(403)
+                .header("content-type", "application/json")
+                .body(kube::client::Body::from(status.to_vec()))
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// A watch the API server refuses costs the first round of pod labels its short wait, and no
+    /// later round anything (the poller calls `index` every `pod_resources_interval`).
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_watch_holds_up_only_the_first_round() {
+        let mut tasks = tokio::task::JoinSet::new();
+        let shutdown = CancellationToken::new();
+        let dra = DraSlices::spawn(
+            refusing_api(),
+            "gpu-node-1",
+            vec!["gpu.nvidia.com".into()],
+            &mut tasks,
+            shutdown.clone(),
+        );
+        let first = tokio::time::Instant::now();
+        assert_eq!(dra.index().await, DraIndex::default());
+        assert_eq!(first.elapsed(), FIRST_LIST_TIMEOUT);
+        let later = tokio::time::Instant::now();
+        assert_eq!(dra.index().await, DraIndex::default());
+        assert_eq!(later.elapsed(), Duration::ZERO);
+        shutdown.cancel();
+        while tasks.join_next().await.is_some() {}
     }
 }

@@ -449,17 +449,15 @@ impl SignerKey {
     }
 
     fn from_pem(pem: &str) -> Result<SignerKey, String> {
-        if let Ok(key) = p256::PublicKey::from_public_key_pem(pem) {
-            return Ok(SignerKey::P256(key));
+        let not_pem = |e: &dyn std::fmt::Display| {
+            format!("not a PEM ECDSA public key on P-256, P-384 or P-521 (\"-----BEGIN PUBLIC KEY-----\"): {e}")
+        };
+        let (label, der) =
+            p256::pkcs8::der::pem::decode_vec(pem.as_bytes()).map_err(|e| not_pem(&e))?;
+        if label != "PUBLIC KEY" {
+            return Err(not_pem(&format!("its label is {label:?}")));
         }
-        if let Ok(key) = p384::PublicKey::from_public_key_pem(pem) {
-            return Ok(SignerKey::P384(key));
-        }
-        p521::PublicKey::from_public_key_pem(pem)
-            .map(SignerKey::P521)
-            .map_err(|e| {
-                format!("not a PEM ECDSA public key on P-256, P-384 or P-521 (\"-----BEGIN PUBLIC KEY-----\"): {e}")
-            })
+        SignerKey::from_spki_der(&der).map_err(|e| not_pem(&e))
     }
 
     /// The key as model_signing writes it for its hint: SubjectPublicKeyInfo PEM, LF line ends.
