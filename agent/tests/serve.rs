@@ -540,3 +540,38 @@ fn sigterm_while_a_large_manifest_loads_exits_within_a_second() {
         "the manifest was parsed before SIGTERM; the state under test was missed"
     );
 }
+
+/// A hub cache whose weights live in huggingface_hub 2.x's shared Xet store, outside the repo
+/// folder (laid out by huggingface_hub's own code): the store is watched too, so a corrupted store
+/// entry fails the model at once, not at the next full rescan (a day away here).
+#[test]
+fn a_change_in_the_shared_xet_store_reverifies_the_model_at_once() {
+    let cache = common::SharedStoreCache::new();
+    let repo = cache.repo("llama");
+    let snapshot = repo.join("snapshots").join(common::SHARED_COMMIT);
+    let config = std::fs::read(snapshot.join("sub/config.json")).unwrap();
+    let manifest = serde_json::json!({"revision": common::SHARED_COMMIT, "files": {
+        "model.safetensors": {"sha256": common::sha256_hex(&cache.weights), "size": cache.weights.len()},
+        "sub/config.json": common::sha256_hex(&config)}});
+    let (_dir, manifest) = common::write_temp(&manifest.to_string());
+    let config = format!(
+        "{}verify:\n  full_rescan_interval: 24h\n",
+        model_config("llama", &repo, &manifest)
+    );
+    let agent = Agent::start(&config);
+    let files = |m: &str, status: &str| {
+        sample(
+            m,
+            "mlnode_model_cache_files",
+            &[("model_name", "llama"), ("status", status)],
+        )
+    };
+    agent.wait_for("verified through the store", Duration::from_secs(20), |m| {
+        files(m, "ok") == Some(2.0)
+    });
+    cache.corrupt_store_entry();
+    agent.wait_for("the store change seen", Duration::from_secs(10), |m| {
+        files(m, "digest_mismatch") == Some(1.0)
+            && sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(0.0)
+    });
+}

@@ -7,7 +7,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{content, sha256_hex, HfCache, PlainModel, COMMIT, OTHER_COMMIT};
+use common::{content, sha256_hex, HfCache, PlainModel, SharedStoreCache, COMMIT, OTHER_COMMIT};
 use mlnode_agent::cache::hasher::Control;
 use mlnode_agent::cache::layout::Layout;
 use mlnode_agent::cache::manifest::{self, TrustPolicy};
@@ -804,76 +804,14 @@ fn a_throttled_verification_reads_no_faster_than_the_rate() {
     );
 }
 
-/// A cache laid out by huggingface_hub 2.x's own code (tests/hf_cache/shared_store.py): two repos
-/// whose weights are one entry of the cache-wide Xet store, each repo's blob a link into it.
-struct SharedStoreCache {
-    dir: tempfile::TempDir,
-    weights: Vec<u8>,
-}
-
-const SHARED_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
-
-impl SharedStoreCache {
-    fn new() -> SharedStoreCache {
-        let dir = tempfile::tempdir().unwrap();
-        let weights = content(11, 300_000);
-        let sources = dir.path().join("sources");
-        std::fs::create_dir_all(&sources).unwrap();
-        std::fs::write(sources.join("weights"), &weights).unwrap();
-        std::fs::write(sources.join("config"), b"{\"model_type\": \"llama\"}").unwrap();
-        let list = sources.join("list");
-        std::fs::write(
-            &list,
-            format!(
-                "model.safetensors {}\nsub/config.json {}\n",
-                sources.join("weights").display(),
-                sources.join("config").display()
-            ),
-        )
-        .unwrap();
-        let cache = dir.path().join("hub");
-        let out = std::process::Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/hf_cache/shared_store.py"))
-            .arg(&cache)
-            .arg(SHARED_COMMIT)
-            .arg(&list)
-            .args(["org/llama", "org/llama-copy"])
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "huggingface_hub laid out the cache (the test command installs it): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        SharedStoreCache { dir, weights }
-    }
-
-    fn repo(&self, name: &str) -> std::path::PathBuf {
-        self.dir
-            .path()
-            .join("hub")
-            .join(format!("models--org--{name}"))
-    }
-
-    /// The store entry of the weights (the target of the repo blob's link).
-    fn store_entry(&self) -> std::path::PathBuf {
-        let blob = self
-            .repo("llama")
-            .join("blobs")
-            .join(sha256_hex(&self.weights));
-        let target = std::fs::read_link(&blob).unwrap();
-        assert!(target.starts_with("../../blobs/"), "{target:?}");
-        blob.parent().unwrap().join(target)
-    }
-
-    fn verify(&self, name: &str, strategy: Strategy) -> Report {
-        let manifest = manifest::hub::from_blob_names(&self.repo(name), None).unwrap();
-        let options = VerifyOptions {
-            strategy,
-            ..VerifyOptions::default()
-        };
-        verify(&self.repo(name), &manifest, &options, &Control::default()).unwrap()
-    }
+/// Verifies repo `name` of `cache` against its own blob names.
+fn verify_shared(cache: &SharedStoreCache, name: &str, strategy: Strategy) -> Report {
+    let manifest = manifest::hub::from_blob_names(&cache.repo(name), None).unwrap();
+    let options = VerifyOptions {
+        strategy,
+        ..VerifyOptions::default()
+    };
+    verify(&cache.repo(name), &manifest, &options, &Control::default()).unwrap()
 }
 
 /// `hf cache scan` accepts both repos; so does the verifier, for both, though their blobs lie
@@ -884,7 +822,7 @@ fn hf_cache_files_in_the_shared_xet_store_verify_and_fail_together() {
     let cache = SharedStoreCache::new();
     for strategy in STRATEGIES {
         for repo in ["llama", "llama-copy"] {
-            let report = cache.verify(repo, strategy);
+            let report = verify_shared(&cache, repo, strategy);
             assert_eq!(
                 report.status,
                 Verdict::Verified,
@@ -892,15 +830,9 @@ fn hf_cache_files_in_the_shared_xet_store_verify_and_fail_together() {
             );
         }
     }
-    let entry = cache.store_entry();
-    let mut permissions = std::fs::metadata(&entry).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o600);
-    std::fs::set_permissions(&entry, permissions).unwrap();
-    let mut bytes = cache.weights.clone();
-    bytes[1234] ^= 1;
-    std::fs::write(&entry, &bytes).unwrap();
+    let entry = cache.corrupt_store_entry();
     for repo in ["llama", "llama-copy"] {
-        let report = cache.verify(repo, Strategy::Auto);
+        let report = verify_shared(&cache, repo, Strategy::Auto);
         assert_eq!(
             status(&report, "model.safetensors"),
             FileStatus::DigestMismatch,
@@ -909,7 +841,7 @@ fn hf_cache_files_in_the_shared_xet_store_verify_and_fail_together() {
         assert_eq!(status(&report, "sub/config.json"), FileStatus::Ok, "{repo}");
     }
     std::fs::remove_file(&entry).unwrap();
-    let report = cache.verify("llama", Strategy::Auto);
+    let report = verify_shared(&cache, "llama", Strategy::Auto);
     assert_eq!(status(&report, "model.safetensors"), FileStatus::Missing);
 }
 
@@ -933,21 +865,21 @@ fn hf_cache_links_out_of_the_repo_are_refused_unless_they_are_the_stores_own() {
 
     // Another shape of link into the same store file.
     relink(&format!("../../blobs/./{}/{hash}", &hash[..2]));
-    let report = cache.verify("llama", Strategy::Auto);
+    let report = verify_shared(&cache, "llama", Strategy::Auto);
     assert_eq!(
         status(&report, "model.safetensors"),
         FileStatus::EscapesRoot
     );
     relink(&format!("../../blobs/{}/{hash}", &hash[..2]));
     assert_eq!(
-        cache.verify("llama", Strategy::Auto).status,
+        verify_shared(&cache, "llama", Strategy::Auto).status,
         Verdict::Verified
     );
 
     // The store without huggingface_hub's marker is just a directory outside the repo.
     let marker = store.join(".huggingface-shared-blobs");
     std::fs::rename(&marker, store.join("marker.saved")).unwrap();
-    let report = cache.verify("llama", Strategy::Auto);
+    let report = verify_shared(&cache, "llama", Strategy::Auto);
     assert_eq!(
         status(&report, "model.safetensors"),
         FileStatus::EscapesRoot
@@ -958,7 +890,7 @@ fn hf_cache_links_out_of_the_repo_are_refused_unless_they_are_the_stores_own() {
     // A store entry that is a link (to /etc/passwd, or anywhere) is not the hub's.
     std::fs::remove_file(&entry).unwrap();
     symlink("/etc/passwd", &entry).unwrap();
-    let report = cache.verify("llama", Strategy::Auto);
+    let report = verify_shared(&cache, "llama", Strategy::Auto);
     assert_eq!(status(&report, "model.safetensors"), FileStatus::UnsafePath);
 }
 

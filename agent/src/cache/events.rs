@@ -8,6 +8,7 @@ use std::sync::Arc;
 use notify::event::{AccessKind, AccessMode, EventKind, MetadataKind, ModifyKind};
 use notify::Event;
 
+use super::layout;
 use super::manifest::{Digest, Manifest};
 
 /// What an event asks of the monitor.
@@ -38,6 +39,10 @@ pub struct Router {
     manifest: Arc<Manifest>,
     /// Hub blob name → the manifest files whose snapshot entries point at it.
     blobs: HashMap<String, Vec<String>>,
+    /// huggingface_hub 2.x's cache-wide Xet store (watched too), and its entries (`<2 hex>/<hash>`)
+    /// → the manifest files whose blobs link there.
+    shared_store: Option<PathBuf>,
+    store_entries: HashMap<String, Vec<String>>,
 }
 
 /// Suffixes of the partial and lock files downloaders write beside (or for) the real file.
@@ -77,6 +82,25 @@ impl Router {
                 }
             }
         }
+        let shared_store = hf_commit
+            .as_ref()
+            .and_then(|_| layout::shared_store_of(root))
+            .and_then(|store| std::fs::canonicalize(store).ok());
+        let mut store_entries: HashMap<String, Vec<String>> = HashMap::new();
+        if shared_store.is_some() {
+            for (blob, paths) in &blobs {
+                let link = std::fs::read_link(root.join("blobs").join(blob));
+                if let Some(entry) = link
+                    .ok()
+                    .and_then(|l| layout::shared_store_entry(l.as_os_str()))
+                {
+                    store_entries
+                        .entry(entry)
+                        .or_default()
+                        .extend(paths.iter().cloned());
+                }
+            }
+        }
         Router {
             root: root.to_path_buf(),
             single_file: root.is_file(),
@@ -84,6 +108,8 @@ impl Router {
             hf_commit,
             manifest,
             blobs,
+            shared_store,
+            store_entries,
         }
     }
 
@@ -129,6 +155,17 @@ impl Router {
                 Some(commit) => self.route_hf(&rel, commit),
                 None => Some(self.route_model_path(&rel)),
             };
+        }
+        if let Some(entry) = self
+            .shared_store
+            .as_ref()
+            .and_then(|store| path.strip_prefix(store).ok())
+        {
+            // Other repos' entries, and the store's own lock and reference files, are not ours.
+            return self
+                .store_entries
+                .get(entry.to_string_lossy().as_ref())
+                .map(|paths| Work::Files(paths.iter().cloned().collect()));
         }
         (path.parent() == Some(self.manifest_dir.as_path())).then_some(Work::ReloadManifest)
     }

@@ -233,6 +233,26 @@ impl Layout {
 const SHARED_STORE_MARKER: &str = ".huggingface-shared-blobs";
 const SHARED_STORE_VERSION: &[u8] = b"1\n";
 
+/// The store entry (`<first 2 hex>/<64 hex Xet hash>`, relative to the store) that a repo blob's
+/// link names, when the link has exactly the form huggingface_hub writes:
+/// `../../blobs/<first 2 hex>/<64 hex>`.
+pub fn shared_store_entry(blob_link: &std::ffi::OsStr) -> Option<String> {
+    let entry = blob_link.to_str()?.strip_prefix("../../blobs/")?;
+    let (prefix, hash) = entry.split_once('/')?;
+    let is_hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    (hash.len() == 64 && is_hex(hash) && prefix == &hash[..2]).then(|| entry.to_string())
+}
+
+/// `<cache>/blobs` beside the repo folder `repo`, when it is huggingface_hub's marked shared store.
+pub fn shared_store_of(repo: &Path) -> Option<std::path::PathBuf> {
+    let store = repo.parent()?.join("blobs");
+    let marker = crate::files::read_bounded_text(&store.join(SHARED_STORE_MARKER), 16).ok()?;
+    (marker.as_bytes() == SHARED_STORE_VERSION).then_some(store)
+}
+
 /// A snapshot file whose blob is in huggingface_hub 2.x's cache-wide Xet store
 /// (`utils/_shared_blobs.py`): the snapshot entry links `../../blobs/<etag>` in the repo, and that
 /// blob is itself a link `../../blobs/<first 2 hex>/<64 hex Xet hash>`, into `<cache>/blobs/`, a
@@ -255,15 +275,7 @@ fn open_shared_blob(
         return None;
     }
     let blob_link = root.read_link(&format!("blobs/{etag}")).ok()??;
-    let entry = blob_link.to_str()?.strip_prefix("../../blobs/")?;
-    let (prefix, hash) = entry.split_once('/')?;
-    let is_hex = |s: &str| {
-        s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    if hash.len() != 64 || !is_hex(hash) || prefix != &hash[..2] {
-        return None;
-    }
+    let entry = shared_store_entry(&blob_link)?;
     let store_dir = root.path().parent()?.join("blobs");
     let store = match Root::open(&store_dir) {
         Ok(store) => store.without_symlinks(),
@@ -285,7 +297,7 @@ fn open_shared_blob(
             store_dir.display()
         ))));
     }
-    Some(store.open_file(entry))
+    Some(store.open_file(&entry))
 }
 
 /// `blobs/<blob>.incomplete` (huggingface_hub before 2.x) or `blobs/<blob>.<8 hex>.incomplete`

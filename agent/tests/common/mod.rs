@@ -173,6 +173,82 @@ impl HfCache {
     }
 }
 
+/// A cache laid out by huggingface_hub 2.x's own code (tests/hf_cache/shared_store.py): two repos
+/// whose weights are one entry of the cache-wide Xet store, each repo's blob a link into it.
+pub struct SharedStoreCache {
+    pub dir: tempfile::TempDir,
+    pub weights: Vec<u8>,
+}
+
+pub const SHARED_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+impl SharedStoreCache {
+    pub fn new() -> SharedStoreCache {
+        let dir = tempfile::tempdir().unwrap();
+        let weights = content(11, 300_000);
+        let sources = dir.path().join("sources");
+        std::fs::create_dir_all(&sources).unwrap();
+        std::fs::write(sources.join("weights"), &weights).unwrap();
+        std::fs::write(sources.join("config"), b"{\"model_type\": \"llama\"}").unwrap();
+        let list = sources.join("list");
+        std::fs::write(
+            &list,
+            format!(
+                "model.safetensors {}\nsub/config.json {}\n",
+                sources.join("weights").display(),
+                sources.join("config").display()
+            ),
+        )
+        .unwrap();
+        let cache = dir.path().join("hub");
+        let out = std::process::Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/hf_cache/shared_store.py"))
+            .arg(&cache)
+            .arg(SHARED_COMMIT)
+            .arg(&list)
+            .args(["org/llama", "org/llama-copy"])
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "huggingface_hub laid out the cache (the test command installs it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SharedStoreCache { dir, weights }
+    }
+
+    pub fn repo(&self, name: &str) -> std::path::PathBuf {
+        self.dir
+            .path()
+            .join("hub")
+            .join(format!("models--org--{name}"))
+    }
+
+    /// Flips a byte of the weights' store entry (huggingface_hub leaves it read-only) and returns
+    /// its path.
+    pub fn corrupt_store_entry(&self) -> PathBuf {
+        let entry = self.store_entry();
+        let mut permissions = std::fs::metadata(&entry).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o600);
+        std::fs::set_permissions(&entry, permissions).unwrap();
+        let mut bytes = self.weights.clone();
+        bytes[1234] ^= 1;
+        std::fs::write(&entry, &bytes).unwrap();
+        entry
+    }
+
+    /// The store entry of the weights (the target of the repo blob's link).
+    pub fn store_entry(&self) -> std::path::PathBuf {
+        let blob = self
+            .repo("llama")
+            .join("blobs")
+            .join(sha256_hex(&self.weights));
+        let target = std::fs::read_link(&blob).unwrap();
+        assert!(target.starts_with("../../blobs/"), "{target:?}");
+        blob.parent().unwrap().join(target)
+    }
+}
+
 /// Writes `text` to a fresh file and returns its path (the directory lives as long as the guard).
 pub fn write_temp(text: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();

@@ -467,6 +467,16 @@ impl Monitor {
         watcher
             .watch(&root, RecursiveMode::Recursive)
             .map_err(fail)?;
+        // A hub cache's Xet files may live in huggingface_hub's cache-wide store, outside ROOT. A
+        // store made after this watch is only seen by the periodic rescans until the next watch.
+        if let Some(store) = layout::is_hf_repo(&root)
+            .then(|| layout::shared_store_of(&root))
+            .flatten()
+        {
+            watcher
+                .watch(&store, RecursiveMode::Recursive)
+                .map_err(fail)?;
+        }
         watcher
             .watch(
                 &manifest_dir(&self.model.manifest),
