@@ -128,6 +128,14 @@ pub struct VerifyArgs {
     /// fetched).
     #[arg(long, visible_aliases = ["trust_root", "trust-config"], requires = "identity")]
     pub trust_root: Option<PathBuf>,
+    /// Keyless: a bundle signed with Sigstore's staging instance (its root is built in too).
+    #[arg(
+        long,
+        visible_alias = "use_staging",
+        requires = "identity",
+        conflicts_with = "trust_root"
+    )]
+    pub use_staging: bool,
     /// Trust a model_signing bundle's digests without checking its signature.
     #[arg(long, conflicts_with = "signer")]
     pub allow_unsigned: bool,
@@ -230,6 +238,7 @@ fn verify(args: VerifyArgs) -> ExitCode {
         identity: args.identity.as_deref(),
         identity_provider: args.identity_provider.as_deref(),
         trust_root: args.trust_root.as_deref(),
+        use_staging: args.use_staging,
         allow_unsigned: args.allow_unsigned,
     });
     let loaded = match &args.manifest {

@@ -92,6 +92,9 @@ pub struct ModelConfig {
     /// Keyless: a private Sigstore deployment's trusted_root.json.
     #[serde(default)]
     pub trust_root: Option<PathBuf>,
+    /// Keyless: signed with Sigstore's staging instance.
+    #[serde(default)]
+    pub use_staging: bool,
     #[serde(default)]
     pub allow_unsigned: bool,
     /// Paths under `root` (files or folders) neither checked nor extra, besides a bundle's own list.
@@ -928,10 +931,21 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
                 "keyless verification needs both identity and identity_provider (the OpenID issuer)".into(),
             ));
         }
-        if model.trust_root.is_some() && model.identity.is_none() {
+        for (name, given) in [
+            ("trust_root", model.trust_root.is_some()),
+            ("use_staging", model.use_staging),
+        ] {
+            if given && model.identity.is_none() {
+                return Err((
+                    key(name),
+                    "is for keyless verification: give identity and identity_provider too".into(),
+                ));
+            }
+        }
+        if model.trust_root.is_some() && model.use_staging {
             return Err((
-                key("trust_root"),
-                "is for keyless verification: give identity and identity_provider too".into(),
+                key("use_staging"),
+                "contradicts trust_root: one Sigstore instance vouches for the signer".into(),
             ));
         }
         if let (Some(signer), true) = (signers.first(), model.allow_unsigned) {
@@ -1350,6 +1364,8 @@ mod tests {
             ("    identity: a@b.c\n", "identity_provider", "needs both"),
             ("    identity_provider: https://x\n", "identity", "needs both"),
             ("    trust_root: /r.json\n", "trust_root", "keyless"),
+            ("    use_staging: true\n", "use_staging", "keyless"),
+            ("    identity: a@b.c\n    identity_provider: https://x\n    trust_root: /r.json\n    use_staging: true\n", "use_staging", "contradicts trust_root"),
             ("    certificate_chain: [/c.pem]\n    allow_unsigned: true\n", "allow_unsigned", "contradicts certificate_chain"),
         ] {
             let message = model(extra).unwrap_err();

@@ -1103,6 +1103,18 @@ fn a_configured_trusted_root_replaces_the_built_in_one() {
     let out = with_root(&private);
     assert_eq!(out.code, 1, "{}", out.stderr);
     assert_eq!(json(&out)["stage"], "signature");
+    // Sigstore's staging instance (--use-staging, built in) did not issue this certificate.
+    let mut staging = PEER_IDENTITY.to_vec();
+    staging.extend(["--use-staging", "--ignore-paths", "ignore-me", "--json"]);
+    let out = verify(&dir, &dir.join("model.sig"), &staging);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(json(&out)["stage"], "signature");
+    staging.extend(["--trust-root", public_good.to_str().unwrap()]);
+    assert_eq!(
+        verify(&dir, &dir.join("model.sig"), &staging).code,
+        2,
+        "one root or the other"
+    );
     let out = with_root(&dir.join("signme-1"));
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(

@@ -211,8 +211,18 @@ pub struct SigstoreSigner {
     pub identity: String,
     /// The OpenID Connect issuer that vouched for it, matched exactly.
     pub issuer: String,
-    /// A `trusted_root.json` for a private Sigstore deployment.
-    pub trust_root: Option<PathBuf>,
+    pub root: SigstoreRoot,
+}
+
+/// Which Sigstore instance vouches for keyless certificates and logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SigstoreRoot {
+    /// The public-good instance (embedded trusted root).
+    PublicGood,
+    /// Sigstore's staging instance (embedded trusted root; model_signing's `--use-staging`).
+    Staging,
+    /// A private deployment's `trusted_root.json`, or model_signing's `--trust-config` file.
+    File(PathBuf),
 }
 
 /// What the operator gave, from flags or a model's config, before it becomes a [`TrustPolicy`].
@@ -224,6 +234,7 @@ pub struct TrustChoice<'a> {
     pub identity: Option<&'a str>,
     pub identity_provider: Option<&'a str>,
     pub trust_root: Option<&'a Path>,
+    pub use_staging: bool,
     pub allow_unsigned: bool,
 }
 
@@ -239,7 +250,11 @@ impl TrustPolicy {
             return TrustPolicy::Sigstore(SigstoreSigner {
                 identity: identity.to_string(),
                 issuer: issuer.to_string(),
-                trust_root: choice.trust_root.map(Path::to_path_buf),
+                root: match (choice.trust_root, choice.use_staging) {
+                    (Some(file), _) => SigstoreRoot::File(file.to_path_buf()),
+                    (None, true) => SigstoreRoot::Staging,
+                    (None, false) => SigstoreRoot::PublicGood,
+                },
             });
         }
         if choice.allow_unsigned {

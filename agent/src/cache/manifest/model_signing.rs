@@ -22,7 +22,7 @@ use sha2::Digest as _;
 
 use super::{
     parse_json, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256, Shard,
-    SigstoreSigner, TrustPolicy,
+    SigstoreRoot, SigstoreSigner, TrustPolicy,
 };
 
 const IN_TOTO_PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
@@ -235,7 +235,9 @@ fn check_keyless(
     statement: &Statement,
     signer: &SigstoreSigner,
 ) -> Result<(), ManifestError> {
-    use sigstore_verify::trust_root::{TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT};
+    use sigstore_verify::trust_root::{
+        TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT, SIGSTORE_STAGING_TRUSTED_ROOT,
+    };
     use sigstore_verify::types::{Artifact, ArtifactDigest, Sha256Hash};
     let described = || {
         TrustPolicy::Sigstore(signer.clone())
@@ -258,8 +260,15 @@ fn check_keyless(
             });
         }
     }
-    let root = match &signer.trust_root {
-        Some(file) => crate::files::read_bounded_text(file, TRUST_ROOT_LIMIT)
+    let embedded = |json: &str, name: &str| {
+        TrustedRoot::from_json(json).map_err(|e| ManifestError::BadTrustMaterial {
+            what: "trusted root",
+            path: name.into(),
+            reason: e.to_string(),
+        })
+    };
+    let root = match &signer.root {
+        SigstoreRoot::File(file) => crate::files::read_bounded_text(file, TRUST_ROOT_LIMIT)
             .map_err(|e| format!("cannot read: {e}"))
             .and_then(|json| {
                 // model_signing's --trust-config file is a ClientTrustConfig that holds the root.
@@ -274,13 +283,13 @@ fn check_keyless(
                 path: file.clone(),
                 reason,
             })?,
-        None => TrustedRoot::from_json(SIGSTORE_PRODUCTION_TRUSTED_ROOT).map_err(|e| {
-            ManifestError::BadTrustMaterial {
-                what: "trusted root",
-                path: "(embedded public-good Sigstore root)".into(),
-                reason: e.to_string(),
-            }
-        })?,
+        SigstoreRoot::PublicGood => embedded(
+            SIGSTORE_PRODUCTION_TRUSTED_ROOT,
+            "(embedded public-good Sigstore root)",
+        )?,
+        SigstoreRoot::Staging => {
+            embedded(SIGSTORE_STAGING_TRUSTED_ROOT, "(embedded Sigstore staging root)")?
+        }
     };
     let text = std::str::from_utf8(bytes)
         .map_err(|e| ManifestError::invalid(path, "$", format!("not UTF-8: {e}")))?;

@@ -110,6 +110,7 @@ impl Monitor {
             identity: model.identity.as_deref(),
             identity_provider: model.identity_provider.as_deref(),
             trust_root: model.trust_root.as_deref(),
+            use_staging: model.use_staging,
             allow_unsigned: model.allow_unsigned,
         })
     }
