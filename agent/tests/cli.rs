@@ -1172,7 +1172,8 @@ fn a_file_turned_into_a_symlink_fails_as_model_signing_fails_it() {
 
 /// The certificate checks model_signing's verifier makes through OpenSSL, each tripped by a chain
 /// with one flaw: an intermediate expired before the signing certificate was issued, an
-/// intermediate that is not a CA, a signing certificate not meant for signing.
+/// intermediate that is not a CA, a signing certificate not meant for signing, a root whose path
+/// length constraint allows no intermediate.
 #[test]
 fn a_certificate_chain_with_one_flaw_is_refused_naming_it() {
     for (flaw, says) in [
@@ -1182,6 +1183,7 @@ fn a_certificate_chain_with_one_flaw_is_refused_naming_it() {
         ),
         ("intermediate-not-ca", "is not a CA"),
         ("not-for-signing", "is not meant for signing"),
+        ("path-length", "path length constraint"),
     ] {
         let signed = sign_flawed_certificate(flaw);
         let root = signed.keys.path().join("ca.pem");

@@ -12,7 +12,8 @@ intermediate CA (P-384; intermediate.pem) and a code-signing certificate for the
 and signs with `model_signing sign certificate`, the bundle carrying the signing certificate and
 the intermediate. With CERT_FLAW set, the chain has one flaw a verifier must catch: `expired` (the
 intermediate's validity ended before the signing certificate's began), `not-for-signing` (the
-signing certificate allows key encipherment only), `intermediate-not-ca` (no CA basic constraint).
+signing certificate allows key encipherment only), `intermediate-not-ca` (no CA basic constraint),
+`path-length` (the root allows no CA below it, and the intermediate is one).
 """
 import os
 import datetime
@@ -62,7 +63,12 @@ def certificate(subject, key, issuer_name, issuer_key, ca, flaw=None):
         .serial_number(x509.random_serial_number())
         .not_valid_before(valid_from)
         .not_valid_after(valid_until)
-        .add_extension(x509.BasicConstraints(ca=ca and flaw != "intermediate-not-ca", path_length=None), critical=True)
+        .add_extension(
+            x509.BasicConstraints(
+                ca=ca and flaw != "intermediate-not-ca", path_length=0 if flaw == "path-length" else None
+            ),
+            critical=True,
+        )
         .add_extension(
             x509.KeyUsage(
                 digital_signature=not ca and flaw != "not-for-signing", content_commitment=False,
@@ -85,7 +91,7 @@ def make_chain(key_dir: pathlib.Path, private: pathlib.Path) -> tuple[pathlib.Pa
     intermediate_key = ec.generate_private_key(ec.SECP384R1())
     signer_key = serialization.load_pem_private_key(private.read_bytes(), password=None)
     flaw = os.environ.get("CERT_FLAW")
-    root = certificate("test root CA", root_key, "test root CA", root_key, True)
+    root = certificate("test root CA", root_key, "test root CA", root_key, True, flaw if flaw == "path-length" else None)
     intermediate = certificate(
         "test intermediate CA", intermediate_key, "test root CA", root_key, True,
         flaw if flaw in ("expired", "intermediate-not-ca") else None,

@@ -9,8 +9,9 @@
 //! - every certificate on it valid at the signing certificate's `notBefore`, model_signing's stand-in
 //!   for the signing time (such bundles carry no timestamp), so that an expired certificate does
 //!   not break old signatures;
-//! - every issuer a CA (basic constraints), allowed to sign certificates where it says what it may
-//!   do (key usage); no critical extension this check does not understand;
+//! - every issuer a CA (basic constraints) within its path length constraint, allowed to sign
+//!   certificates where it says what it may do (key usage); no critical extension this check does
+//!   not understand;
 //! - the signing certificate meant for signing: key usage `digitalSignature` or extended key usage
 //!   `codeSigning`.
 //!
@@ -124,7 +125,9 @@ fn check_path(
     let signing_time = leaf.tbs_certificate.validity.not_before.to_unix_duration();
     check_meant_for_signing(leaf)?;
     let mut current = leaf;
-    for _ in 0..MAX_DEPTH {
+    // How many CA certificates stand between the issuer looked for and the signing certificate:
+    // what an issuer's path length constraint limits.
+    for cas_below in 0..MAX_DEPTH {
         check_valid_at(current, signing_time)?;
         check_critical_extensions(current)?;
         if anchors.contains(current) {
@@ -135,7 +138,7 @@ fn check_path(
                 && signed_by(current, candidate).is_ok()
         };
         if let Some(anchor) = anchors.iter().find(issued_by) {
-            check_issuer(anchor)?;
+            check_issuer(anchor, cas_below)?;
             return check_valid_at(anchor, signing_time);
         }
         let Some(next) = intermediates.iter().find(issued_by) else {
@@ -157,7 +160,7 @@ fn check_path(
                 }
             ));
         };
-        check_issuer(next)?;
+        check_issuer(next, cas_below)?;
         current = next;
     }
     Err(format!(
@@ -207,13 +210,21 @@ fn check_meant_for_signing(leaf: &Certificate) -> Result<(), String> {
     }
 }
 
-fn check_issuer(issuer: &Certificate) -> Result<(), String> {
-    let is_ca = extension::<BasicConstraints>(issuer, BASIC_CONSTRAINTS)?.is_some_and(|b| b.ca);
-    if !is_ca {
+fn check_issuer(issuer: &Certificate, cas_below: usize) -> Result<(), String> {
+    let constraints = extension::<BasicConstraints>(issuer, BASIC_CONSTRAINTS)?;
+    let Some(constraints) = constraints.filter(|b| b.ca) else {
         return Err(format!(
             "{} signed a certificate but is not a CA (basic constraints)",
             subject(issuer)
         ));
+    };
+    if let Some(limit) = constraints.path_len_constraint {
+        if cas_below > usize::from(limit) {
+            return Err(format!(
+                "{} allows at most {limit} CA certificates below it (path length constraint), the chain has {cas_below}",
+                subject(issuer)
+            ));
+        }
     }
     if let Some(usage) = extension::<KeyUsage>(issuer, KEY_USAGE)? {
         if !usage.0.contains(KeyUsages::KeyCertSign) {
