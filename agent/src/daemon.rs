@@ -369,21 +369,22 @@ async fn run_collectors(
     .await?;
     // GPUs allocated through DRA are named by the API server's ResourceSlices. Any configured API
     // (in-cluster or KUBECONFIG) will do: nothing is asked of it until the kubelet reports one.
-    let dra = match kube_client().await {
-        Ok(client) if gpu.is_some() && !kubelet.gpu_dra_drivers.is_empty() => {
-            Some(DraSlices::spawn(
+    let dra = if gpu.is_some() && !kubelet.gpu_dra_drivers.is_empty() {
+        match kube_client().await {
+            Ok(client) => Some(DraSlices::spawn(
                 client,
                 &config.node_name,
                 kubelet.gpu_dra_drivers.clone(),
                 &mut tasks,
                 shutdown.child_token(),
-            ))
+            )),
+            Err(reason) => {
+                tracing::debug!(%reason, "GPUs allocated through DRA will carry no pod labels");
+                None
+            }
         }
-        Ok(_) => None,
-        Err(reason) => {
-            tracing::debug!(%reason, "GPUs allocated through DRA will carry no pod labels");
-            None
-        }
+    } else {
+        None
     };
     if !resource_names.is_empty() {
         tasks.spawn(pod_resources::poll(

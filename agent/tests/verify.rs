@@ -912,17 +912,9 @@ fn write_tree_listing(cache: &HfCache, extra: &[(&str, &[u8])]) {
     }
     let file = cache.hub.path().join("listing.json");
     std::fs::write(&file, serde_json::Value::Object(listing).to_string()).unwrap();
-    let out = std::process::Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/hf_cache/tree_listing.py"))
-        .arg(cache.root())
-        .arg(COMMIT)
-        .arg(&file)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_python_helper(
+        "hf_cache/tree_listing.py",
+        &[cache.root().as_os_str(), COMMIT.as_ref(), file.as_os_str()],
     );
 }
 

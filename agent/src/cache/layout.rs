@@ -153,10 +153,10 @@ impl Layout {
     /// forms the hub writes (see [`open_shared_blob`]), anything else stays refused.
     pub fn open(&self, root: &Root, located: &str) -> Result<OpenedFile, OpenFailure> {
         match (self, root.open_file(located)) {
-            (Layout::HfRepo { commit }, Err(OpenFailure::EscapesRoot(reason))) => {
-                open_shared_blob(root, commit, located)
-                    .unwrap_or(Err(OpenFailure::EscapesRoot(reason)))
-            }
+            (Layout::HfRepo { commit }, Err(OpenFailure::EscapesRoot(reason))) => located
+                .strip_prefix(&format!("snapshots/{commit}/"))
+                .and_then(|rel| open_shared_blob(root, self, rel))
+                .unwrap_or(Err(OpenFailure::EscapesRoot(reason))),
             (_, opened) => opened,
         }
     }
@@ -248,56 +248,47 @@ pub fn shared_store_entry(blob_link: &std::ffi::OsStr) -> Option<String> {
 
 /// `<cache>/blobs` beside the repo folder `repo`, when it is huggingface_hub's marked shared store.
 pub fn shared_store_of(repo: &Path) -> Option<std::path::PathBuf> {
-    let store = repo.parent()?.join("blobs");
-    let marker = crate::files::read_bounded_text(&store.join(SHARED_STORE_MARKER), 16).ok()?;
-    (marker.as_bytes() == SHARED_STORE_VERSION).then_some(store)
+    open_shared_store(repo)
+        .ok()
+        .map(|store| store.path().to_path_buf())
+}
+
+/// The shared store beside `repo`, opened so that nothing in it is reached through a symlink,
+/// once its marker says it is huggingface_hub's: a directory the hub marks with
+/// `.huggingface-shared-blobs` holding "1\n", whose entries are regular files.
+fn open_shared_store(repo: &Path) -> Result<Root, OpenFailure> {
+    let store_dir = repo
+        .parent()
+        .ok_or_else(|| OpenFailure::Io(format!("{} has no parent", repo.display())))?
+        .join("blobs");
+    let store = Root::open(&store_dir)
+        .map_err(|e| OpenFailure::Io(format!("{}: {e}", store_dir.display())))?
+        .without_symlinks();
+    if store.read_at_most(SHARED_STORE_MARKER, 16).as_deref() == Some(SHARED_STORE_VERSION) {
+        Ok(store)
+    } else {
+        Err(OpenFailure::EscapesRoot(format!(
+            "its blob links to {}, which is not a huggingface_hub shared blob store (no {SHARED_STORE_MARKER} holding version 1)",
+            store_dir.display()
+        )))
+    }
 }
 
 /// A snapshot file whose blob is in huggingface_hub 2.x's cache-wide Xet store
-/// (`utils/_shared_blobs.py`): the snapshot entry links `../../blobs/<etag>` in the repo, and that
-/// blob is itself a link `../../blobs/<first 2 hex>/<64 hex Xet hash>`, into `<cache>/blobs/`, a
-/// directory the hub marks with `.huggingface-shared-blobs` holding "1\n", whose entries are
-/// regular files. None when `located` is not of exactly these forms (its own error then stands);
-/// otherwise the store entry, opened beneath the store without following any symlink.
+/// (`utils/_shared_blobs.py`): the snapshot entry is of the hub's form
+/// ([`Layout::check_snapshot_entry`]), and the blob it names is itself a link of the form
+/// [`shared_store_entry`] reads, into the store beside the repo folder. None when `located` is not
+/// of exactly these forms (its own error then stands); otherwise the store entry, opened beneath
+/// the store without following any symlink.
 fn open_shared_blob(
     root: &Root,
-    commit: &str,
-    located: &str,
+    layout: &Layout,
+    rel: &str,
 ) -> Option<Result<OpenedFile, OpenFailure>> {
-    let rel = located.strip_prefix(&format!("snapshots/{commit}/"))?;
-    let snapshot_link = root.read_link(located).ok()??;
-    let depth = rel.matches('/').count() + 2;
-    let etag = snapshot_link
-        .to_str()?
-        .strip_prefix(&format!("{}blobs/", "../".repeat(depth)))?
-        .to_string();
-    if etag.is_empty() || etag.contains('/') {
-        return None;
-    }
+    let etag = layout.check_snapshot_entry(root, rel).ok()??;
     let blob_link = root.read_link(&format!("blobs/{etag}")).ok()??;
     let entry = shared_store_entry(&blob_link)?;
-    let store_dir = root.path().parent()?.join("blobs");
-    let store = match Root::open(&store_dir) {
-        Ok(store) => store.without_symlinks(),
-        Err(e) => {
-            return Some(Err(OpenFailure::Io(format!(
-                "{}: {e}",
-                store_dir.display()
-            ))))
-        }
-    };
-    let marked = store.open_file(SHARED_STORE_MARKER).is_ok_and(|marker| {
-        let mut text = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::Read::take(&marker.file, 16), &mut text).is_ok()
-            && text == SHARED_STORE_VERSION
-    });
-    if !marked {
-        return Some(Err(OpenFailure::EscapesRoot(format!(
-            "its blob links to {}, which is not a huggingface_hub shared blob store (no {SHARED_STORE_MARKER} holding version 1)",
-            store_dir.display()
-        ))));
-    }
-    Some(store.open_file(&entry))
+    Some(open_shared_store(root.path()).and_then(|store| store.open_file(&entry)))
 }
 
 /// `blobs/<blob>.incomplete` (huggingface_hub before 2.x) or `blobs/<blob>.<8 hex>.incomplete`

@@ -201,6 +201,16 @@ impl Root {
         Err(OpenFailure::Io("it was replaced while being opened".into()))
     }
 
+    /// The first `limit` bytes of the regular file `rel` (small files the layouts read whole:
+    /// a marker, a tree listing), opened as [`Root::open_file`] opens any.
+    pub fn read_at_most(&self, rel: &str, limit: u64) -> Option<Vec<u8>> {
+        let opened = self.open_file(rel).ok()?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(&opened.file, limit), &mut bytes)
+            .ok()?;
+        Some(bytes)
+    }
+
     /// `fstatat` without following a final symlink, for markers such as `x.incomplete` that are
     /// only looked at, never opened.
     pub fn exists_nofollow(&self, rel: &str) -> bool {

@@ -201,18 +201,15 @@ impl SharedStoreCache {
         )
         .unwrap();
         let cache = dir.path().join("hub");
-        let out = std::process::Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/hf_cache/shared_store.py"))
-            .arg(&cache)
-            .arg(SHARED_COMMIT)
-            .arg(&list)
-            .args(["org/llama", "org/llama-copy"])
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "huggingface_hub laid out the cache (the test command installs it): {}",
-            String::from_utf8_lossy(&out.stderr)
+        run_python_helper(
+            "hf_cache/shared_store.py",
+            &[
+                cache.as_os_str(),
+                SHARED_COMMIT.as_ref(),
+                list.as_os_str(),
+                "org/llama".as_ref(),
+                "org/llama-copy".as_ref(),
+            ],
         );
         SharedStoreCache { dir, weights }
     }
@@ -247,6 +244,24 @@ impl SharedStoreCache {
         assert!(target.starts_with("../../blobs/"), "{target:?}");
         blob.parent().unwrap().join(target)
     }
+}
+
+/// Runs one of the tests' Python helpers, `tests/<script>`, which must succeed.
+pub fn run_python_helper(script: &str, args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new("python3")
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests")
+                .join(script),
+        )
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "tests/{script} failed (scripts/test.sh installs what it needs): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Writes `text` to a fresh file and returns its path (the directory lives as long as the guard).

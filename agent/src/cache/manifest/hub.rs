@@ -42,28 +42,9 @@ pub fn from_blob_names(
     };
     let snapshot = canonical.join(layout.model_dir());
     let mut files = Vec::new();
-    for rel in walk::list_files(&snapshot)
-        .map_err(|e| fail(e.to_string()))?
-        .files
-    {
-        // A regular file in a snapshot has no content address: it is left out (and listed as extra).
-        let Ok(target) = std::fs::read_link(snapshot.join(&rel)) else {
-            continue;
-        };
-        let Some(blob) = target.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        let digest = match blob.len() {
-            64 => Sha256::parse_hex(blob).ok().map(Digest::Whole),
-            40 => {
-                let mut id = [0u8; 20];
-                hex::decode_to_slice(blob, &mut id)
-                    .ok()
-                    .map(|()| Digest::GitBlob(id))
-            }
-            _ => None,
-        };
-        if let Some(digest) = digest {
+    // A regular file in a snapshot has no content address: it is left out (and listed as extra).
+    for (rel, blob) in snapshot_links(&snapshot).map_err(|e| fail(e.to_string()))? {
+        if let Some(digest) = digest_of_blob(&blob) {
             files.push(ExpectedFile {
                 path: rel.into(),
                 size: None,
@@ -107,27 +88,43 @@ pub fn from_blob_names(
     Ok(Manifest::new(ManifestFormat::HubBlobNames, commit, files))
 }
 
+/// Each file of a snapshot folder that is a link, with the name of the blob it points to.
+fn snapshot_links(snapshot: &Path) -> std::io::Result<Vec<(String, String)>> {
+    Ok(walk::list_files(snapshot)?
+        .files
+        .into_iter()
+        .filter_map(|rel| {
+            let target = std::fs::read_link(snapshot.join(&rel)).ok()?;
+            let blob = target.file_name()?.to_str()?.to_string();
+            Some((rel, blob))
+        })
+        .collect())
+}
+
+/// The digest a blob's name is: the SHA-256 of an LFS file, or a git blob id.
+fn digest_of_blob(blob: &str) -> Option<Digest> {
+    match blob.len() {
+        64 => Sha256::parse_hex(blob).ok().map(Digest::Whole),
+        40 => {
+            let mut id = [0u8; 20];
+            hex::decode_to_slice(blob, &mut id).ok()?;
+            Some(Digest::GitBlob(id))
+        }
+        _ => None,
+    }
+}
+
 /// The blob names the snapshot links of every revision point to.
 fn linked_blobs(snapshots: &Path) -> HashSet<String> {
-    let mut blobs = HashSet::new();
     let Ok(revisions) = std::fs::read_dir(snapshots) else {
-        return blobs;
+        return HashSet::new();
     };
-    for revision in revisions.filter_map(Result::ok) {
-        let dir = revision.path();
-        let Ok(listed) = walk::list_files(&dir) else {
-            continue;
-        };
-        for rel in listed.files {
-            if let Some(blob) = std::fs::read_link(dir.join(&rel))
-                .ok()
-                .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string))
-            {
-                blobs.insert(blob);
-            }
-        }
-    }
-    blobs
+    revisions
+        .filter_map(Result::ok)
+        .filter_map(|revision| snapshot_links(&revision.path()).ok())
+        .flatten()
+        .map(|(_, blob)| blob)
+        .collect()
 }
 
 /// One file of huggingface_hub's tree listing (`TreeCacheEntry` in its `_tree_cache.py`).
@@ -153,14 +150,7 @@ impl TreeEntry {
     }
 
     fn digest(&self) -> Option<Digest> {
-        match &self.lfs_sha256 {
-            Some(sha256) => Sha256::parse_hex(sha256).ok().map(Digest::Whole),
-            None => {
-                let mut id = [0u8; 20];
-                hex::decode_to_slice(&self.blob_id, &mut id).ok()?;
-                Some(Digest::GitBlob(id))
-            }
-        }
+        digest_of_blob(self.blob())
     }
 }
 
@@ -177,13 +167,7 @@ const TREE_LISTING_LIMIT: u64 = 64 << 20;
 /// documents (`format_version` 1). A listing that cannot be read is no evidence: the links are
 /// checked as without one.
 fn read_tree_listing(root: &Root, commit: &str) -> Option<BTreeMap<String, TreeEntry>> {
-    let opened = root.open_file(&format!("trees/{commit}.json")).ok()?;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(&opened.file, TREE_LISTING_LIMIT),
-        &mut bytes,
-    )
-    .ok()?;
+    let bytes = root.read_at_most(&format!("trees/{commit}.json"), TREE_LISTING_LIMIT)?;
     let listing: TreeListing = serde_json::from_slice(&bytes).ok()?;
     (listing.format_version == 1).then_some(listing.files)
 }

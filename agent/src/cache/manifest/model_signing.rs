@@ -162,10 +162,13 @@ pub(super) fn parse(
         .map_err(|e| ManifestError::invalid(path, "$[\"dsseEnvelope\"][\"payload\"]", e))?;
     // Read before it is trusted: a keyless check binds the signature to the statement's subject.
     let statement = parse_statement(path, &payload)?;
+    // The configured signer in words, for every error that names it.
+    let signer = trust.signer().unwrap_or_default();
     match trust {
-        TrustPolicy::PublicKey(key_path) => check_signature(path, key_path, &bundle, &payload)?,
+        TrustPolicy::PublicKey(key_path) => {
+            check_signature(path, key_path, &signer, &bundle, &payload)?
+        }
         TrustPolicy::CertificateChain(chain_files) => {
-            let signer = trust.signer().unwrap_or_default();
             let chain: Option<Vec<&str>> = bundle
                 .verification_material
                 .as_ref()
@@ -185,7 +188,9 @@ pub(super) fn parse(
             })?;
             verify_envelope(path, &signer, &key, &bundle, &payload)?;
         }
-        TrustPolicy::Sigstore(signer) => check_keyless(path, bytes, &bundle, &statement, signer)?,
+        TrustPolicy::Sigstore(sigstore) => {
+            check_keyless(path, bytes, &bundle, &statement, sigstore, &signer)?
+        }
         TrustPolicy::AllowUnsigned => {}
         TrustPolicy::RequireKey => {
             return Err(ManifestError::Unsigned {
@@ -233,17 +238,13 @@ fn check_keyless(
     bytes: &[u8],
     ours: &Bundle,
     statement: &Statement,
-    signer: &SigstoreSigner,
+    sigstore: &SigstoreSigner,
+    signer: &str,
 ) -> Result<(), ManifestError> {
     use sigstore_verify::trust_root::{
         TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT, SIGSTORE_STAGING_TRUSTED_ROOT,
     };
     use sigstore_verify::types::{Artifact, ArtifactDigest, Sha256Hash};
-    let described = || {
-        TrustPolicy::Sigstore(signer.clone())
-            .signer()
-            .unwrap_or_default()
-    };
     if let Some(material) = &ours.verification_material {
         let other = if material.x509_certificate_chain.is_some() {
             Some("a certificate chain (model_signing sign certificate)")
@@ -255,7 +256,7 @@ fn check_keyless(
         if let Some(other) = other {
             return Err(ManifestError::WrongSigner {
                 path: path.to_path_buf(),
-                signer: described(),
+                signer: signer.to_string(),
                 reason: format!("the bundle is not keyless: it was signed with {other}"),
             });
         }
@@ -267,7 +268,7 @@ fn check_keyless(
             reason: e.to_string(),
         })
     };
-    let root = match &signer.root {
+    let root = match &sigstore.root {
         SigstoreRoot::File(file) => crate::files::read_bounded_text(file, TRUST_ROOT_LIMIT)
             .map_err(|e| format!("cannot read: {e}"))
             .and_then(|json| {
@@ -305,13 +306,10 @@ fn check_keyless(
     let artifact = Artifact::Digest(ArtifactDigest::sha256(Sha256Hash::new(
         subject.digest.sha256.0,
     )));
-    let policy =
-        sigstore_verify::VerificationPolicy::new(signer.identity.as_str(), signer.issuer.as_str());
-    let described = || {
-        TrustPolicy::Sigstore(signer.clone())
-            .signer()
-            .unwrap_or_default()
-    };
+    let policy = sigstore_verify::VerificationPolicy::new(
+        sigstore.identity.as_str(),
+        sigstore.issuer.as_str(),
+    );
     match sigstore_verify::verify(artifact, &bundle, &policy, &root) {
         Ok(_) => Ok(()),
         Err(
@@ -319,7 +317,7 @@ fn check_keyless(
             | sigstore_verify::Error::IssuerMismatch { .. }),
         ) => Err(ManifestError::WrongSigner {
             path: path.to_path_buf(),
-            signer: described(),
+            signer: signer.to_string(),
             reason: e.to_string(),
         }),
         Err(
@@ -330,7 +328,7 @@ fn check_keyless(
         ) => Err(ManifestError::invalid(path, "$", e.to_string())),
         Err(e) => Err(ManifestError::BadSignature {
             path: path.to_path_buf(),
-            signer: described(),
+            signer: signer.to_string(),
             reason: e.to_string(),
         }),
     }
@@ -361,6 +359,7 @@ fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
 fn check_signature(
     path: &Path,
     key_path: &Path,
+    signer: &str,
     bundle: &Bundle,
     payload: &[u8],
 ) -> Result<(), ManifestError> {
@@ -368,7 +367,6 @@ fn check_signature(
         path: key_path.to_path_buf(),
         reason,
     };
-    let signer = format!("public key {}", key_path.display());
     let pem = crate::files::read_bounded_text(key_path, KEY_FILE_LIMIT)
         .map_err(|e| bad_key(format!("cannot read: {e}")))?;
     let key = SignerKey::from_pem(&pem).map_err(bad_key)?;
@@ -386,14 +384,14 @@ fn check_signature(
         if ours != hint {
             return Err(ManifestError::BadSignature {
                 path: path.to_path_buf(),
-                signer,
+                signer: signer.to_string(),
                 reason: format!(
                     "the bundle was signed with another key (its key hint is {hint}, this key's is {ours})"
                 ),
             });
         }
     }
-    verify_envelope(path, &signer, &key, bundle, payload)
+    verify_envelope(path, signer, &key, bundle, payload)
 }
 
 /// The envelope's signature over the in-toto payload, checked with `key` (`signer` names it).
