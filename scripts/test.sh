@@ -35,7 +35,7 @@ if ! command -v npm >/dev/null 2>&1; then
         || echo "scripts/test.sh: no Node.js to be had; the dashboard schema test will be skipped" >&2
 fi
 if command -v npm >/dev/null 2>&1 && [ ! -d tests/dashboards-schema/node_modules/@grafana/schema ]; then
-    npm ci --prefix tests/dashboards-schema --no-audit --no-fund --loglevel=error
+    (cd tests/dashboards-schema && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 cargo fmt --all -- --check

@@ -7,9 +7,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::metrics::CacheMetrics;
-use crate::cache::monitor::Monitor;
+use crate::cache::monitor::{self, Monitor};
 use crate::cache::priority::Hashers;
-use crate::cache::state::{ModelState, NodeTaint};
+use crate::cache::state::{ModelState, NodeFacts, NodeTaint};
+use crate::cache::watch::FileWatch;
 use crate::config::{Config, Toggle};
 use crate::gpu::GpuRuntime;
 use crate::kubelet::dra::DraSlices;
@@ -160,6 +161,8 @@ async fn start_readiness(
     let client = match client {
         Ok(client) => client,
         Err(reason) => {
+            // No controller, so no taint of ours: the monitors need not wait to learn it.
+            node_taint.set(false);
             let what = "node readiness gates";
             not_started(
                 agent_metrics,
@@ -261,7 +264,7 @@ async fn run_collectors(
     registry: prometheus::Registry,
     agent_metrics: AgentMetrics,
     models: Vec<Arc<ModelState>>,
-    node_taint: NodeTaint,
+    node: NodeFacts,
     loads: LoadActivity,
     shutdown: CancellationToken,
 ) -> Result<(), DaemonError> {
@@ -360,7 +363,7 @@ async fn run_collectors(
         &registry,
         &agent_metrics,
         &models,
-        &node_taint,
+        &node.taint,
         gpu.as_ref(),
         neuron.is_ok(),
         &mut tasks,
@@ -392,7 +395,10 @@ async fn run_collectors(
             resource_names,
             dra,
             kubelet.pod_resources_interval,
-            assignments.clone(),
+            pod_resources::Published {
+                assignments: assignments.clone(),
+                workload: node.workload.clone(),
+            },
             pod_resources::register_errors(&registry)?,
             shutdown.child_token(),
         ));
@@ -406,20 +412,23 @@ async fn run_collectors(
 }
 
 /// Every scraper, probe and client holds a descriptor, and the soft limit is often 1,024: raise it
-/// to the hard limit, as the Go runtime does for every Go exporter.
-fn raise_open_file_limit() {
+/// to the hard limit, as the Go runtime does for every Go exporter. Returns the limit in force.
+fn raise_open_file_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard {
-            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::debug!(error = %e, "cannot raise the open file limit");
-            }
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => return hard,
+            Err(e) => tracing::debug!(error = %e, "cannot raise the open file limit"),
         }
     }
+    soft
 }
 
 pub async fn run(config: Config) -> Result<(), DaemonError> {
-    raise_open_file_limit();
+    let max_connections = server::connection_cap(raise_open_file_limit());
     let registry = crate::metrics::registry(&config.node_name);
     let agent_metrics = AgentMetrics::register(&registry)?;
     let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
@@ -435,7 +444,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if let Some(rate) = max_rate {
         cache_metrics.max_bytes_per_second(&registry, rate)?;
     }
-    let node_taint = NodeTaint::default();
+    let node = NodeFacts::default();
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -454,17 +463,21 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let loads = LoadActivity::default();
     let mut models = Vec::new();
     let mut tasks = tokio::task::JoinSet::new();
+    let monitors = monitor::Shared {
+        hashers,
+        node: node.clone(),
+        metrics: cache_metrics.clone(),
+        loads: loads.clone(),
+        watch: FileWatch::default(),
+    };
     for model in &config.models {
         let state = Arc::new(ModelState::new(&model.name));
         models.push(state.clone());
         let monitor = Monitor::new(
             model.clone(),
             config.verify.clone(),
-            hashers.clone(),
-            node_taint.clone(),
-            cache_metrics.clone(),
+            monitors.clone(),
             state,
-            loads.clone(),
         );
         tasks.spawn(monitor.run(shutdown.child_token()));
     }
@@ -477,13 +490,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         agent_metrics.set_up(collector, false);
     }
 
-    tracing::info!(listen = %local, node_name = %config.node_name, models = config.models.len(), version = env!("CARGO_PKG_VERSION"), "mlnode-agent serving");
+    tracing::info!(listen = %local, node_name = %config.node_name, models = config.models.len(), max_connections, version = env!("CARGO_PKG_VERSION"), "mlnode-agent serving");
     let server = tokio::spawn(server::serve(
         listener,
         AppState {
             registry: registry.clone(),
             models: models.clone(),
         },
+        max_connections,
         shutdown.clone(),
     ));
     let mut collectors = tokio::spawn(run_collectors(
@@ -491,7 +505,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         registry,
         agent_metrics,
         models,
-        node_taint,
+        node,
         loads,
         shutdown.clone(),
     ));

@@ -29,20 +29,39 @@ pub fn router(state: AppState) -> axum::Router {
 /// A client gets this long to send a request's headers, and an idle keep-alive connection this
 /// long to send the next request: held-open or half-sent connections are closed, not kept.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once; past it a new connection is closed at once (a scraper retries).
+/// A client that takes none of a response's bytes for this long is dropped: pipelined requests
+/// whose replies are never read would otherwise hold their connection (and a descriptor) forever.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once, at most; past the cap a new connection is closed at once (a scraper
+/// retries). The cap in force is derived from the descriptors the process may open
+/// ([`connection_cap`]).
 const MAX_CONNECTIONS: usize = 2048;
+/// Descriptors kept for everything but connections: model files being hashed, the file watch,
+/// clients of the kubelet and the API server, NVML's device nodes, sysfs reads.
+const RESERVED_DESCRIPTORS: u64 = 256;
 /// How long in-flight requests get to finish at shutdown.
 const DRAIN: Duration = Duration::from_millis(500);
 
+/// How many connections may be served at once when the process may open `open_files`
+/// descriptors: half of what is left past [`RESERVED_DESCRIPTORS`], at most [`MAX_CONNECTIONS`],
+/// so that a flood of connections can never take the descriptors a model file or a watch needs.
+pub fn connection_cap(open_files: u64) -> usize {
+    let cap = open_files.saturating_sub(RESERVED_DESCRIPTORS) / 2;
+    usize::try_from(cap)
+        .unwrap_or(usize::MAX)
+        .clamp(16, MAX_CONNECTIONS)
+}
+
 /// Serves until `shutdown`, then stops accepting and lets in-flight requests finish, like a
-/// production exporter: bounded header-read and idle time, a bounded number of connections.
+/// production exporter: bounded header-read, idle and write time, at most `max_connections`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
+    max_connections: usize,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = router(state);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -67,10 +86,12 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         connections.spawn(async move {
             let _slot = slot;
+            let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+            stream.set_write_timeout(Some(WRITE_TIMEOUT));
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .serve_connection(hyper_util::rt::TokioIo::new(Box::pin(stream)), service);
             tokio::pin!(connection);
             tokio::select! {
                 _ = connection.as_mut() => {}
@@ -131,8 +152,13 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     for model in &state.models {
         let line = match model.readiness() {
             Readiness::Verified { revision } => {
+                let watched = if model.is_watched() {
+                    ""
+                } else {
+                    "; not continuously verified: its files cannot be watched, only rescanned"
+                };
                 format!(
-                    "{}: verified (revision {})",
+                    "{}: verified (revision {}){watched}",
                     model.name,
                     revision.as_deref().unwrap_or("not given")
                 )
@@ -158,4 +184,17 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_cap_leaves_descriptors_for_the_rest_of_the_agent() {
+        assert_eq!(connection_cap(1024), 384);
+        assert_eq!(connection_cap(1_048_576), MAX_CONNECTIONS);
+        // A limit below the reserve still serves a scraper and a probe or two.
+        assert_eq!(connection_cap(100), 16);
+    }
 }

@@ -574,11 +574,59 @@ fn absurd_threads_a_fifo_manifest_and_a_signature_flood_are_refused_at_once() {
         &["--public-key", key.to_str().unwrap()],
     );
     assert_ne!(out.code, 0, "{}", out.stderr);
-    assert!(out.stderr.contains("100000 signatures"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("more than 16 signatures") && out.stderr.contains("[\"signatures\"]"),
+        "{}",
+        out.stderr
+    );
     assert!(
         started.elapsed() < std::time::Duration::from_secs(20),
         "{:?}",
         started.elapsed()
+    );
+}
+
+/// A certificate bundle whose chain is padded with decoys (each a real certificate, each a DER
+/// decode and a signature check per issuer candidate): refused at the bound while parsing, before
+/// any is decoded, naming the bound; the real chain at the front still verifies when unpadded.
+#[test]
+fn a_bundle_padded_with_decoy_certificates_is_refused_at_the_bound() {
+    let signed = sign("certificate", 0);
+    let anchor = signed.keys.path().join("ca.pem");
+    let anchor = anchor.to_str().unwrap();
+    let mut bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&signed.bundle).unwrap()).unwrap();
+    let chain = &mut bundle["verificationMaterial"]["x509CertificateChain"]["certificates"];
+    let real = chain.as_array().unwrap().clone();
+    let decoy = real.last().unwrap().clone();
+    let mut padded = real.clone();
+    padded.extend(std::iter::repeat_n(decoy, 50_000));
+    *chain = serde_json::Value::Array(padded);
+    let (_dir, decoys) = write_temp(&bundle.to_string());
+    let started = std::time::Instant::now();
+    let out = verify(
+        signed.model.root(),
+        &decoys,
+        &["--certificate-chain", anchor],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("more than 16 certificates")
+            && out.stderr.contains("[\"certificates\"]"),
+        "{}",
+        out.stderr
+    );
+    // Generous for a loaded 2-core machine: the refusal itself takes milliseconds (it took 8 to
+    // 11 s of CPU before the bound).
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(
+        verify(
+            signed.model.root(),
+            &signed.bundle,
+            &["--certificate-chain", anchor]
+        )
+        .code,
+        0
     );
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
+use common::agent::{sample, Agent, EXIT_BOUND};
 use common::nvml::{fake_nvml, Scenario};
 use serde_json::{json, Value};
 
@@ -621,7 +621,7 @@ fn a_failing_nvml_is_reported_down_and_its_readings_dropped() {
 }
 
 /// A wedged driver blocks `nvmlInit`: the agent still serves (model caches, /healthz) with the
-/// GPU collector down, and SIGTERM still stops it within a second.
+/// GPU collector down, and SIGTERM still stops it promptly.
 #[test]
 fn a_blocking_nvml_init_holds_up_nothing_else() {
     let mut scenario = Scenario::new(8);
@@ -648,7 +648,7 @@ fn a_blocking_nvml_init_holds_up_nothing_else() {
     assert_eq!(agent.get("/healthz").0, 200);
     let (code, elapsed) = agent.terminate();
     assert_eq!(code, Some(0), "{}", agent.log());
-    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
+    assert!(elapsed < EXIT_BOUND, "{elapsed:?}");
 }
 
 #[test]
@@ -975,15 +975,17 @@ fn a_hanging_nvml_call_drops_the_readings_without_stalling_scrapes() {
     agent.wait_for("GPUs", Duration::from_secs(20), |m| {
         sample(m, "mlnode_gpu_utilization_ratio", &[("gpu", "1")]).is_some()
     });
-    // GPU 1's driver starts blocking every call for 4 s: a round now takes a minute.
-    scenario.set(1, "call_delay_ms", json!(4000));
+    // GPU 1's driver starts blocking every call for 8 s: a round now takes minutes.
+    scenario.set(1, "call_delay_ms", json!(8000));
     agent.wait_for("readings dropped", Duration::from_secs(30), |m| {
         sample(m, "mlnode_gpu_utilization_ratio", &[]).is_none()
     });
     let started = std::time::Instant::now();
     let m = agent.metrics();
+    // A scrape that waited on the driver would take a call's 8 s; the bound leaves a loaded
+    // machine room.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(6),
         "a scrape does not wait on the driver"
     );
     assert!(sample(&m, "mlnode_gpu_readings_age_seconds", &[]).is_some_and(|age| age > 3.0));
@@ -1228,5 +1230,53 @@ fn an_old_drivers_library_without_the_newer_symbols_is_read_with_the_older_calls
         "mlnode_gpu_mig_mode",
     ] {
         assert_eq!(sample(&m, absent, &[("gpu", "0")]), None, "{absent}");
+    }
+}
+
+/// `verify.priority: auto` decides from what the kubelet says, not from the opens the agent saw:
+/// after a restart on a node whose pods hold GPUs (it never saw their weights opened) a
+/// re-verification yields to them, in the idle classes; where no pod holds an accelerator it runs
+/// at full speed. Before, an agent that had seen no open ran its first verification at full speed
+/// on a serving node (0.58 of the workload's throughput kept, against 0.98 idle).
+#[test]
+fn hashing_yields_on_a_node_whose_pods_hold_gpus() {
+    let cases = [
+        (gpu3_assigned(), "idle"),
+        (common::kubelet::response(&[]), "normal"),
+    ];
+    for (kubelet_says, wanted) in cases {
+        let scenario = Scenario::new(8);
+        let kubelet = common::kubelet::FakeKubelet::serve(kubelet_says);
+        let model = common::PlainModel::new();
+        let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+        let config = format!(
+            "nvml:\n  library: {:?}\n  sample_interval: 100ms\nkubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\nverify:\n  debounce: 50ms\n{}",
+            fake_nvml().display().to_string(),
+            kubelet.socket().display().to_string(),
+            common::agent::model_config("llama", model.root(), &manifest)
+        );
+        let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
+        let verified = |m: &str| {
+            sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
+        };
+        agent.wait_for("verified", Duration::from_secs(20), verified);
+        // The kubelet has answered once the devices carry (or do not carry) its pods.
+        agent.wait_for("the kubelet's answer", Duration::from_secs(20), |m| {
+            sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "3")]).is_some()
+        });
+        std::fs::write(model.path("config.json"), b"{\"changed\": true}").unwrap();
+        agent.wait_for_log("the re-verification", Duration::from_secs(20), |log| {
+            log.lines()
+                .any(|l| l.contains(r#""kind":"incremental""#) && l.contains("failed verification"))
+        });
+        let log = agent.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains(r#""kind":"incremental""#))
+            .unwrap();
+        assert!(
+            line.contains(&format!(r#""priority":"{wanted}""#)),
+            "{wanted}: {line}"
+        );
     }
 }

@@ -149,6 +149,7 @@ fn exposition() -> String {
     };
     cache.starting("m", Some("r"), 1);
     cache.priority("m", mlnode_agent::cache::priority::Priority::Idle);
+    cache.watched("m", true);
     cache.throttled("m", std::time::Duration::from_millis(5));
     cache.max_bytes_per_second(&registry, 1 << 20).unwrap();
     mlnode_agent::kubelet::pod_resources::register_errors(&registry).unwrap();

@@ -566,7 +566,8 @@ fn unreadable_and_garbage_files_are_counted_and_skipped() {
     let scrape = scraper(&tree);
     let started = std::time::Instant::now();
     let m = scrape();
-    assert!(started.elapsed() < Duration::from_secs(2));
+    // A FIFO that blocked the read would block it for good; the bound is for a loaded machine.
+    assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(
         sample(
             &m,

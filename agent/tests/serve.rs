@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use assert_cmd::cargo::CommandCargoExt;
-use common::agent::{model_config, sample, Agent};
+use common::agent::{model_config, sample, Agent, EXIT_BOUND};
 use common::PlainModel;
 
 /// A ConfigMap volume: `<dir>/manifest.json -> ..data/manifest.json`, `..data -> ..<version>/`.
@@ -114,9 +114,10 @@ fn corrupt_restore_and_configmap_swap_end_to_end() {
         &[("model_name", "llama")],
     );
     assert!(throttled.is_some_and(|s| s > 0.0), "{throttled:?}");
-    // Nothing serves from the model yet: its first verification runs at full speed.
-    assert_eq!(priority(&metrics, "normal"), Some(1.0));
-    assert_eq!(priority(&metrics, "idle"), Some(0.0));
+    // No kubelet and no startup taint: the agent cannot know that nothing serves from the model
+    // (a restarted agent never saw the opens that happened before it), so it yields.
+    assert_eq!(priority(&metrics, "idle"), Some(1.0));
+    assert_eq!(priority(&metrics, "normal"), Some(0.0));
     let (status, body) = agent.get("/readyz");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("llama: verified (revision v1)"), "{body}");
@@ -148,7 +149,7 @@ fn corrupt_restore_and_configmap_swap_end_to_end() {
     });
     eprintln!("corruption reported after {took:?}");
     let metrics = agent.metrics();
-    // A change after the first verification is re-verified in the idle classes.
+    // So is a change after the first verification.
     assert_eq!(priority(&metrics, "idle"), Some(1.0));
     agent.wait_for_log(
         "the verification's log line",
@@ -208,7 +209,7 @@ fn corrupt_restore_and_configmap_swap_end_to_end() {
 
     let (code, took) = agent.terminate();
     assert_eq!(code, Some(0));
-    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}");
+    assert!(took < EXIT_BOUND, "SIGTERM took {took:?}");
 }
 
 #[test]
@@ -313,7 +314,7 @@ fn bad_config_exits_2_naming_the_key() {
 }
 
 #[test]
-fn sigterm_during_hashing_cancels_it_and_exits_within_a_second() {
+fn sigterm_during_hashing_cancels_it_and_exits_promptly() {
     // A 64 GiB sparse file: minutes of hashing, no disk used.
     let dir = tempfile::tempdir().unwrap();
     let weights = dir.path().join("model.safetensors");
@@ -343,10 +344,7 @@ fn sigterm_during_hashing_cancels_it_and_exits_within_a_second() {
     }
     let (code, took) = agent.terminate();
     assert_eq!(code, Some(0));
-    assert!(
-        took < Duration::from_secs(1),
-        "SIGTERM while hashing took {took:?}"
-    );
+    assert!(took < EXIT_BOUND, "SIGTERM while hashing took {took:?}");
     let log = agent.log();
     assert!(
         log.contains("verification cancelled for shutdown"),
@@ -356,7 +354,7 @@ fn sigterm_during_hashing_cancels_it_and_exits_within_a_second() {
 
 /// A manifest that becomes unusable leaves no stale file counts behind (every count 0, not the
 /// last ok=4), and a FIFO where a manifest should be is refused, not waited on: the agent keeps
-/// serving and still stops within a second.
+/// serving and still stops promptly on SIGTERM.
 #[test]
 fn an_unusable_manifest_drops_the_counts_and_a_fifo_is_refused() {
     let model = PlainModel::new();
@@ -398,7 +396,7 @@ fn an_unusable_manifest_drops_the_counts_and_a_fifo_is_refused() {
     }
     let (code, elapsed) = agent.terminate();
     assert_eq!(code, Some(0));
-    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
+    assert!(elapsed < EXIT_BOUND, "{elapsed:?}");
 }
 
 /// 1,100 connections that never finish a request (idle, or half a header) do not keep /metrics
@@ -432,8 +430,9 @@ fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
     let (status, body) = agent.get("/metrics");
     assert_eq!(status, 200);
     assert!(body.contains("mlnode_model_cache_verified"));
+    // A scrape held up by the connections would wait for their 5 s header timeout.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(4),
         "{:?}",
         started.elapsed()
     );
@@ -468,6 +467,55 @@ fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Clients that send complete pipelined requests and never read a reply hold their connection only
+/// until the write timeout, and the agent, limited to 512 descriptors (a 128-connection cap
+/// derived from them), answers /metrics again while all 300 of them are still connected. Before,
+/// the reply write waited forever and the descriptors ran out.
+#[test]
+fn clients_that_never_read_their_replies_are_dropped() {
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let agent = Agent::start_wrapped(
+        &model_config("llama", model.root(), &manifest),
+        &[],
+        &["prlimit", "--nofile=512:512"],
+    );
+    agent.wait_for("serving", Duration::from_secs(20), |m| {
+        m.contains("mlnode_model_cache_verified")
+    });
+    let address = format!("127.0.0.1:{}", agent.port);
+    let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(300);
+    let held: Vec<std::net::TcpStream> = (0..300)
+        .filter_map(|_| {
+            let mut stream = std::net::TcpStream::connect(&address).ok()?;
+            // Past the cap the agent closes at once; those writes may fail, which is the point.
+            let _ = stream.write_all(requests.as_bytes());
+            Some(stream)
+        })
+        .collect();
+    assert!(held.len() > 128, "{} connections", held.len());
+    let answered = (0..600).find_map(|_| match common::agent::http_get(agent.port, "/metrics") {
+        Ok((200, body)) => Some(body),
+        _ => {
+            std::thread::sleep(Duration::from_millis(100));
+            None
+        }
+    });
+    let body = answered.unwrap_or_else(|| {
+        panic!(
+            "/metrics never answered while the readers were held\n{}",
+            agent.log()
+        )
+    });
+    assert!(body.contains("mlnode_model_cache_verified"));
+    let log = agent.log();
+    assert!(
+        log.contains("max_connections=128") || log.contains("\"max_connections\":128"),
+        "{log}"
+    );
+    drop(held);
 }
 
 /// A weight file the agent could not read (root without capabilities, as the DaemonSet runs it,
@@ -511,10 +559,10 @@ fn a_permission_fix_reverifies_the_file_at_once() {
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
-/// SIGTERM while a large manifest (300,000 entries) is still being loaded stops the agent within
-/// a second: the parse is not waited for.
+/// SIGTERM while a large manifest (300,000 entries) is still being loaded stops the agent
+/// promptly: the parse is not waited for.
 #[test]
-fn sigterm_while_a_large_manifest_loads_exits_within_a_second() {
+fn sigterm_while_a_large_manifest_loads_exits_promptly() {
     let root = tempfile::tempdir().unwrap();
     let entries: Vec<String> = (0..300_000)
         .map(|i| format!("\"shard/{i:07}.bin\": {{\"sha256\": \"{i:064x}\", \"size\": {i}}}"))
@@ -528,13 +576,12 @@ fn sigterm_while_a_large_manifest_loads_exits_within_a_second() {
         m.contains("mlnode_build_info")
     });
     // Still loading: the file counts appear once the manifest is parsed.
-    let loading = !agent.metrics().contains("model_name=\"huge\"");
+    let loading = !agent
+        .metrics()
+        .contains("mlnode_model_cache_files{model_name=\"huge\"");
     let (code, elapsed) = agent.terminate();
     assert_eq!(code, Some(0), "{}", agent.log());
-    assert!(
-        elapsed < Duration::from_secs(1),
-        "{elapsed:?} (loading: {loading})"
-    );
+    assert!(elapsed < EXIT_BOUND, "{elapsed:?} (loading: {loading})");
     assert!(
         loading,
         "the manifest was parsed before SIGTERM; the state under test was missed"
@@ -573,5 +620,117 @@ fn a_change_in_the_shared_xet_store_reverifies_the_model_at_once() {
     agent.wait_for("the store change seen", Duration::from_secs(10), |m| {
         files(m, "digest_mismatch") == Some(1.0)
             && sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(0.0)
+    });
+}
+
+/// ROOT renamed away and back (an operator's `mv`, a restore): the watch follows it back, the model
+/// is verified again whole, and the next corrupting write is seen at once. With the manifest beside
+/// ROOT, notify dropped ROOT's watches when the watched parent reported it moved out, and the rename
+/// back did not restore them: the model stayed "verified" after tampering until the daily rescan.
+#[test]
+fn a_root_renamed_away_and_back_is_watched_again() {
+    for manifest_beside_root in [true, false] {
+        let model = PlainModel::new();
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path().join("llama");
+        std::fs::rename(model.root(), &root).unwrap();
+        let manifest_dir = tempfile::tempdir().unwrap();
+        let manifest = if manifest_beside_root {
+            base.path().join("llama.manifest.json")
+        } else {
+            manifest_dir.path().join("llama.manifest.json")
+        };
+        std::fs::write(&manifest, model.manifest_json("v1", true)).unwrap();
+        let agent = Agent::start(&model_config("llama", &root, &manifest));
+        let full_runs = |m: &str| {
+            sample(
+                m,
+                "mlnode_model_cache_verify_duration_seconds_count",
+                &[("model_name", "llama"), ("kind", "full")],
+            )
+            .unwrap_or(0.0)
+        };
+        let verified = |m: &str| {
+            sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
+        };
+        agent.wait_for("verified", Duration::from_secs(20), verified);
+        let before = full_runs(&agent.metrics());
+
+        let away = base.path().join("llama.away");
+        std::fs::rename(&root, &away).unwrap();
+        agent.wait_for("the move noticed", Duration::from_secs(20), |m| {
+            sample(m, "mlnode_model_cache_watched", &[("model_name", "llama")]) == Some(0.0)
+        });
+        std::fs::rename(&away, &root).unwrap();
+        agent.wait_for(
+            "watched again and verified whole",
+            Duration::from_secs(20),
+            |m| {
+                sample(m, "mlnode_model_cache_watched", &[("model_name", "llama")]) == Some(1.0)
+                    && full_runs(m) > before
+                    && verified(m)
+            },
+        );
+
+        let shard = root.join("model-00001-of-00002.safetensors");
+        let mut bytes = std::fs::read(&shard).unwrap();
+        bytes[10] ^= 0xff;
+        std::fs::write(&shard, bytes).unwrap();
+        agent.wait_for(
+            &format!("the next change seen (manifest beside ROOT: {manifest_beside_root})"),
+            Duration::from_secs(15),
+            |m| {
+                sample(
+                    m,
+                    "mlnode_model_cache_files",
+                    &[("model_name", "llama"), ("status", "digest_mismatch")],
+                ) == Some(1.0)
+            },
+        );
+    }
+}
+
+/// 140 models (past the 128 inotify instances a user gets by default) are all watched through one
+/// instance: every one of them sees its next change. Before, each model opened its own and 12 to
+/// 14 of 140 went unwatched in silence.
+#[test]
+fn a_hundred_and_forty_models_share_one_watch() {
+    let base = tempfile::tempdir().unwrap();
+    let (_dir, manifest) = common::write_temp(
+        &serde_json::json!({"revision": "v1", "files": {
+            "config.json": {"sha256": common::sha256_hex(b"{}"), "size": 2}
+        }})
+        .to_string(),
+    );
+    let mut config = String::from("models:\n");
+    for i in 0..140 {
+        let root = base.path().join(format!("m{i}"));
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("config.json"), b"{}").unwrap();
+        config.push_str(&format!(
+            "  - name: m{i}\n    root: {root:?}\n    manifest: {manifest:?}\n"
+        ));
+    }
+    let agent = Agent::start(&config);
+    let count = |m: &str, name: &str, value: f64| {
+        m.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && l.ends_with(&format!(" {value}")))
+            .count()
+    };
+    agent.wait_for("140 verified and watched", Duration::from_secs(60), |m| {
+        count(m, "mlnode_model_cache_verified", 1.0) == 140
+            && count(m, "mlnode_model_cache_watched", 1.0) == 140
+    });
+    let instances = std::fs::read_dir(format!("/proc/{}/fd", agent.pid()))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy() == "anon_inode:inotify")
+        .count();
+    assert_eq!(instances, 1, "one inotify instance for every model");
+    for i in 0..140 {
+        std::fs::write(base.path().join(format!("m{i}/config.json")), b"[]").unwrap();
+    }
+    agent.wait_for("every model saw its change", Duration::from_secs(60), |m| {
+        count(m, "mlnode_model_cache_verified", 0.0) == 140
     });
 }

@@ -925,16 +925,7 @@ fn write_tree_listing(cache: &HfCache, extra: &[(&str, &[u8])]) {
 #[test]
 fn hf_cache_without_manifest_finds_a_download_that_died_before_its_link() {
     let cache = HfCache::new();
-    let without_manifest = |cache: &HfCache| {
-        let manifest = manifest::hub::from_blob_names(&cache.root(), None).unwrap();
-        verify(
-            &cache.root(),
-            &manifest,
-            &VerifyOptions::default(),
-            &Control::default(),
-        )
-        .unwrap()
-    };
+    let without_manifest = verify_without_manifest;
     // The weights' blob finished, its link was never made.
     std::fs::remove_file(cache.snapshot(COMMIT).join("model.safetensors")).unwrap();
     assert_eq!(
@@ -990,4 +981,125 @@ fn hf_cache_without_manifest_finds_a_download_that_died_before_its_link() {
         !report.files.iter().any(|f| f.path == "model.safetensors"),
         "{report:#?}"
     );
+}
+
+fn verify_without_manifest(cache: &HfCache) -> Report {
+    let manifest = manifest::hub::from_blob_names(&cache.root(), None).unwrap();
+    verify(
+        &cache.root(),
+        &manifest,
+        &VerifyOptions::default(),
+        &Control::default(),
+    )
+    .unwrap()
+}
+
+/// Without a manifest, a snapshot entry that is not a link to a content-addressed blob is checked
+/// all the same and gets the word a manifest gives it: a link out of the cache `escapes_root`, one
+/// into blobs/ under another name `unsafe_path`, a dangling one `missing`. A regular file put in
+/// place of a link has nothing naming its content and fails too. Before, each was left out as
+/// `extra` and the cache verified.
+#[test]
+fn hf_cache_tampered_entries_fail_without_a_manifest_as_with_one() {
+    const BLOBS_EVIL: &str = "../../blobs/evil.bin";
+    type Tamper = dyn Fn(&HfCache, &Path);
+    let cases: [(&str, &Tamper, FileStatus); 4] = [
+        (
+            "a link to /etc/hostname",
+            &|_, entry| symlink("/etc/hostname", entry).unwrap(),
+            FileStatus::EscapesRoot,
+        ),
+        (
+            "a link to blobs/evil.bin",
+            &|cache, entry| {
+                std::fs::write(cache.root().join("blobs/evil.bin"), b"evil").unwrap();
+                symlink(BLOBS_EVIL, entry).unwrap()
+            },
+            FileStatus::UnsafePath,
+        ),
+        (
+            "a dangling link",
+            &|_, entry| symlink(BLOBS_EVIL, entry).unwrap(),
+            FileStatus::Missing,
+        ),
+        (
+            "a regular file",
+            &|_, entry| std::fs::write(entry, b"evil weights").unwrap(),
+            FileStatus::UnsafePath,
+        ),
+    ];
+    for (what, tamper, word) in cases {
+        let cache = HfCache::new();
+        let entry = cache.snapshot(COMMIT).join("model.safetensors");
+        std::fs::remove_file(&entry).unwrap();
+        tamper(&cache, &entry);
+        let report = verify_without_manifest(&cache);
+        assert_eq!(report.status, Verdict::Failed, "{what}: {report:#?}");
+        assert_eq!(status(&report, "model.safetensors"), word, "{what}");
+        assert!(!error(&report, "model.safetensors").is_empty(), "{what}");
+        let with_manifest = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Auto);
+        // With a manifest a regular file is judged by its content.
+        if what != "a regular file" {
+            assert_eq!(
+                status(&with_manifest, "model.safetensors"),
+                word,
+                "{what}: the same word with a manifest"
+            );
+        }
+    }
+}
+
+/// Without a manifest, a download that never made its snapshot link fails the cache: while its
+/// lock is held (huggingface_hub's filelock, `flock(LOCK_EX)` for the whole download) it is
+/// `in_progress`, with only an `.incomplete` left and no lock file also `in_progress` (nothing
+/// says it stopped), and once the lock is free with the partial file left it is `missing`. Each is
+/// named by its blob, as the hub's links name blobs: `../../blobs/<sha256>`.
+#[test]
+fn hf_cache_unfinished_download_fails_without_a_manifest() {
+    use std::os::fd::AsRawFd;
+    let cache = HfCache::new();
+    let weights = sha256_hex(&cache.files["model.safetensors"]);
+    // The download started: no blob and no link yet, only its partial file.
+    std::fs::remove_file(cache.snapshot(COMMIT).join("model.safetensors")).unwrap();
+    std::fs::remove_file(cache.root().join("blobs").join(&weights)).unwrap();
+    let partial = format!("{weights}.3f9a0c1e.incomplete");
+    std::fs::write(cache.root().join("blobs").join(&partial), b"partial").unwrap();
+    let line = format!("../../blobs/{weights}");
+
+    let report = verify_without_manifest(&cache);
+    assert_eq!(report.status, Verdict::Failed);
+    assert_eq!(
+        status(&report, &line),
+        FileStatus::InProgress,
+        "{report:#?}"
+    );
+
+    let locks = cache.hub.path().join(".locks/models--org--tiny");
+    std::fs::create_dir_all(&locks).unwrap();
+    let lock = std::fs::File::create(locks.join(format!("{weights}.lock"))).unwrap();
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let report = verify_without_manifest(&cache);
+    assert_eq!(status(&report, &line), FileStatus::InProgress);
+    assert!(error(&report, &line).contains(&partial), "{report:#?}");
+
+    // Killed: the lock is let go, the partial file stays.
+    drop(lock);
+    let report = verify_without_manifest(&cache);
+    assert_eq!(report.status, Verdict::Failed);
+    assert_eq!(status(&report, &line), FileStatus::Missing);
+    assert!(error(&report, &line).contains("did not finish"));
+
+    // A download just started (lock held, no partial file yet) fails too.
+    std::fs::remove_file(cache.root().join("blobs").join(&partial)).unwrap();
+    let config = sha256_hex(b"the next file");
+    let next = std::fs::File::create(locks.join(format!("{config}.lock"))).unwrap();
+    assert_eq!(unsafe { libc::flock(next.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let report = verify_without_manifest(&cache);
+    assert_eq!(
+        status(&report, &format!("../../blobs/{config}")),
+        FileStatus::InProgress
+    );
+    drop(next);
+    // The locks every finished download leaves behind, free, are no evidence of anything.
+    assert_eq!(verify_without_manifest(&cache).status, Verdict::Verified);
 }

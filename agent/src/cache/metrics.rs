@@ -40,6 +40,7 @@ pub struct CacheMetrics {
     duration: HistogramVec,
     last_verified: GaugeVec,
     watch_overflows: IntCounterVec,
+    watched: IntGaugeVec,
     weight_opens: IntCounterVec,
     priority: IntGaugeVec,
     throttled: CounterVec,
@@ -86,6 +87,13 @@ impl CacheMetrics {
                 ),
                 &["model_name"],
             )?,
+            watched: IntGaugeVec::new(
+                Opts::new(
+                    "mlnode_model_cache_watched",
+                    "1 while the model's files are watched for changes (continuous verification), 0 while they cannot be (the kernel's inotify limits, ROOT missing) and only rescans find changes.",
+                ),
+                &["model_name"],
+            )?,
             weight_opens: IntCounterVec::new(
                 Opts::new(
                     "mlnode_model_cache_weight_opens_total",
@@ -96,7 +104,7 @@ impl CacheMetrics {
             priority: IntGaugeVec::new(
                 Opts::new(
                     "mlnode_model_cache_verify_priority",
-                    "1 for the CPU and I/O priority the model's latest verification runs at (normal: the node is held for this agent; idle: the kernel's idle classes), 0 for the other.",
+                    "1 for the CPU and I/O priority the model's latest verification runs at (normal: the node is held for this agent, or no pod holds an accelerator; idle: the kernel's idle classes, whenever nothing says no pod serves), 0 for the other.",
                 ),
                 &["model_name", "priority"],
             )?,
@@ -120,6 +128,7 @@ impl CacheMetrics {
         registry.register(Box::new(metrics.duration.clone()))?;
         registry.register(Box::new(metrics.last_verified.clone()))?;
         registry.register(Box::new(metrics.watch_overflows.clone()))?;
+        registry.register(Box::new(metrics.watched.clone()))?;
         registry.register(Box::new(metrics.weight_opens.clone()))?;
         registry.register(Box::new(metrics.priority.clone()))?;
         registry.register(Box::new(metrics.throttled.clone()))?;
@@ -241,5 +250,11 @@ impl CacheMetrics {
 
     pub fn watch_overflow(&self, model: &str) {
         self.watch_overflows.with_label_values(&[model]).inc();
+    }
+
+    pub fn watched(&self, model: &str, watched: bool) {
+        self.watched
+            .with_label_values(&[model])
+            .set(i64::from(watched));
     }
 }

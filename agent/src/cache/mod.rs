@@ -25,6 +25,7 @@ pub mod state;
 pub mod throttle;
 pub mod verify;
 pub mod walk;
+pub mod watch;
 
 pub use manifest::{Manifest, TrustPolicy};
 pub use report::{FileStatus, Report};

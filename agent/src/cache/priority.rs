@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::hasher::Control;
+use super::state::Workload;
 use super::throttle::Throttle;
 use crate::config::PrioritySetting;
 
@@ -28,24 +29,28 @@ impl Priority {
 }
 
 /// What is known of the node and the model when a verification starts.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Situation {
     /// The readiness controller last saw this agent's startup taint on the node.
     pub node_tainted: bool,
-    /// No verification of this model has finished since the agent started.
-    pub first_verification: bool,
+    /// What the kubelet says of the node's pods.
+    pub workload: Workload,
     /// A server has opened this model's weight files since the agent started.
     pub served: bool,
 }
 
-/// `auto` runs at full speed exactly while nothing can be serving from the model: the node holds
-/// our taint, or the model was never verified and nobody has opened its weights.
+/// `auto` runs at full speed only while the agent knows nothing serves from the model: the node
+/// holds its taint, or the kubelet says no pod holds an accelerator and nobody has opened the
+/// weights. Where it cannot know, it yields: after a restart (every node, in a rollout) the opens
+/// that happened before the agent started are unseen, so "nobody opened the weights" alone is no
+/// evidence that nothing serves.
 pub fn decide(setting: PrioritySetting, situation: Situation) -> Priority {
     match setting {
         PrioritySetting::Normal => Priority::Normal,
         PrioritySetting::Idle => Priority::Idle,
         PrioritySetting::Auto
-            if situation.node_tainted || (situation.first_verification && !situation.served) =>
+            if situation.node_tainted
+                || (situation.workload == Workload::NoAcceleratorPods && !situation.served) =>
         {
             Priority::Normal
         }
@@ -132,30 +137,55 @@ mod tests {
 
     #[test]
     fn auto_is_full_speed_only_while_nothing_can_be_serving() {
-        let auto = |node_tainted, first_verification, served| {
+        use Workload::*;
+        let auto = |node_tainted, workload, served| {
             decide(
                 PrioritySetting::Auto,
                 Situation {
                     node_tainted,
-                    first_verification,
+                    workload,
                     served,
                 },
             )
         };
-        assert_eq!(auto(true, false, true), Priority::Normal, "taint held");
-        assert_eq!(auto(false, true, false), Priority::Normal, "first, unused");
-        assert_eq!(auto(false, true, true), Priority::Idle, "first, but served");
-        assert_eq!(auto(false, false, false), Priority::Idle, "a rescan");
+        assert_eq!(
+            auto(true, AcceleratorPods, true),
+            Priority::Normal,
+            "taint held"
+        );
+        assert_eq!(auto(true, Unknown, false), Priority::Normal, "taint held");
+        assert_eq!(
+            auto(false, NoAcceleratorPods, false),
+            Priority::Normal,
+            "the kubelet says nothing holds a device, nobody opened the weights"
+        );
+        assert_eq!(
+            auto(false, NoAcceleratorPods, true),
+            Priority::Idle,
+            "but someone opened the weights"
+        );
+        assert_eq!(
+            auto(false, AcceleratorPods, false),
+            Priority::Idle,
+            "a restarted agent on a serving node: the opens happened before it started"
+        );
+        assert_eq!(
+            auto(false, Unknown, false),
+            Priority::Idle,
+            "no kubelet answer: it cannot know"
+        );
         let any = Situation {
             node_tainted: true,
-            first_verification: true,
+            workload: NoAcceleratorPods,
             served: false,
         };
         assert_eq!(decide(PrioritySetting::Idle, any), Priority::Idle);
-        assert_eq!(
-            decide(PrioritySetting::Normal, Situation::default()),
-            Priority::Normal
-        );
+        let serving = Situation {
+            node_tainted: false,
+            workload: AcceleratorPods,
+            served: true,
+        };
+        assert_eq!(decide(PrioritySetting::Normal, serving), Priority::Normal);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (`/readyz`, the `ModelCacheVerified` gate) and whether its monitor is alive (`/healthz`). Written
 //! by the model's monitor; a leaf, so readers need not depend on the monitor.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,9 @@ pub struct ModelState {
     heartbeat: Mutex<Instant>,
     /// Set while a verification has hashed nothing for `verify.stall_timeout`.
     pub stalled: AtomicBool,
+    /// Cleared while the model's files cannot be watched: its verdict is then only as fresh as
+    /// the last rescan.
+    watched: AtomicBool,
 }
 
 impl ModelState {
@@ -38,7 +41,16 @@ impl ModelState {
             readiness: Mutex::new(Readiness::Starting),
             heartbeat: Mutex::new(Instant::now()),
             stalled: AtomicBool::new(false),
+            watched: AtomicBool::new(true),
         }
+    }
+
+    pub fn set_watched(&self, watched: bool) {
+        self.watched.store(watched, Ordering::Relaxed);
+    }
+
+    pub fn is_watched(&self) -> bool {
+        self.watched.load(Ordering::Relaxed)
     }
 
     pub fn readiness(&self) -> Readiness {
@@ -76,16 +88,67 @@ impl ModelState {
 }
 
 /// Whether the node carries this agent's startup taint, as the readiness controller last saw it:
-/// written there, read by the monitors to choose their hashing priority.
-#[derive(Clone, Debug, Default)]
-pub struct NodeTaint(Arc<AtomicBool>);
+/// written there, read by the monitors to choose their hashing priority. Unknown until the
+/// controller has read the node once (or is known not to run).
+#[derive(Clone, Debug)]
+pub struct NodeTaint(Arc<tokio::sync::watch::Sender<Option<bool>>>);
+
+impl Default for NodeTaint {
+    fn default() -> Self {
+        NodeTaint(Arc::new(tokio::sync::watch::Sender::new(None)))
+    }
+}
 
 impl NodeTaint {
     pub fn set(&self, present: bool) {
-        self.0.store(present, Ordering::Relaxed);
+        self.0.send_replace(Some(present));
     }
 
     pub fn is_present(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        *self.0.borrow() == Some(true)
     }
+
+    /// Waits, at most `limit`, until the controller has said whether the taint is there: a
+    /// verification that starts before it would not know the node is held for it.
+    pub async fn known(&self, limit: Duration) {
+        let mut seen = self.0.subscribe();
+        let _ = tokio::time::timeout(limit, seen.wait_for(Option::is_some)).await;
+    }
+}
+
+/// Whether pods on the node hold accelerator devices, as the kubelet's pod-resources API last
+/// said: written by its poller, read by the monitors to choose their hashing priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// The kubelet has not answered (yet, or lately), or is not asked (no accelerator collector):
+    /// nothing can be concluded about what serves.
+    Unknown,
+    /// No pod holds a GPU, MIG device, Neuron device or NeuronCore.
+    NoAcceleratorPods,
+    /// At least one pod holds one: something may be serving from a model.
+    AcceleratorPods,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct NodeWorkload(Arc<AtomicU8>);
+
+impl NodeWorkload {
+    pub fn set(&self, workload: Workload) {
+        self.0.store(workload as u8, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> Workload {
+        match self.0.load(Ordering::Relaxed) {
+            x if x == Workload::NoAcceleratorPods as u8 => Workload::NoAcceleratorPods,
+            x if x == Workload::AcceleratorPods as u8 => Workload::AcceleratorPods,
+            _ => Workload::Unknown,
+        }
+    }
+}
+
+/// What the monitors know of the node, each fact written by the part of the agent that sees it.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFacts {
+    pub taint: NodeTaint,
+    pub workload: NodeWorkload,
 }

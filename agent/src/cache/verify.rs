@@ -8,8 +8,8 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::hasher::{self, Algorithm, Control, Job, JobResult};
-use super::layout::{self, Layout};
-use super::manifest::{Digest, ExpectedFile, Manifest};
+use super::layout::{self, Layout, PartialBlobs};
+use super::manifest::{Digest, ExpectedFile, Manifest, ManifestFormat};
 use super::paths::check_relative_path;
 use super::report::{FileReport, FileStatus, Report};
 use super::safe_open::{OpenFailure, Root, Snapshot, Strategy};
@@ -172,6 +172,7 @@ fn verify_tree(
         Layout::Plain if !manifest.allow_symlinks => root.without_symlinks(),
         _ => root,
     };
+    let partials = PartialBlobs::default();
     let mut files = Vec::new();
     let mut ok_not_kept = 0;
     let mut expected_bytes = 0;
@@ -189,7 +190,7 @@ fn verify_tree(
         if selected.is_empty() {
             continue;
         }
-        let lines = verify_batch(&root, &layout, &selected, control);
+        let lines = verify_batch(&root, &layout, &partials, &selected, control);
         if control.is_cancelled() {
             return Err(VerifyError::Cancelled(root_path.to_path_buf()));
         }
@@ -201,6 +202,22 @@ fn verify_tree(
                 files.push(line);
             }
         }
+    }
+
+    // Without a manifest, a download that never made its snapshot link is only found in blobs/
+    // and .locks/. Listed relative to the snapshot, as the hub's own links name blobs.
+    if manifest.format == ManifestFormat::HubBlobNames && options.only.is_none() {
+        let explained: HashSet<String> = manifest
+            .files
+            .iter()
+            .filter_map(|f| f.digest.blob_name())
+            .collect();
+        files.extend(
+            layout
+                .unfinished_downloads(&root, &partials, &explained)
+                .into_iter()
+                .map(unfinished_report),
+        );
     }
 
     let model_dir = canonical.join(layout.model_dir());
@@ -258,12 +275,13 @@ fn verify_tree(
 fn verify_batch(
     root: &Root,
     layout: &Layout,
+    partials: &PartialBlobs,
     selected: &[&ExpectedFile],
     control: &Control,
 ) -> Vec<FileReport> {
     let firsts: Vec<Result<(Snapshot, Option<String>), FileReport>> = selected
         .par_iter()
-        .map(|expected| first_look(root, layout, expected))
+        .map(|expected| first_look(root, layout, partials, expected))
         .collect();
 
     let mut jobs = Vec::new();
@@ -299,6 +317,8 @@ fn verify_batch(
                 expected: Some(snapshot),
                 algorithm: Algorithm::Sha256,
             })),
+            // Refused by the first look; nothing to hash.
+            Digest::Unaddressed => {}
         }
         plans.push(Plan::Hash {
             first_job,
@@ -322,7 +342,7 @@ fn verify_batch(
             } => {
                 let report = judge(expected, &results[first_job..first_job + jobs], snapshot);
                 if download_explains(&report)
-                    && layout.download_in_progress(root, &expected.path, blob.as_deref())
+                    && layout.download_in_progress(root, partials, &expected.path, blob.as_deref())
                 {
                     FileReport {
                         status: FileStatus::InProgress,
@@ -334,6 +354,25 @@ fn verify_batch(
             }
         })
         .collect()
+}
+
+fn unfinished_report(download: layout::UnfinishedDownload) -> FileReport {
+    let path = format!("../../blobs/{}", download.blob);
+    let partial = match download.partial_files.as_slice() {
+        [] => String::new(),
+        files => format!(" (left {})", files.join(", ")),
+    };
+    if download.under_way {
+        FileReport::new(path, FileStatus::InProgress).with_error(format!(
+            "blob {} is being downloaded{partial}, and no snapshot entry links it yet",
+            download.blob
+        ))
+    } else {
+        FileReport::new(path, FileStatus::Missing).with_error(format!(
+            "the download of blob {} did not finish{partial}: the file it was for is missing from the snapshot",
+            download.blob
+        ))
+    }
 }
 
 fn status_of(failure: OpenFailure) -> (FileStatus, String) {
@@ -359,6 +398,7 @@ fn download_explains(report: &FileReport) -> bool {
 fn first_look(
     root: &Root,
     layout: &Layout,
+    partials: &PartialBlobs,
     expected: &ExpectedFile,
 ) -> Result<(Snapshot, Option<String>), FileReport> {
     let path = &*expected.path;
@@ -379,7 +419,7 @@ fn first_look(
             let mut report = FileReport::new(path, status).with_error(reason);
             report.expected_size = expected.size;
             if download_explains(&report)
-                && layout.download_in_progress(root, path, blob.as_deref())
+                && layout.download_in_progress(root, partials, path, blob.as_deref())
             {
                 report.status = FileStatus::InProgress;
             }
@@ -387,7 +427,9 @@ fn first_look(
         }
     };
     let snapshot = opened.snapshot;
-    if let Err(reason) = link {
+    let unaddressed =
+        matches!(expected.digest, Digest::Unaddressed).then(|| UNADDRESSED.to_string());
+    if let Some(reason) = link.err().or(unaddressed) {
         return Err(FileReport::new(path, FileStatus::UnsafePath)
             .with_size(snapshot.size)
             .with_error(reason));
@@ -400,13 +442,15 @@ fn first_look(
                 snapshot.size
             ));
         report.expected_size = Some(size);
-        if layout.download_in_progress(root, path, blob.as_deref()) {
+        if layout.download_in_progress(root, partials, path, blob.as_deref()) {
             report.status = FileStatus::InProgress;
         }
         return Err(report);
     }
     Ok((snapshot, blob))
 }
+
+const UNADDRESSED: &str = "a regular file where the hub writes a link into blobs/: without a manifest, nothing names its content";
 
 /// Turns the results of a file's jobs into its report line.
 fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> FileReport {
@@ -468,6 +512,11 @@ fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> 
     match &expected.digest {
         Digest::Whole(want) => whole(&want.0, "sha256"),
         Digest::GitBlob(want) => whole(want, "git blob id"),
+        Digest::Unaddressed => FileReport {
+            status: FileStatus::UnsafePath,
+            ..base
+        }
+        .with_error(UNADDRESSED),
         Digest::Shards(shards) => {
             let bad: Vec<String> = shards
                 .iter()

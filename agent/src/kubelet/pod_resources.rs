@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Endpoint, Uri};
 
 use super::dra::{DraIndex, DraSlices};
+use crate::cache::state::{NodeWorkload, Workload};
 
 /// The generated protobuf types and gRPC client for `v1.PodResourcesLister`.
 pub mod api {
@@ -52,6 +53,13 @@ impl Assignments {
 
 /// Shared between the poller and the collectors that label by it.
 pub type SharedAssignments = Arc<Mutex<Assignments>>;
+
+/// What the poller publishes from each answer: who holds which device, for the device series'
+/// pod labels, and whether any pod holds one, for the hashing priority.
+pub struct Published {
+    pub assignments: SharedAssignments,
+    pub workload: NodeWorkload,
+}
 
 /// Bounds one List call: a wedged kubelet must not stall the poller.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -188,7 +196,7 @@ pub async fn poll(
     resource_names: Vec<String>,
     dra: Option<DraSlices>,
     interval: Duration,
-    shared: SharedAssignments,
+    published: Published,
     errors: prometheus::IntCounter,
     shutdown: CancellationToken,
 ) {
@@ -209,7 +217,15 @@ pub async fn poll(
                     _ => DraIndex::default(),
                 };
                 let found = assignments(&response, &resource_names, &dra);
-                *shared.lock().unwrap_or_else(|p| p.into_inner()) = found;
+                published.workload.set(if found.is_empty() {
+                    Workload::NoAcceleratorPods
+                } else {
+                    Workload::AcceleratorPods
+                });
+                *published
+                    .assignments
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = found;
             }
             Err(reason) => {
                 errors.inc();
@@ -217,7 +233,11 @@ pub async fn poll(
                     tracing::warn!(error = %reason, "no pod labels on devices: the kubelet pod-resources API is not available");
                     failing = Some(reason);
                 }
-                *shared.lock().unwrap_or_else(|p| p.into_inner()) = Assignments::default();
+                published.workload.set(Workload::Unknown);
+                *published
+                    .assignments
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Assignments::default();
             }
         }
     }

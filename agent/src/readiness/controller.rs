@@ -159,11 +159,15 @@ impl Controller {
     }
 
     fn gates(&self, planner: &mut Planner) -> Vec<Gate> {
-        let models: Vec<(String, _)> = self
+        let models: Vec<gates::ModelFacts> = self
             .sources
             .models
             .iter()
-            .map(|m| (m.name.clone(), m.readiness()))
+            .map(|m| gates::ModelFacts {
+                name: m.name.clone(),
+                readiness: m.readiness(),
+                watched: m.is_watched(),
+            })
             .collect();
         let mut facts = AcceleratorFacts {
             missing_collectors: self.sources.missing_collectors.clone(),

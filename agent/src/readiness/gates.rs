@@ -35,11 +35,25 @@ fn truncate(mut message: String) -> String {
     message
 }
 
-/// `ModelCacheVerified`: every configured model verified.
-pub fn model_cache_gate(models: &[(String, Readiness)]) -> Gate {
+/// What the model gate reads of one model.
+#[derive(Clone, Debug)]
+pub struct ModelFacts {
+    pub name: String,
+    pub readiness: Readiness,
+    /// Its files are watched: a verdict is kept current, not only as fresh as the last rescan.
+    pub watched: bool,
+}
+
+/// `ModelCacheVerified`: every configured model verified. A model whose files cannot be watched
+/// does not hold the node (its last verdict stands), but the message says it is not continuously
+/// verified.
+pub fn model_cache_gate(models: &[ModelFacts]) -> Gate {
     let mut failing = Vec::new();
     let mut starting = Vec::new();
-    for (name, readiness) in models {
+    for ModelFacts {
+        name, readiness, ..
+    } in models
+    {
         match readiness {
             Readiness::Verified { .. } => {}
             Readiness::Starting => starting.push(name.clone()),
@@ -65,6 +79,19 @@ pub fn model_cache_gate(models: &[(String, Readiness)]) -> Gate {
             true,
             "AllModelCachesVerified",
             format!("{} model cache(s) verified", models.len()),
+        )
+    };
+    let unwatched: Vec<&str> = models
+        .iter()
+        .filter(|m| !m.watched)
+        .map(|m| m.name.as_str())
+        .collect();
+    let message = if unwatched.is_empty() {
+        message
+    } else {
+        format!(
+            "{message}; not continuously verified (their files cannot be watched, so changes are only found by rescans): {}",
+            unwatched.join(", ")
         )
     };
     Gate {
@@ -173,12 +200,20 @@ mod tests {
         [48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120].into()
     }
 
+    fn model(name: &str, readiness: Readiness) -> ModelFacts {
+        ModelFacts {
+            name: name.into(),
+            readiness,
+            watched: true,
+        }
+    }
+
     #[test]
     fn model_gate_names_the_failing_models() {
         let models = vec![
-            ("llama".to_string(), Readiness::Verified { revision: None }),
-            (
-                "mistral".to_string(),
+            model("llama", Readiness::Verified { revision: None }),
+            model(
+                "mistral",
                 Readiness::Failed {
                     reason: "model.safetensors digest_mismatch".into(),
                 },
@@ -188,13 +223,30 @@ mod tests {
         assert!(!gate.ok);
         assert_eq!(gate.reason, "ModelCacheNotVerified");
         assert_eq!(gate.message, "mistral: model.safetensors digest_mismatch");
-        let gate = model_cache_gate(&[("llama".into(), Readiness::Starting)]);
+        let gate = model_cache_gate(&[model("llama", Readiness::Starting)]);
         assert_eq!(
             (gate.ok, gate.reason.as_str()),
             (false, "VerificationInProgress"),
             "never a premature True"
         );
-        assert!(model_cache_gate(&[("llama".into(), Readiness::Verified { revision: None })]).ok);
+        assert!(model_cache_gate(&[model("llama", Readiness::Verified { revision: None })]).ok);
+    }
+
+    #[test]
+    fn model_gate_says_which_models_are_not_continuously_verified() {
+        let mut unwatched = model("mistral", Readiness::Verified { revision: None });
+        unwatched.watched = false;
+        let gate = model_cache_gate(&[
+            model("llama", Readiness::Verified { revision: None }),
+            unwatched,
+        ]);
+        assert!(gate.ok, "its last verdict stands");
+        assert_eq!(gate.reason, "AllModelCachesVerified");
+        assert!(
+            gate.message.ends_with("not continuously verified (their files cannot be watched, so changes are only found by rescans): mistral"),
+            "{}",
+            gate.message
+        );
     }
 
     #[test]

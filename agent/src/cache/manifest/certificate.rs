@@ -37,7 +37,7 @@ const SUBJECT_ALT_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.
 const CODE_SIGNING: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.3");
 
 /// A chain longer than this is not a signing chain; the walk stops there.
-const MAX_DEPTH: usize = 8;
+pub(super) const MAX_DEPTH: usize = 8;
 /// A PEM file of a few certificates.
 const CHAIN_FILE_LIMIT: u64 = 1 << 20;
 

@@ -5,7 +5,12 @@
 //! provenance: someone who can write the cache can rename a blob too, so a trusted manifest is
 //! still what a release should be checked against.
 //!
-//! A file whose download died before its snapshot link was made leaves no link to check. What
+//! Every snapshot entry is expected: one that is not a link to a content-addressed blob has nothing
+//! to be checked against and fails, with the word a manifest would give it.
+//!
+//! A file whose download died before its snapshot link was made leaves no link to check. A
+//! download that did not finish leaves its `.incomplete` file (and, while it runs, a held lock):
+//! the verifier fails the cache on either ([`Layout::unfinished_downloads`]). What
 //! huggingface_hub 2.x leaves besides: the commit's tree listing, `trees/<commit>.json`, written by
 //! `snapshot_download` (its `_tree_cache.py`). The listing names every file of the repo, including
 //! those a download left out on purpose (`allow_patterns`), so a listed file without a link is only
@@ -18,7 +23,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256};
-use crate::cache::layout::{self, Layout};
+use crate::cache::layout::{self, Layout, PartialBlobs};
 use crate::cache::safe_open::Root;
 use crate::cache::walk;
 
@@ -42,20 +47,25 @@ pub fn from_blob_names(
     };
     let snapshot = canonical.join(layout.model_dir());
     let mut files = Vec::new();
-    // A regular file in a snapshot has no content address: it is left out (and listed as extra).
-    for (rel, blob) in snapshot_links(&snapshot).map_err(|e| fail(e.to_string()))? {
-        if let Some(digest) = digest_of_blob(&blob) {
-            files.push(ExpectedFile {
-                path: rel.into(),
-                size: None,
-                digest,
-            });
-        }
+    // Every entry is checked: one whose link names no content address (a link to /etc/hostname,
+    // to `blobs/evil.bin`, a regular file put in place of a link) is expected with nothing to
+    // match, so the verifier gives it the word a manifest would (`escapes_root`, `unsafe_path`,
+    // `missing`), never a pass.
+    for (rel, blob) in snapshot_entries(&snapshot).map_err(|e| fail(e.to_string()))? {
+        files.push(ExpectedFile {
+            path: rel.into(),
+            size: None,
+            digest: blob
+                .as_deref()
+                .and_then(digest_of_blob)
+                .unwrap_or(Digest::Unaddressed),
+        });
     }
     if let Some(listing) = commit.as_deref().and_then(|c| read_tree_listing(&root, c)) {
         let linked: HashSet<Box<str>> = files.iter().map(|f| f.path.clone()).collect();
         // A blob another revision links is explained by it; only an orphan is a download of ours.
         let blobs_in_use = linked_blobs(&canonical.join("snapshots"));
+        let partials = PartialBlobs::default();
         for file in &mut files {
             file.size = listing.get(&*file.path).map(TreeEntry::content_size);
         }
@@ -69,8 +79,7 @@ pub fn from_blob_names(
             let blob = entry.blob();
             let orphan =
                 !blobs_in_use.contains(blob) && root.exists_nofollow(&format!("blobs/{blob}"));
-            let fetched = orphan || layout::incomplete_blob_exists(&root, blob);
-            if fetched {
+            if orphan || !partials.of(&root, blob).is_empty() {
                 files.push(ExpectedFile {
                     path: path.as_str().into(),
                     size: Some(entry.content_size()),
@@ -81,22 +90,23 @@ pub fn from_blob_names(
     }
     if files.is_empty() {
         return Err(fail(format!(
-            "snapshot {} links no blobs",
+            "snapshot {} holds no files",
             snapshot.display()
         )));
     }
     Ok(Manifest::new(ManifestFormat::HubBlobNames, commit, files))
 }
 
-/// Each file of a snapshot folder that is a link, with the name of the blob it points to.
-fn snapshot_links(snapshot: &Path) -> std::io::Result<Vec<(String, String)>> {
+/// Each file of a snapshot folder, with the name of the blob it points to where it is a link.
+fn snapshot_entries(snapshot: &Path) -> std::io::Result<Vec<(String, Option<String>)>> {
     Ok(walk::list_files(snapshot)?
         .files
         .into_iter()
-        .filter_map(|rel| {
-            let target = std::fs::read_link(snapshot.join(&rel)).ok()?;
-            let blob = target.file_name()?.to_str()?.to_string();
-            Some((rel, blob))
+        .map(|rel| {
+            let blob = std::fs::read_link(snapshot.join(&rel))
+                .ok()
+                .and_then(|target| Some(target.file_name()?.to_str()?.to_string()));
+            (rel, blob)
         })
         .collect())
 }
@@ -121,9 +131,9 @@ fn linked_blobs(snapshots: &Path) -> HashSet<String> {
     };
     revisions
         .filter_map(Result::ok)
-        .filter_map(|revision| snapshot_links(&revision.path()).ok())
+        .filter_map(|revision| snapshot_entries(&revision.path()).ok())
         .flatten()
-        .map(|(_, blob)| blob)
+        .filter_map(|(_, blob)| blob)
         .collect()
 }
 

@@ -78,6 +78,20 @@ pub enum Digest {
     Shards(Vec<Shard>),
     /// A git blob id (SHA-1): only from a Hugging Face cache's own blob names, never a manifest.
     GitBlob([u8; 20]),
+    /// Nothing names the content: a hub snapshot entry, checked without a manifest, that is not a
+    /// link to a content-addressed blob. It never verifies.
+    Unaddressed,
+}
+
+impl Digest {
+    /// The name a Hugging Face cache stores a file with this digest under, in `blobs/`.
+    pub fn blob_name(&self) -> Option<String> {
+        match self {
+            Digest::Whole(sha256) => Some(sha256.to_hex()),
+            Digest::GitBlob(id) => Some(hex::encode(id)),
+            Digest::Shards(_) | Digest::Unaddressed => None,
+        }
+    }
 }
 
 /// One file the manifest requires.

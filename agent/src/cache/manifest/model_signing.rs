@@ -53,6 +53,7 @@ struct VerificationMaterial {
 
 #[derive(Deserialize)]
 struct CertificateChain {
+    #[serde(deserialize_with = "at_most_certificates")]
     certificates: Vec<RawCertificate>,
 }
 
@@ -74,6 +75,7 @@ struct PublicKeyIdentifier {
 struct Envelope {
     payload: String,
     payload_type: String,
+    #[serde(deserialize_with = "at_most_signatures")]
     signatures: Vec<EnvelopeSignature>,
 }
 
@@ -412,13 +414,6 @@ fn verify_envelope(
     if signatures.is_empty() {
         return Err(bad_signature("the envelope carries no signature".into()));
     }
-    // Each one costs an ECDSA verification: an envelope is untrusted input until one verifies.
-    if signatures.len() > MAX_SIGNATURES {
-        return Err(bad_signature(format!(
-            "the envelope carries {} signatures; at most {MAX_SIGNATURES} are checked (model_signing writes one)",
-            signatures.len()
-        )));
-    }
     let mut last_error = String::new();
     for signature in signatures {
         match base64_decode(&signature.sig).and_then(|der| key.verify(&message, &der)) {
@@ -508,6 +503,70 @@ impl SignerKey {
 const KEY_FILE_LIMIT: u64 = 64 << 10;
 /// DSSE allows several signatures on one envelope; model_signing writes one.
 const MAX_SIGNATURES: usize = 16;
+/// The certificates a bundle's chain may carry: a signing certificate and what leads from it to a
+/// root is a handful (the walk stops at [`super::certificate::MAX_DEPTH`]). Each one costs a DER
+/// decode and, for every issuer candidate, a signature check.
+const MAX_CHAIN_CERTIFICATES: usize = 16;
+
+fn at_most_certificates<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<RawCertificate>, D::Error> {
+    at_most(
+        deserializer,
+        MAX_CHAIN_CERTIFICATES,
+        "certificates (a signing certificate and the chain to its root is a handful)",
+    )
+}
+
+fn at_most_signatures<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<EnvelopeSignature>, D::Error> {
+    at_most(
+        deserializer,
+        MAX_SIGNATURES,
+        "signatures (model_signing writes one)",
+    )
+}
+
+/// A list of untrusted items, each of which costs a check: parsing stops at the first item past
+/// `limit`, before the rest is read or kept, and the error names the bound.
+fn at_most<'de, D, T>(deserializer: D, limit: usize, what: &'static str) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T> {
+        limit: usize,
+        what: &'static str,
+        items: std::marker::PhantomData<T>,
+    }
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {} {}", self.limit, self.what)
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element()? {
+                if items.len() == self.limit {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {} {}, refused without reading the rest",
+                        self.limit, self.what
+                    )));
+                }
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+    deserializer.deserialize_seq(Bounded {
+        limit,
+        what,
+        items: std::marker::PhantomData,
+    })
+}
 
 fn statement_to_manifest(path: &Path, statement: Statement) -> Result<Manifest, ManifestError> {
     let at_payload = |field: &str| format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.{field}");

@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -23,9 +22,10 @@ use super::manifest::{self, Manifest, TrustChoice, TrustPolicy};
 use super::metrics::{CacheMetrics, VerifyKind};
 use super::priority::{self, Hashers, Priority, Situation};
 use super::report::{FileStatus, Report};
-use super::state::{ModelState, NodeTaint, Readiness};
+use super::state::{ModelState, NodeFacts, Readiness};
 use super::verify::{verify, VerifyOptions};
-use crate::config::{ModelConfig, VerifySettings};
+use super::watch::{FileWatch, Subscription, WatchError, WatchedPath};
+use crate::config::{ModelConfig, PrioritySetting, VerifySettings};
 use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
 use plan::{Action, Input, Outcome, Planner, Progress, Timing, Todo};
 
@@ -34,8 +34,14 @@ use plan::{Action, Input, Outcome, Planner, Progress, Timing, Todo};
 const TICK: Duration = Duration::from_secs(5);
 /// Watch set-up that failed (the root does not exist yet, the watch limit) is retried this often.
 const WATCH_RETRY: Duration = Duration::from_secs(30);
+/// A model that cannot be watched is rescanned this often (at most `full_rescan_interval`).
+pub const UNWATCHED_RESCAN: Duration = Duration::from_secs(15 * 60);
 /// inotify reports the agent's own opens a little after they happen (see [`Timing`]).
 const OWN_READ_ECHO: Duration = Duration::from_secs(1);
+/// How long a model's first verification waits to learn whether the node holds the startup taint
+/// (the readiness controller's first read of the node, normally well under a second): started
+/// before, it could not know that it may run at full speed.
+const TAINT_WAIT: Duration = Duration::from_secs(10);
 /// At shutdown, how long to wait for hashing to notice it was cancelled.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
@@ -50,15 +56,27 @@ struct Running {
     progress: Progress,
 }
 
+/// What every model's monitor shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub hashers: Arc<Hashers>,
+    pub node: NodeFacts,
+    pub metrics: Arc<CacheMetrics>,
+    /// Where weight-file opens are recorded for the startup phases (model load).
+    pub loads: LoadActivity,
+    /// The agent's one file watch.
+    pub watch: FileWatch,
+}
+
 pub struct Monitor {
     model: ModelConfig,
     settings: VerifySettings,
     hashers: Arc<Hashers>,
-    node_taint: NodeTaint,
+    node: NodeFacts,
     metrics: Arc<CacheMetrics>,
     state: Arc<ModelState>,
-    /// Where weight-file opens are recorded for the startup phases (model load).
     loads: LoadActivity,
+    file_watch: FileWatch,
 }
 
 /// The model's manifest as last loaded, and the digest of its bytes.
@@ -73,20 +91,18 @@ impl Monitor {
     pub fn new(
         model: ModelConfig,
         settings: VerifySettings,
-        hashers: Arc<Hashers>,
-        node_taint: NodeTaint,
-        metrics: Arc<CacheMetrics>,
+        shared: Shared,
         state: Arc<ModelState>,
-        loads: LoadActivity,
     ) -> Monitor {
         Monitor {
             model,
             settings,
-            hashers,
-            node_taint,
-            metrics,
+            hashers: shared.hashers,
+            node: shared.node,
+            metrics: shared.metrics,
             state,
-            loads,
+            loads: shared.loads,
+            file_watch: shared.watch,
         }
     }
 
@@ -119,6 +135,7 @@ impl Monitor {
         Timing {
             debounce: self.settings.debounce,
             full_rescan_interval: self.settings.full_rescan_interval,
+            unwatched_rescan_interval: UNWATCHED_RESCAN,
             watch_retry: WATCH_RETRY,
             manifest_retry: TICK,
             own_read_echo: OWN_READ_ECHO,
@@ -129,7 +146,9 @@ impl Monitor {
     pub async fn run(self, shutdown: CancellationToken) {
         let name = self.model.name.clone();
         let (tx, mut events) = mpsc::unbounded_channel();
-        let mut watch: Option<(notify::RecommendedWatcher, RootIdentity)> = None;
+        let mut watch: Option<(Subscription, RootIdentity)> = None;
+        // The last watch failed because ROOT was not there: it is retried as soon as it is.
+        let mut root_missing = false;
         let mut loaded: Option<Loaded> = None;
         let mut router: Option<Router> = None;
         let mut report: Option<Report> = None;
@@ -145,16 +164,22 @@ impl Monitor {
                 for action in planner.on(input, Instant::now()) {
                     match action {
                         Action::Watch => {
+                            // The old subscription goes first: a replaced ROOT's path is the same.
+                            drop(watch.take());
                             watch = match self.watch(tx.clone()) {
                                 Ok(watching) => Some(watching),
                                 Err(WatchError { reason, limit }) => {
                                     if limit {
                                         self.metrics.watch_overflow(&name);
                                     }
-                                    tracing::warn!(model_name = %name, error = %reason, "cannot watch the model cache; relying on periodic rescans until it can");
+                                    tracing::warn!(model_name = %name, error = %reason, rescan_interval = ?UNWATCHED_RESCAN.min(self.settings.full_rescan_interval),
+                                        "cannot watch the model cache: it is not continuously verified, only rescanned, until a retry succeeds");
                                     None
                                 }
                             };
+                            root_missing = watch.is_none() && !self.model.root.exists();
+                            self.metrics.watched(&name, watch.is_some());
+                            self.state.set_watched(watch.is_some());
                             inputs.push_back(Input::Watched(watch.is_some()));
                         }
                         Action::RecordLoad => {
@@ -165,7 +190,7 @@ impl Monitor {
                             // Loading a manifest of a million entries takes seconds; SIGTERM must
                             // not wait for it (the parse finishes on its blocking thread, unobserved).
                             let started = tokio::select! {
-                                started = self.start(todo, &mut loaded, &mut router, &report, &mut last_error) => started,
+                                started = self.start(todo, &mut loaded, &mut router, report.is_none(), &mut last_error) => started,
                                 _ = shutdown.cancelled() => return,
                             };
                             match started {
@@ -190,13 +215,16 @@ impl Monitor {
                     return;
                 }
                 Some(event) = events.recv() => {
-                    inputs.extend(self.on_event(event, router.as_ref(), report.as_ref()));
+                    let root = watch.as_ref().map(|(_, id)| id.path.as_path());
+                    inputs.extend(self.on_event(event, root, router.as_ref(), report.as_ref()));
                 }
                 _ = tick.tick() => {
                     if let Some(job) = running.as_mut() {
                         self.check_progress(job);
                     }
-                    if watch.as_ref().is_some_and(|(_, id)| !id.still_matches(&self.model.root)) {
+                    let replaced = watch.as_ref().is_some_and(|(_, id)| !id.still_matches(&self.model.root));
+                    if replaced || (root_missing && self.model.root.exists()) {
+                        root_missing = false;
                         inputs.push_back(Input::RootReplaced);
                     }
                     inputs.push_back(Input::Wake);
@@ -213,10 +241,13 @@ impl Monitor {
         }
     }
 
-    /// What one file event tells the planner: a weight file opened, work routed to manifest files.
+    /// What one file event tells the planner: a weight file opened, work routed to manifest files,
+    /// ROOT itself renamed or removed (the watch on it may be gone: notify drops the watches of a
+    /// directory renamed out of a watched parent, and a rename back does not restore them).
     fn on_event(
         &self,
         event: notify::Result<notify::Event>,
+        root: Option<&Path>,
         router: Option<&Router>,
         report: Option<&Report>,
     ) -> Vec<Input> {
@@ -232,6 +263,15 @@ impl Monitor {
             }
         };
         let mut inputs = Vec::new();
+        let root_moved = matches!(
+            event.kind,
+            notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
+                | notify::EventKind::Remove(_)
+        ) && root.is_some_and(|root| event.paths.iter().any(|p| p == root));
+        if root_moved {
+            tracing::info!(model_name = %name, "the model's root was renamed or removed; watching it again");
+            inputs.push(Input::RootReplaced);
+        }
         if matches!(
             event.kind,
             notify::EventKind::Access(notify::event::AccessKind::Open(_))
@@ -278,7 +318,7 @@ impl Monitor {
         work: Todo,
         loaded: &mut Option<Loaded>,
         router: &mut Option<Router>,
-        report: &Option<Report>,
+        first: bool,
         last_error: &mut String,
     ) -> Result<Running, Outcome> {
         let mut full = work.full;
@@ -333,11 +373,14 @@ impl Monitor {
             only,
             ..self.verify_options()
         };
+        if first && self.settings.priority == PrioritySetting::Auto {
+            self.node.taint.known(TAINT_WAIT).await;
+        }
         let priority = priority::decide(
             self.settings.priority,
             Situation {
-                node_tainted: self.node_taint.is_present(),
-                first_verification: report.is_none(),
+                node_tainted: self.node.taint.is_present(),
+                workload: self.node.workload.get(),
                 served: self
                     .loads
                     .last_open(&self.model.name, 0.0, f64::INFINITY)
@@ -448,11 +491,7 @@ impl Monitor {
     fn watch(
         &self,
         tx: mpsc::UnboundedSender<notify::Result<notify::Event>>,
-    ) -> Result<(notify::RecommendedWatcher, RootIdentity), WatchError> {
-        let fail = |e: notify::Error| WatchError {
-            limit: matches!(e.kind, notify::ErrorKind::MaxFilesWatch),
-            reason: e.to_string(),
-        };
+    ) -> Result<(Subscription, RootIdentity), WatchError> {
         let root = std::fs::canonicalize(&self.model.root).map_err(|e| WatchError {
             reason: format!("{}: {e}", self.model.root.display()),
             limit: false,
@@ -461,37 +500,27 @@ impl Monitor {
             reason: format!("{} cannot be examined", root.display()),
             limit: false,
         })?;
-        let mut watcher = notify::recommended_watcher(move |event| {
-            let _ = tx.send(event);
-        })
-        .map_err(fail)?;
-        watcher
-            .watch(&root, RecursiveMode::Recursive)
-            .map_err(fail)?;
+        let recursive = |path: PathBuf| WatchedPath {
+            path,
+            recursive: true,
+        };
+        let mut paths = vec![recursive(root.clone())];
         // A hub cache's Xet files may live in huggingface_hub's cache-wide store, outside ROOT. A
         // store made after this watch is only seen by the periodic rescans until the next watch.
         if let Some(store) = layout::is_hf_repo(&root)
             .then(|| layout::shared_store_of(&root))
             .flatten()
+            .and_then(|store| std::fs::canonicalize(store).ok())
         {
-            watcher
-                .watch(&store, RecursiveMode::Recursive)
-                .map_err(fail)?;
+            paths.push(recursive(store));
         }
-        watcher
-            .watch(
-                &manifest_dir(&self.model.manifest),
-                RecursiveMode::NonRecursive,
-            )
-            .map_err(fail)?;
-        Ok((watcher, identity))
+        paths.push(WatchedPath {
+            path: manifest_dir(&self.model.manifest),
+            recursive: false,
+        });
+        let subscription = self.file_watch.subscribe(paths, tx)?;
+        Ok((subscription, identity))
     }
-}
-
-struct WatchError {
-    reason: String,
-    /// The kernel's watch limit (fs.inotify.max_user_watches) was reached.
-    limit: bool,
 }
 
 /// An access change matters only for the files the last verification could not open or read (a
@@ -514,8 +543,10 @@ fn worth_a_look(work: Work, report: Option<&Report>) -> Option<Work> {
     (!blocked.is_empty()).then_some(Work::Access(blocked))
 }
 
-/// ROOT's device and inode when the watch was set: if ROOT is replaced, the watch is on the old one.
+/// ROOT's canonical path, device and inode when the watch was set: if ROOT is replaced, the watch
+/// is on the old one.
 struct RootIdentity {
+    path: PathBuf,
     dev: u64,
     ino: u64,
 }
@@ -525,6 +556,7 @@ impl RootIdentity {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).ok()?;
         Some(RootIdentity {
+            path: path.to_path_buf(),
             dev: meta.dev(),
             ino: meta.ino(),
         })

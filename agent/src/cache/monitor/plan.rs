@@ -15,6 +15,9 @@ pub struct Timing {
     /// Quiet time after the last file event before the work it named starts.
     pub debounce: Duration,
     pub full_rescan_interval: Duration,
+    /// The full rescan interval while the model cannot be watched: its files' changes are only
+    /// found by looking, so it looks more often.
+    pub unwatched_rescan_interval: Duration,
     /// A watch set-up that failed (ROOT missing, the watch limit) is retried this often.
     pub watch_retry: Duration,
     /// A manifest that could not be used is tried again this often.
@@ -149,7 +152,10 @@ impl Planner {
                 }
                 self.watch = Watch::Watching;
             }
-            Input::Watched(false) => self.watch = Watch::Failed { at: now },
+            Input::Watched(false) => {
+                self.watch = Watch::Failed { at: now };
+                self.next_rescan = self.next_rescan.min(now + self.rescan_interval());
+            }
             Input::RootReplaced => {
                 self.watch = Watch::Asked { before: true };
                 actions.push(Action::Watch);
@@ -185,7 +191,7 @@ impl Planner {
         if now >= self.next_rescan {
             self.todo.full = true;
             self.last_event = None;
-            self.next_rescan = now + self.timing.full_rescan_interval;
+            self.next_rescan = now + self.rescan_interval();
         }
         if self.manifest_retry_at.is_some_and(|at| now >= at) {
             self.manifest_retry_at = None;
@@ -202,6 +208,16 @@ impl Planner {
             actions.push(Action::Verify(todo));
         }
         actions
+    }
+
+    fn rescan_interval(&self) -> Duration {
+        match self.watch {
+            Watch::Failed { .. } => self
+                .timing
+                .unwatched_rescan_interval
+                .min(self.timing.full_rescan_interval),
+            _ => self.timing.full_rescan_interval,
+        }
     }
 
     /// Collected work may start at once when scheduled, `debounce` after the last event otherwise.
@@ -261,6 +277,7 @@ mod tests {
     const TIMING: Timing = Timing {
         debounce: Duration::from_millis(500),
         full_rescan_interval: Duration::from_secs(24 * 3600),
+        unwatched_rescan_interval: Duration::from_secs(900),
         watch_retry: Duration::from_secs(30),
         manifest_retry: Duration::from_secs(5),
         own_read_echo: Duration::from_secs(1),
@@ -371,6 +388,44 @@ mod tests {
             planner.on(Input::Watched(true), t0 + TIMING.watch_retry),
             [verify(true, false, &[])]
         );
+    }
+
+    /// A model that cannot be watched (the kernel's limits) is not continuously verified: until
+    /// a retry succeeds it is rescanned on the short interval, and back on the long one after.
+    #[test]
+    fn an_unwatched_model_is_rescanned_often() {
+        let t0 = Instant::now();
+        let mut planner = Planner::new(TIMING, t0);
+        planner.on(Input::Wake, t0);
+        planner.on(Input::Watched(false), t0);
+        planner.on(Input::Finished(Outcome::Report), t0 + ms(10));
+        let mut at = t0;
+        for _ in 0..3 {
+            let due = at + TIMING.unwatched_rescan_interval;
+            // Every watch retry on the way fails too.
+            while planner.next_wake() < due {
+                let retry = planner.next_wake();
+                assert_eq!(planner.on(Input::Wake, retry), [Action::Watch]);
+                planner.on(Input::Watched(false), retry);
+            }
+            assert_eq!(planner.next_wake(), due);
+            // A retry may fall due at the same instant.
+            let actions = planner.on(Input::Wake, due);
+            assert!(actions.contains(&verify(true, false, &[])), "{actions:?}");
+            if actions.contains(&Action::Watch) {
+                planner.on(Input::Watched(false), due);
+            }
+            planner.on(Input::Finished(Outcome::Report), due);
+            at = due;
+        }
+        let retry = planner.next_wake();
+        assert_eq!(planner.on(Input::Wake, retry), [Action::Watch]);
+        planner.on(Input::Watched(true), retry);
+        planner.on(Input::Finished(Outcome::Report), retry);
+        let rescan = at + TIMING.unwatched_rescan_interval;
+        assert_eq!(planner.on(Input::Wake, rescan), [verify(true, false, &[])]);
+        planner.on(Input::Finished(Outcome::Report), rescan);
+        assert_eq!(planner.next_wake(), rescan + TIMING.full_rescan_interval);
     }
 
     #[test]
