@@ -503,8 +503,9 @@ pub struct ReadinessSettings {
     #[serde(with = "taint_text")]
     pub startup_taint: Option<TaintSpec>,
     pub taint_mode: TaintMode,
-    /// XIDs that fail `AcceleratorHealthy` (NVIDIA's "reset the GPU or drain the node" list).
-    pub fatal_xids: Vec<u64>,
+    /// Changes to NVIDIA's XID catalog for `AcceleratorHealthy`: by default the XIDs whose
+    /// immediate action is a GPU reset or a machine restart hold the node.
+    pub fatal_xids: XidOverride,
     /// How often the gates are evaluated.
     #[serde(with = "duration_text")]
     pub interval: Duration,
@@ -519,9 +520,94 @@ impl Default for ReadinessSettings {
             enabled: Toggle::Auto,
             startup_taint: None,
             taint_mode: TaintMode::BootstrapOnly,
-            fatal_xids: vec![48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
+            fatal_xids: XidOverride::default(),
             interval: Duration::from_secs(10),
             heartbeat: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `readiness.fatal_xids`: XIDs that also hold the node (`add`), and XIDs that never do (`remove`),
+/// on top of NVIDIA's catalog.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct XidOverride {
+    pub add: Vec<u64>,
+    pub remove: Vec<u64>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct XidOverrideFields {
+    add: Vec<u64>,
+    remove: Vec<u64>,
+}
+
+/// A map of the two lists; the plain list this key held before the catalog is refused saying what
+/// to write instead, not read as something else.
+impl<'de> Deserialize<'de> for XidOverride {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Form;
+        impl<'de> serde::de::Visitor<'de> for Form {
+            type Value = XidOverride;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map {add: [XID, ...], remove: [XID, ...]} of changes to NVIDIA's XID catalog")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<XidOverride, A::Error> {
+                let fields = XidOverrideFields::deserialize(
+                    serde::de::value::MapAccessDeserializer::new(map),
+                )?;
+                Ok(XidOverride {
+                    add: fields.add,
+                    remove: fields.remove,
+                })
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                _: A,
+            ) -> Result<XidOverride, A::Error> {
+                Err(serde::de::Error::custom(
+                    "a plain list of XIDs is the form before NVIDIA's catalog decided: write {add: [XID, ...]} for XIDs that should also hold the node and {remove: [XID, ...]} for ones that never should",
+                ))
+            }
+        }
+        deserializer.deserialize_any(Form)
+    }
+}
+
+/// XIDs are small numbers (the driver's newest is in the 170s; NVML reports 999 for one it cannot
+/// name): anything past this is a typo.
+const MAX_XID: u64 = 999;
+
+impl XidOverride {
+    fn check(&self) -> Result<(), (String, String)> {
+        for (list, xids) in [("add", &self.add), ("remove", &self.remove)] {
+            if let Some(bad) = xids.iter().find(|&&x| x == 0 || x > MAX_XID) {
+                return Err((
+                    format!("readiness.fatal_xids.{list}"),
+                    format!("{bad} is not an XID: XIDs are 1 to {MAX_XID}"),
+                ));
+            }
+        }
+        if let Some(both) = self.add.iter().find(|x| self.remove.contains(x)) {
+            return Err((
+                "readiness.fatal_xids".into(),
+                format!("XID {both} is both added and removed: keep it in one list"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The policy the GPU collector's health facts apply.
+    pub fn policy(&self) -> crate::gpu::health::XidPolicy {
+        crate::gpu::health::XidPolicy {
+            add: self.add.iter().copied().collect(),
+            remove: self.remove.iter().copied().collect(),
         }
     }
 }
@@ -992,6 +1078,7 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         ));
     }
     let readiness = &config.readiness;
+    readiness.fatal_xids.check()?;
     check_duration("readiness.heartbeat", readiness.heartbeat, SECOND, HOUR)?;
     check_duration(
         "readiness.interval",
@@ -1305,6 +1392,40 @@ mod tests {
         );
         let unrelated = [("UNRELATED".into(), std::ffi::OsString::from_vec(vec![0xff]))];
         assert!(Override::from_vars(unrelated).unwrap().is_empty());
+    }
+
+    /// `readiness.fatal_xids` changes NVIDIA's catalog; the list form it had before the catalog
+    /// is refused saying what to write, and so are non-XIDs and an XID both added and removed.
+    #[test]
+    fn fatal_xids_override_the_catalog_and_are_checked() {
+        let with = |xids: &str| {
+            from_yaml(
+                &format!("{ONE_MODEL}readiness:\n  fatal_xids: {xids}\n"),
+                &[],
+            )
+        };
+        let config = with("{add: [13], remove: [74]}").unwrap();
+        let policy = config.readiness.fatal_xids.policy();
+        assert!(policy.holds(13) && !policy.holds(74) && policy.holds(79));
+        for (xids, says) in [
+            (
+                "[48, 79]",
+                "a plain list of XIDs is the form before NVIDIA's catalog",
+            ),
+            ("{add: [0]}", "0 is not an XID: XIDs are 1 to 999"),
+            ("{remove: [100000]}", "100000 is not an XID"),
+            (
+                "{add: [13], remove: [13]}",
+                "XID 13 is both added and removed",
+            ),
+            ("{ad: [13]}", "unknown field `ad`"),
+        ] {
+            let message = with(xids).unwrap_err().to_string();
+            assert!(
+                message.contains("readiness.fatal_xids") && message.contains(says),
+                "{xids}: {message}"
+            );
+        }
     }
 
     #[test]

@@ -1280,3 +1280,154 @@ fn hashing_yields_on_a_node_whose_pods_hold_gpus() {
         );
     }
 }
+
+/// An agent with the GPU collector and the readiness controller against the fake API server: the
+/// node's `AcceleratorHealthy` condition, as the API server holds it.
+fn start_with_readiness(scenario: &Scenario) -> (Agent, common::kube::FakeApiServer) {
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = Agent::start_with_env(
+        &format!(
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
+            fake_nvml().display().to_string()
+        ),
+        &[
+            ("FAKE_NVML_SCENARIO", &scenario.path()),
+            ("KUBECONFIG", &api.kubeconfig()),
+        ],
+    );
+    (agent, api)
+}
+
+fn wait_condition(
+    agent: &Agent,
+    api: &common::kube::FakeApiServer,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let condition = api.condition("AcceleratorHealthy");
+        if check(&condition) {
+            return condition;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{what}: AcceleratorHealthy is {condition}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The driver's verdict first: a recovery action other than NONE (nvml.h's values) turns
+/// `AcceleratorHealthy` False with a reason naming it and a message naming the GPU, and NONE
+/// again turns it back. XIDs follow NVIDIA's catalog: 94 (RESTART_APP) is counted under its
+/// action and holds nothing; 46 (RESET_GPU, no recovery action linked) holds the node through the
+/// driver's NONE.
+#[test]
+fn accelerator_health_follows_the_drivers_recovery_action_and_nvidias_catalog() {
+    let mut scenario = Scenario::new(4);
+    let (agent, api) = start_with_readiness(&scenario);
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_gpu_recovery_action",
+            &[("gpu", "2"), ("action", "none")]
+        ),
+        Some(1.0)
+    );
+
+    for (value, reason, label) in [
+        (1, "GPUResetRequired", "gpu_reset"),
+        (2, "NodeRebootRequired", "node_reboot"),
+        (4, "DrainAndResetRequired", "drain_and_reset"),
+        (12, "UnknownRecoveryAction", "unknown"),
+    ] {
+        scenario.set(2, "recovery_action", json!(value));
+        let condition = wait_condition(&agent, &api, reason, |c| c["reason"] == reason);
+        assert_eq!(condition["status"], "False");
+        let message = condition["message"].as_str().unwrap();
+        assert!(
+            message.contains("GPU 2 (GPU-00000002-1111-2222-3333-444444444442, 00000000:27:00.0)")
+                && message.contains(&value.to_string()),
+            "{message}"
+        );
+        assert_eq!(
+            sample(
+                &agent.metrics(),
+                "mlnode_gpu_recovery_action",
+                &[("gpu", "2"), ("action", label)]
+            ),
+            Some(1.0)
+        );
+    }
+    scenario.set(2, "recovery_action", json!(0));
+    wait_condition(&agent, &api, "NONE again", |c| c["status"] == "True");
+
+    scenario.set(3, "xid_events", json!([94]));
+    agent.wait_for("XID 94 counted", Duration::from_secs(10), |m| {
+        sample(
+            m,
+            "mlnode_gpu_xid_errors_total",
+            &[
+                ("gpu", "3"),
+                ("xid", "94"),
+                ("immediate_action", "RESTART_APP"),
+            ],
+        ) == Some(1.0)
+    });
+    wait_rounds_of_readiness(&agent, 3.0);
+    assert_eq!(api.condition("AcceleratorHealthy")["status"], "True");
+
+    // The fake delivers each entry of the list once: 94 was, 46 is next.
+    scenario.set(3, "xid_events", json!([94, 46]));
+    let condition = wait_condition(&agent, &api, "XID 46", |c| c["reason"] == "FatalXID");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("XID 46 (ROBUST_CHANNEL_GPU_TIMEOUT_ERROR, RESET_GPU)"),
+        "{condition}"
+    );
+}
+
+/// A driver before R565 answers NOT_SUPPORTED for field 230: the GPU has no recovery-action
+/// series, the agent says once that NVIDIA's catalog decides alone, and XID 79 (RESTART_BM) holds.
+#[test]
+fn without_the_recovery_action_the_catalog_decides_and_it_is_said_once() {
+    let mut scenario = Scenario::new(2);
+    for gpu in 0..2 {
+        scenario.value["devices"][gpu]
+            .as_object_mut()
+            .unwrap()
+            .remove("recovery_action");
+    }
+    scenario.write();
+    let (agent, api) = start_with_readiness(&scenario);
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    assert!(!agent.metrics().contains("mlnode_gpu_recovery_action"));
+    scenario.set(1, "xid_events", json!([79]));
+    wait_condition(&agent, &api, "XID 79", |c| c["reason"] == "FatalXID");
+    let log = agent.log();
+    assert_eq!(
+        log.matches("the driver gives no GPU recovery action")
+            .count(),
+        2,
+        "once per GPU: {log}"
+    );
+}
+
+/// Until the readiness controller has finished `n` more rounds.
+fn wait_rounds_of_readiness(agent: &Agent, n: f64) {
+    let rounds = |m: &str| {
+        ["written", "skipped", "error"]
+            .iter()
+            .filter_map(|r| sample(m, "mlnode_node_condition_updates_total", &[("result", r)]))
+            .sum::<f64>()
+    };
+    let from = rounds(&agent.metrics());
+    agent.wait_for("readiness rounds", Duration::from_secs(20), |m| {
+        rounds(m) >= from + n
+    });
+}

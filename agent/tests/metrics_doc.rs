@@ -257,6 +257,7 @@ fn register_gpu(registry: &prometheus::Registry) {
             }),
             gpm: Some(gpm),
         }],
+        recovery_action: Some(0),
     };
     state.apply(
         0,
@@ -265,9 +266,10 @@ fn register_gpu(registry: &prometheus::Registry) {
             reading: Box::new(reading),
         },
         1.0,
+        std::time::Instant::now(),
     );
-    state.record_xid(0, 79, None);
-    state.record_xid(0, 31, Some(1));
+    state.record_xid(0, 79, None, std::time::Instant::now());
+    state.record_xid(0, 31, Some(1), std::time::Instant::now());
     // A second GPU that needs a reset, so the failure family is exposed too.
     state.apply(
         1,
@@ -279,8 +281,14 @@ fn register_gpu(registry: &prometheus::Registry) {
             reading: Box::default(),
         },
         1.0,
+        std::time::Instant::now(),
     );
-    state.apply(1, DeviceRead::Failed(GpuFailure::ResetRequired), 1.0);
+    state.apply(
+        1,
+        DeviceRead::Failed(GpuFailure::ResetRequired),
+        1.0,
+        std::time::Instant::now(),
+    );
     let collector = mlnode_agent::gpu::collector::GpuCollector::new(
         std::sync::Arc::new(std::sync::Mutex::new(state)),
         Default::default(),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
+use super::health;
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
@@ -36,7 +37,8 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 43] = [
+const FAMILIES: [FamilySpec; 44] = [
+    ("mlnode_gpu_recovery_action", "The driver's GPU recovery action (NVML field 230, R565 drivers and later): 1 for the action it asks for now, 0 for the others; absent where the driver gives none.", MetricType::GAUGE),
     ("mlnode_gpu_nvlink_bytes_total", "NVLink data bytes over every link since the driver loaded, per direction (tx, rx).", MetricType::COUNTER),
     ("mlnode_gpu_mig_xid_errors_total", "Critical XID errors NVML placed in a MIG GPU instance since the agent started, per instance and XID (also counted in mlnode_gpu_xid_errors_total).", MetricType::COUNTER),
     ("mlnode_gpu_mig_mode", "1 while Multi-Instance GPU mode is on, else 0; absent on GPUs without MIG. A MIG GPU reports no GPU-wide utilisation, and its memory only to a holder of the mig/monitor capability.", MetricType::GAUGE),
@@ -95,7 +97,7 @@ const FAMILIES: [FamilySpec; 43] = [
     ),
     (
         "mlnode_gpu_xid_errors_total",
-        "Critical XID errors reported by NVML since the agent started, per XID.",
+        "Critical XID errors reported by NVML since the agent started, per XID, with NVIDIA's catalog's immediate action for it.",
         MetricType::COUNTER,
     ),
     (
@@ -477,11 +479,12 @@ impl GpuCollector {
         out: &mut Families,
     ) {
         for (xid, count) in &entry.xids {
-            out.counter(
-                "mlnode_gpu_xid_errors_total",
-                &with_label(labels, "xid", &xid.to_string()),
-                *count as f64,
-            );
+            let mut xid_labels = with_label(labels, "xid", &xid.to_string());
+            xid_labels.push((
+                "immediate_action",
+                health::immediate_action(*xid).to_string(),
+            ));
+            out.counter("mlnode_gpu_xid_errors_total", &xid_labels, *count as f64);
         }
         if let Some(xid) = entry.last_xid {
             out.gauge("mlnode_gpu_last_xid", labels, xid as f64);
@@ -544,6 +547,23 @@ impl GpuCollector {
             }
             if self.dcgm_names {
                 out.gauge("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", labels, mask as f64);
+            }
+        }
+        if let Some(action) = reading.recovery_action {
+            let known = health::RECOVERY_ACTIONS.iter().any(|(v, ..)| *v == action);
+            for (value, label, ..) in health::RECOVERY_ACTIONS {
+                out.gauge(
+                    "mlnode_gpu_recovery_action",
+                    &with_label(labels, "action", label),
+                    f64::from(u8::from(value == action)),
+                );
+            }
+            if !known {
+                out.gauge(
+                    "mlnode_gpu_recovery_action",
+                    &with_label(labels, "action", "unknown"),
+                    1.0,
+                );
             }
         }
         let scalar = |out: &mut Families,

@@ -5,6 +5,7 @@
 //! (and is tested without a GPU), [`collector`] turns that state into series at scrape time.
 
 pub mod collector;
+pub mod health;
 pub mod nvml;
 pub mod state;
 
@@ -73,6 +74,10 @@ pub struct GpuReading {
     pub mig_mode: Option<bool>,
     /// The MIG devices of a MIG-enabled GPU.
     pub mig: Vec<MigInstance>,
+    /// NVML's GPU recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, field 230; R565 drivers
+    /// and later): 0 none, else what the driver asks for (see [`health::RECOVERY_ACTIONS`]). None:
+    /// the driver gives none, and NVIDIA's XID catalog decides alone.
+    pub recovery_action: Option<u32>,
 }
 
 /// One MIG device (a GPU instance with a compute instance), as dcgm-exporter labels it:

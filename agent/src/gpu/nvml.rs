@@ -112,6 +112,7 @@ impl NvmlSource {
             power_mw: field(device.power_usage(), &mut failed),
             utilization_gpu_pct: utilization.map(|u| u.gpu),
             energy_mj: field(device.total_energy_consumption(), &mut failed),
+            recovery_action: field(recovery_action(&device), &mut failed),
         };
         Some(match failed {
             Some(failure) => DeviceRead::Failed(failure),
@@ -353,18 +354,36 @@ enum InstanceKind {
     Compute,
 }
 
-/// HBM temperature, through the field-values call.
-fn memory_temperature(device: &Device) -> Result<u32, NvmlError> {
-    let sample = device
-        .field_values_for(&[FieldId(NVML_FI_DEV_MEMORY_TEMP)])?
+/// One field value of `device` (`nvmlDeviceGetFieldValues`): the value's own `nvmlReturn` (a
+/// field the driver does not have is NOT_SUPPORTED there) is that field's error, not the GPU's.
+fn field_value(device: &Device, id: u32) -> Result<SampleValue, NvmlError> {
+    device
+        .field_values_for(&[FieldId(id)])?
         .into_iter()
         .next()
-        .ok_or(NvmlError::NotSupported)??;
-    match sample.value? {
+        .ok_or(NvmlError::NotSupported)??
+        .value
+}
+
+/// HBM temperature, through the field-values call.
+fn memory_temperature(device: &Device) -> Result<u32, NvmlError> {
+    match field_value(device, NVML_FI_DEV_MEMORY_TEMP)? {
         SampleValue::U32(celsius) => Ok(celsius),
         SampleValue::U64(celsius) => Ok(celsius.min(u64::from(u32::MAX)) as u32),
         SampleValue::I64(celsius) => Ok(celsius.clamp(0, i64::from(u32::MAX)) as u32),
         SampleValue::F64(celsius) => Ok(celsius.max(0.0) as u32),
+    }
+}
+
+/// The driver's recovery action (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, field 230, nvml.h):
+/// NOT_SUPPORTED on a driver before R565.
+fn recovery_action(device: &Device) -> Result<u32, NvmlError> {
+    const NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: u32 = 230;
+    match field_value(device, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)? {
+        SampleValue::U32(action) => Ok(action),
+        SampleValue::U64(action) => Ok(u32::try_from(action).unwrap_or(u32::MAX)),
+        SampleValue::I64(action) => Ok(u32::try_from(action).unwrap_or(u32::MAX)),
+        SampleValue::F64(_) => Err(NvmlError::NotSupported),
     }
 }
 
@@ -502,9 +521,10 @@ fn sample_loop(
                 if state.failing.take().is_some() {
                     tracing::info!("NVML answers again");
                 }
+                let at = Instant::now();
                 for (index, read) in reads {
                     log_change(&state, index, &read);
-                    state.apply(index, read, elapsed);
+                    state.apply(index, read, elapsed, at);
                 }
                 if let Some(stalled) = state.stalled_for(Instant::now()) {
                     tracing::warn!(took = ?stalled, "reading the GPUs took longer than the stall limit: an NVML call was hanging");
@@ -557,8 +577,19 @@ fn log_change(state: &GpuState, index: u32, read: &DeviceRead) {
         }
         (DeviceRead::Read { .. }, None) => {}
     }
-    // Said once, when the GPU is first seen in MIG mode.
+    // Said once, when the GPU is first seen in MIG mode, and when it is first read without a
+    // recovery action.
     if let DeviceRead::Read { reading, .. } = read {
+        let had_action = entry
+            .and_then(|g| g.reading.as_ref())
+            .map(|r| r.recovery_action.is_some());
+        if reading.recovery_action.is_none() && had_action != Some(false) {
+            tracing::info!(
+                gpu = index,
+                uuid,
+                "the driver gives no GPU recovery action (NVML field 230, R565 drivers and later): AcceleratorHealthy follows NVIDIA's XID catalog alone for this GPU"
+            );
+        }
         let was_mig = entry
             .and_then(|g| g.reading.as_ref())
             .is_some_and(|r| r.mig_mode == Some(true));
@@ -684,7 +715,7 @@ fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
                     gpu_instance = event.gpu_instance,
                     "XID error"
                 );
-                lock(state).record_xid(event.device, event.xid, event.gpu_instance);
+                lock(state).record_xid(event.device, event.xid, event.gpu_instance, Instant::now());
             }
             Err(NvmlError::Timeout) => {}
             Err(e) => {

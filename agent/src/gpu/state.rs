@@ -18,6 +18,10 @@ pub struct GpuEntry {
     pub reason_seconds: [f64; CLOCK_EVENT_REASONS.len()],
     /// Critical XID events seen since the agent started, per XID.
     pub xids: BTreeMap<u64, u64>,
+    /// When each XID was last seen: a recovery action read after it speaks for it.
+    pub xid_last_seen: BTreeMap<u64, Instant>,
+    /// When the current reading was taken.
+    pub read_at: Option<Instant>,
     /// Those of them NVML placed in a MIG GPU instance, per (GPU instance id, XID).
     pub instance_xids: BTreeMap<(u32, u64), u64>,
     pub last_xid: Option<u64>,
@@ -77,9 +81,9 @@ pub enum DeviceRead {
 }
 
 impl GpuState {
-    /// Applies one read of GPU `index`, `elapsed` seconds after the previous one: each clock event
-    /// reason active now is counted as having held for that interval.
-    pub fn apply(&mut self, index: u32, read: DeviceRead, elapsed: f64) {
+    /// Applies one read of GPU `index`, taken `at`, `elapsed` seconds after the previous one: each
+    /// clock event reason active now is counted as having held for that interval.
+    pub fn apply(&mut self, index: u32, read: DeviceRead, elapsed: f64, at: Instant) {
         let entry = self.gpus.entry(index).or_default();
         match read {
             DeviceRead::Read { identity, reading } => {
@@ -94,6 +98,7 @@ impl GpuState {
                 }
                 entry.identity = Some(identity);
                 entry.reading = Some(*reading);
+                entry.read_at = Some(at);
                 entry.failure = None;
             }
             DeviceRead::Failed(failure) => {
@@ -119,10 +124,11 @@ impl GpuState {
         (age > self.stall_after).then_some(age)
     }
 
-    /// An XID on GPU `index`, in MIG GPU instance `gpu_instance` when NVML says which.
-    pub fn record_xid(&mut self, index: u32, xid: u64, gpu_instance: Option<u32>) {
+    /// An XID on GPU `index` `at`, in MIG GPU instance `gpu_instance` when NVML says which.
+    pub fn record_xid(&mut self, index: u32, xid: u64, gpu_instance: Option<u32>, at: Instant) {
         let entry = self.gpus.entry(index).or_default();
         *entry.xids.entry(xid).or_default() += 1;
+        entry.xid_last_seen.insert(xid, at);
         if let Some(instance) = gpu_instance {
             *entry.instance_xids.entry((instance, xid)).or_default() += 1;
         }
@@ -156,9 +162,9 @@ mod tests {
     #[test]
     fn reason_seconds_accumulate_only_while_active() {
         let mut state = GpuState::default();
-        state.apply(0, reasons(0x4 | 0x8), 1.0); // sw_power_cap, hw_slowdown
-        state.apply(0, reasons(0x4), 2.0);
-        state.apply(0, reasons(0), 5.0);
+        state.apply(0, reasons(0x4 | 0x8), 1.0, Instant::now()); // sw_power_cap, hw_slowdown
+        state.apply(0, reasons(0x4), 2.0, Instant::now());
+        state.apply(0, reasons(0), 5.0, Instant::now());
         let seconds = state.gpus[&0].reason_seconds;
         assert_eq!(seconds[2], 3.0, "sw_power_cap held for 1 + 2 s");
         assert_eq!(seconds[3], 1.0, "hw_slowdown held for 1 s");
@@ -168,9 +174,9 @@ mod tests {
     #[test]
     fn a_lost_gpu_keeps_its_identity_and_counters() {
         let mut state = GpuState::default();
-        state.apply(0, reasons(0x4), 1.0);
-        state.record_xid(0, 79, None);
-        state.apply(0, DeviceRead::Failed(GpuFailure::Lost), 1.0);
+        state.apply(0, reasons(0x4), 1.0, Instant::now());
+        state.record_xid(0, 79, None, Instant::now());
+        state.apply(0, DeviceRead::Failed(GpuFailure::Lost), 1.0, Instant::now());
         let entry = &state.gpus[&0];
         assert!(entry.failure == Some(GpuFailure::Lost) && entry.reading.is_none());
         assert_eq!(entry.identity.as_ref().unwrap().uuid, "GPU-1");
@@ -181,8 +187,8 @@ mod tests {
     #[test]
     fn a_failing_nvml_leaves_no_reading_current() {
         let mut state = GpuState::default();
-        state.apply(0, reasons(0x4), 1.0);
-        state.record_xid(0, 79, None);
+        state.apply(0, reasons(0x4), 1.0, Instant::now());
+        state.record_xid(0, 79, None, Instant::now());
         state.fail("NVML: Unknown Error".into());
         let entry = &state.gpus[&0];
         assert!(entry.reading.is_none() && entry.identity.is_some());
@@ -210,9 +216,9 @@ mod tests {
     fn xids_count_per_value_and_remember_the_last() {
         let mut state = GpuState::default();
         for xid in [79, 48, 79] {
-            state.record_xid(3, xid, None);
+            state.record_xid(3, xid, None, Instant::now());
         }
-        state.record_xid(3, 31, Some(7));
+        state.record_xid(3, 31, Some(7), Instant::now());
         let entry = &state.gpus[&3];
         assert_eq!(entry.xids[&79], 2);
         assert_eq!(entry.xids[&48], 1);

@@ -3,7 +3,7 @@
 //! off and retry; nothing is written that the agent does not know to be true. When to read, write
 //! and wait is decided by [`super::plan::Planner`]; this task talks to the API server.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -19,6 +19,7 @@ use super::node::{conditions_patch, differs, has_taint, own_conditions, taint_pa
 use super::plan::Planner;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::ReadinessSettings;
+use crate::gpu::health::XidPolicy;
 use crate::gpu::state::GpuState;
 use crate::metrics::{AgentMetrics, Collector};
 
@@ -79,7 +80,7 @@ pub struct Controller {
     node_name: String,
     settings: ReadinessSettings,
     taint: Option<Taint>,
-    fatal_xids: BTreeSet<u64>,
+    xid_policy: XidPolicy,
     sources: Sources,
     metrics: ReadinessMetrics,
     /// `mlnode_collector_up{collector="readiness"}`: 1 while syncs succeed.
@@ -106,7 +107,7 @@ impl Controller {
         Controller {
             nodes: Api::all(client.clone()),
             events: Api::namespaced(client, "default"),
-            fatal_xids: settings.fatal_xids.iter().copied().collect(),
+            xid_policy: settings.fatal_xids.policy(),
             node_name,
             settings,
             taint,
@@ -176,33 +177,8 @@ impl Controller {
         if let Some(gpu) = &self.sources.gpu {
             let state = gpu.lock().unwrap_or_else(|p| p.into_inner());
             facts.gpus = state.gpus.len();
-            if let Some(reason) = &state.failing {
-                facts
-                    .missing_collectors
-                    .push(format!("nvml stopped answering: {reason}"));
-            }
-            // A fixed message: one with the growing age would rewrite the condition every round.
-            if state.stalled_for(Instant::now()).is_some() {
-                facts.missing_collectors.push(format!(
-                    "nvml has not finished reading the GPUs within {} s: a call is hanging in the driver",
-                    state.stall_after.as_secs()
-                ));
-            }
-            for (index, entry) in &state.gpus {
-                if let Some(failure) = entry.failure {
-                    let uuid = entry
-                        .identity
-                        .as_ref()
-                        .map(|i| i.uuid.clone())
-                        .unwrap_or_default();
-                    facts.failed_gpus.push((*index, uuid, failure));
-                }
-                if !entry.xids.is_empty() {
-                    facts
-                        .xids
-                        .insert(*index, entry.xids.keys().copied().collect());
-                }
-            }
+            facts.gpu_problems =
+                crate::gpu::health::assess(&state, &self.xid_policy, Instant::now());
         }
         if let Some(root) = &self.sources.neuron_root {
             let ecc = crate::neuron::sysfs::read_ecc(root);
@@ -228,7 +204,7 @@ impl Controller {
         }
         vec![
             gates::model_cache_gate(&models),
-            gates::accelerator_gate(&facts, &self.fatal_xids),
+            gates::accelerator_gate(&facts),
         ]
     }
 

@@ -1,10 +1,10 @@
 //! The gates, as plain data decided from what the agent knows. Positive polarity: True is good, so
 //! a node-readiness-controller rule (`requiredStatus: True`) or an alert uses them as they are.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::cache::state::Readiness;
-use crate::gpu::state::GpuFailure;
+use crate::gpu::health::Problem;
 
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
 pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
@@ -107,50 +107,24 @@ pub fn model_cache_gate(models: &[ModelFacts]) -> Gate {
 pub struct AcceleratorFacts {
     /// A collector that should be there (`enabled: true`) but is not: name and why.
     pub missing_collectors: Vec<String>,
-    /// GPUs NVML cannot read: index, UUID and why.
-    pub failed_gpus: Vec<(u32, String, GpuFailure)>,
-    /// XIDs seen since the agent started, per GPU index.
-    pub xids: BTreeMap<u32, BTreeSet<u64>>,
+    /// What the GPU collector found unfit, its verdicts already made ([`crate::gpu::health`]).
+    pub gpu_problems: Vec<Problem>,
     /// Uncorrected ECC events since the agent started, per Neuron device index.
     pub neuron_uncorrected_ecc: BTreeMap<u32, u64>,
     pub gpus: usize,
     pub neuron_devices: usize,
 }
 
-/// `AcceleratorHealthy`: no lost GPU, no XID from the fatal list since the agent started, no
-/// uncorrected Neuron ECC since the agent started, and every required collector running.
-pub fn accelerator_gate(facts: &AcceleratorFacts, fatal_xids: &BTreeSet<u64>) -> Gate {
+/// `AcceleratorHealthy`: every required collector running, no GPU problem (the driver's recovery
+/// action, a held XID, a lost or unreadable GPU, a silent NVML), no uncorrected Neuron ECC since
+/// the agent started. The first problem's reason is the condition's; every message is kept.
+pub fn accelerator_gate(facts: &AcceleratorFacts) -> Gate {
     let mut problems: Vec<(&str, String)> = Vec::new();
     for reason in &facts.missing_collectors {
         problems.push(("CollectorUnavailable", reason.clone()));
     }
-    for (index, uuid, failure) in &facts.failed_gpus {
-        problems.push(match failure {
-            GpuFailure::Lost => ("GPULost", format!("GPU {index} ({uuid}) fell off the bus")),
-            GpuFailure::ResetRequired => (
-                "GPUResetRequired",
-                format!("GPU {index} ({uuid}) needs a reset (NVML: reset required)"),
-            ),
-            other => (
-                "GPUUnreadable",
-                format!(
-                    "GPU {index} ({uuid}) cannot be read (NVML: {})",
-                    other.as_str()
-                ),
-            ),
-        });
-    }
-    for (index, xids) in &facts.xids {
-        let fatal: Vec<String> = xids
-            .intersection(fatal_xids)
-            .map(|x| x.to_string())
-            .collect();
-        if !fatal.is_empty() {
-            problems.push((
-                "FatalXID",
-                format!("GPU {index} reported XID {}", fatal.join(", ")),
-            ));
-        }
+    for problem in &facts.gpu_problems {
+        problems.push((problem.reason.as_str(), problem.message.clone()));
     }
     for (device, count) in &facts.neuron_uncorrected_ecc {
         if *count > 0 {
@@ -195,10 +169,6 @@ pub fn accelerator_gate(facts: &AcceleratorFacts, fatal_xids: &BTreeSet<u64>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fatal() -> BTreeSet<u64> {
-        [48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120].into()
-    }
 
     fn model(name: &str, readiness: Readiness) -> ModelFacts {
         ModelFacts {
@@ -250,49 +220,45 @@ mod tests {
     }
 
     #[test]
-    fn only_fatal_xids_fail_the_accelerator_gate() {
-        let mut facts = AcceleratorFacts {
+    fn the_first_problem_names_the_condition_and_every_one_is_said() {
+        let facts = AcceleratorFacts {
             gpus: 8,
+            gpu_problems: vec![
+                Problem {
+                    reason: "GPUResetRequired".into(),
+                    message: "the driver asks for a GPU reset of GPU 5".into(),
+                },
+                Problem {
+                    reason: "FatalXID".into(),
+                    message: "GPU 5 reported XID 79".into(),
+                },
+            ],
             ..Default::default()
         };
-        facts.xids.insert(3, [13, 31].into()); // application errors: not the node's fault
-        assert!(accelerator_gate(&facts, &fatal()).ok);
-        facts.xids.insert(5, [79].into());
-        let gate = accelerator_gate(&facts, &fatal());
-        assert_eq!((gate.ok, gate.reason.as_str()), (false, "FatalXID"));
-        assert!(
-            gate.message.contains("GPU 5 reported XID 79"),
-            "{}",
-            gate.message
+        let gate = accelerator_gate(&facts);
+        assert_eq!((gate.ok, gate.reason.as_str()), (false, "GPUResetRequired"));
+        assert_eq!(
+            gate.message,
+            "the driver asks for a GPU reset of GPU 5; GPU 5 reported XID 79"
+        );
+        let healthy = accelerator_gate(&AcceleratorFacts {
+            gpus: 8,
+            ..Default::default()
+        });
+        assert_eq!(
+            (healthy.ok, healthy.reason.as_str()),
+            (true, "AcceleratorsHealthy")
         );
     }
 
     #[test]
-    fn lost_gpu_ecc_and_missing_collectors_fail_it() {
-        let lost = AcceleratorFacts {
-            gpus: 8,
-            failed_gpus: vec![(2, "GPU-abc".into(), GpuFailure::Lost)],
-            ..Default::default()
-        };
-        assert_eq!(accelerator_gate(&lost, &fatal()).reason, "GPULost");
-        let reset = AcceleratorFacts {
-            gpus: 8,
-            failed_gpus: vec![(5, "GPU-def".into(), GpuFailure::ResetRequired)],
-            ..Default::default()
-        };
-        let gate = accelerator_gate(&reset, &fatal());
-        assert_eq!((gate.ok, gate.reason.as_str()), (false, "GPUResetRequired"));
-        assert!(
-            gate.message.contains("GPU 5 (GPU-def) needs a reset"),
-            "{}",
-            gate.message
-        );
+    fn neuron_ecc_and_missing_collectors_fail_it() {
         let ecc = AcceleratorFacts {
             neuron_devices: 12,
             neuron_uncorrected_ecc: [(4, 1)].into(),
             ..Default::default()
         };
-        let gate = accelerator_gate(&ecc, &fatal());
+        let gate = accelerator_gate(&ecc);
         assert_eq!(
             (gate.ok, gate.reason.as_str()),
             (false, "NeuronUncorrectedECC")
@@ -301,12 +267,12 @@ mod tests {
             missing_collectors: vec!["nvml: cannot load libnvidia-ml.so.1".into()],
             ..Default::default()
         };
-        assert!(!accelerator_gate(&missing, &fatal()).ok);
+        assert!(!accelerator_gate(&missing).ok);
         let long = AcceleratorFacts {
             neuron_devices: 600,
             neuron_uncorrected_ecc: (0..600).map(|d| (d, 1)).collect(),
             ..Default::default()
         };
-        assert!(accelerator_gate(&long, &fatal()).message.len() <= MESSAGE_LIMIT + 4);
+        assert!(accelerator_gate(&long).message.len() <= MESSAGE_LIMIT + 4);
     }
 }

@@ -70,7 +70,9 @@ pub fn device(i: usize) -> Value {
         "memory_temp_c": 52 + i,
         "pcie_tx_kbps": 1024, "pcie_rx_kbps": 2048,
         "nvlink_kib": [1_048_576 + i as u64, 2_097_152],
-        "gpm": {"graphics_util": 91.5, "sm_util": 80.0, "any_tensor_util": 62.25, "dram_bw_util": 45.0}
+        "gpm": {"graphics_util": 91.5, "sm_util": 80.0, "any_tensor_util": 62.25, "dram_bw_util": 45.0},
+        // Driver 580 reports the GPU recovery action (field 230, R565 and later): none.
+        "recovery_action": 0
     })
 }
 

@@ -21,6 +21,8 @@
 //! makes every call on the device answer NVML_ERROR_GPU_IS_LOST. Each entry of `xid_events` is
 //! delivered once through `nvmlEventSetWait_v2` to an event set registered for critical XIDs.
 //! dcgm-exporter's default fields: `encoder_util_pct`, `decoder_util_pct`, `pcie_replay_count`,
+//! `recovery_action` (field value 230, the driver's recovery action; absent: NOT_SUPPORTED, as on a
+//! driver before R565),
 //! `remapped_rows: {"correctable", "uncorrectable", "pending", "failed"}`, `memory_temp_c` (field
 //! value 82), `pcie_tx_kbps`/`pcie_rx_kbps`, `nvlink_kib: [tx, rx]` (field values 138/139 over all
 //! links), and `gpm: {"graphics_util", "sm_util",
@@ -103,6 +105,9 @@ struct Device {
     gpm: Option<Gpm>,
     /// Every call on the device blocks this long first, as NVML does on a dying GPU.
     call_delay_ms: u64,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): the `nvmlDeviceGpuRecoveryAction_t` the
+    /// driver reports; absent, the field answers NOT_SUPPORTED in its slot, as before R565.
+    recovery_action: Option<u32>,
     mig: Mig,
     /// Fields whose versioned call answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH, as a driver older
     /// than the caller's header does: `memory` (the v2 struct), `temperature_v`.
@@ -782,6 +787,9 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
 
 /// `NVML_FI_DEV_MEMORY_TEMP` (82, nvml.h); any other field answers NOT_SUPPORTED in its slot.
 const FI_DEV_MEMORY_TEMP: c_uint = 82;
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (230, nvml.h 13.3 line 2808): an unsigned int holding an
+/// `nvmlDeviceGpuRecoveryAction_t`.
+const FI_DEV_GET_GPU_RECOVERY_ACTION: c_uint = 230;
 /// `NVML_VALUE_TYPE_UNSIGNED_INT`.
 const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
 /// `NVML_VALUE_TYPE_UNSIGNED_LONG_LONG`.
@@ -819,6 +827,11 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     } else {
                         rx
                     };
+                    value.nvmlReturn = SUCCESS;
+                }
+                FI_DEV_GET_GPU_RECOVERY_ACTION if d.recovery_action.is_some() => {
+                    value.valueType = VALUE_TYPE_UNSIGNED_INT;
+                    value.value.uiVal = d.recovery_action.unwrap_or_default();
                     value.nvmlReturn = SUCCESS;
                 }
                 _ => value.nvmlReturn = NOT_SUPPORTED,
