@@ -304,6 +304,11 @@ pub struct NvmlSettings {
     /// `current` (`pod`, `namespace`, `container`) or `legacy` (`pod_name`, `pod_namespace`,
     /// `container_name`, dcgm-exporter before 2.x).
     pub pod_labels: PodLabels,
+    /// Where the kernel lists PCI devices: NVML's GPUs are checked against the NVIDIA GPUs there.
+    pub pci_devices: PathBuf,
+    /// The GPUs this node should have (8 on a p5.48xlarge): fewer on the PCI bus fails
+    /// `AcceleratorHealthy`, which catches a GPU gone from the bus itself. Unset: not checked.
+    pub expected_gpus: Option<u32>,
 }
 
 impl Default for NvmlSettings {
@@ -315,6 +320,8 @@ impl Default for NvmlSettings {
             dcgm_names: false,
             hostname_label: HostnameLabel::Hostname,
             pod_labels: PodLabels::Current,
+            pci_devices: PathBuf::from("/sys/bus/pci/devices"),
+            expected_gpus: None,
         }
     }
 }
@@ -1093,6 +1100,9 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         100 * MS,
         MINUTE,
     )?;
+    if let Some(expected) = nvml.expected_gpus {
+        check_count("nvml.expected_gpus", expected as usize, 1, 64)?;
+    }
     check_duration(
         "kubelet.pod_resources_interval",
         config.kubelet.pod_resources_interval,
@@ -1438,6 +1448,7 @@ mod tests {
             ("verify.threads", "100000"),
             ("kubelet.pod_resources_interval", "0s"),
             ("nvml.sample_interval", "10ms"),
+            ("nvml.expected_gpus", "0"),
             ("readiness.interval", "1ms"),
             ("readiness.heartbeat", "30d"),
             ("startup.recent_max_age", "1s"),

@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod kubelet;
 pub mod metrics;
 pub mod neuron;
+pub mod pci;
 pub mod readiness;
 pub mod server;
 pub mod startup;

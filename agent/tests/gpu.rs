@@ -13,8 +13,9 @@ use serde_json::{json, Value};
 
 fn start(scenario: &Scenario, extra: &str) -> Agent {
     let config = format!(
-        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n{extra}",
-        fake_nvml().display().to_string()
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n{extra}",
+        fake_nvml().display().to_string(),
+        scenario.pci_devices().display().to_string()
     );
     Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())])
 }
@@ -1287,8 +1288,10 @@ fn start_with_readiness(scenario: &Scenario) -> (Agent, common::kube::FakeApiSer
     let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
     let agent = Agent::start_with_env(
         &format!(
-            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
-            fake_nvml().display().to_string()
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  expected_gpus: {}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
+            fake_nvml().display().to_string(),
+            scenario.pci_devices().display().to_string(),
+            scenario.value["devices"].as_array().unwrap().len()
         ),
         &[
             ("FAKE_NVML_SCENARIO", &scenario.path()),
@@ -1430,4 +1433,119 @@ fn wait_rounds_of_readiness(agent: &Agent, n: f64) {
     agent.wait_for("readiness rounds", Duration::from_secs(20), |m| {
         rounds(m) >= from + n
     });
+}
+
+/// On an NVSwitch system CUDA fails until Fabric Manager has registered the GPU: NOT_STARTED and
+/// IN_PROGRESS hold the node (`FabricNotReady`), COMPLETED with an error fails it (`FabricFailed`),
+/// COMPLETED with SUCCESS lets it back in. The fake answers each struct version as a driver of
+/// that header does: a driver with 12.x headers refuses v3, so the agent asks again with v2 and
+/// still reads the health mask; a degraded bandwidth is reported and not gated.
+#[test]
+fn fabric_registration_holds_the_node_until_it_completes() {
+    let mut scenario = Scenario::new(2);
+    scenario.set(
+        0,
+        "fabric",
+        json!({"state": 1, "status": 0, "max_version": 2}),
+    );
+    let (agent, api) = start_with_readiness(&scenario);
+    let condition = wait_condition(&agent, &api, "not started", |c| {
+        c["reason"] == "FabricNotReady"
+    });
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("not started"),
+        "{condition}"
+    );
+    assert_eq!(
+        sample(&agent.metrics(), "mlnode_gpu_fabric_state", &[("gpu", "0")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&agent.metrics(), "mlnode_gpu_fabric_state", &[("gpu", "1")]),
+        None,
+        "a GPU without a fabric has no fabric series"
+    );
+    scenario.set(0, "fabric", json!({"state": 2, "max_version": 2}));
+    wait_condition(&agent, &api, "in progress", |c| {
+        c["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("in progress")
+    });
+    scenario.set(
+        0,
+        "fabric",
+        json!({"state": 3, "status": 999, "max_version": 2}),
+    );
+    wait_condition(&agent, &api, "failed", |c| c["reason"] == "FabricFailed");
+    // Completed; DEGRADED_BW TRUE (1 at bits 0-1), ROUTE_UNHEALTHY FALSE (2 at bits 4-5).
+    scenario.set(
+        0,
+        "fabric",
+        json!({"state": 3, "status": 0, "health_mask": 0b10_0001, "max_version": 2}),
+    );
+    wait_condition(&agent, &api, "completed", |c| c["status"] == "True");
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_fabric_healthy", &[("gpu", "0")]),
+        Some(1.0)
+    );
+    for (check, value) in [
+        ("degraded_bandwidth", Some(1.0)),
+        ("route_unhealthy", Some(0.0)),
+        ("route_recovery", None),
+    ] {
+        assert_eq!(
+            sample(
+                &metrics,
+                "mlnode_gpu_fabric_health",
+                &[("gpu", "0"), ("check", check)]
+            ),
+            value,
+            "{check}"
+        );
+    }
+    // A driver that takes no versioned struct: the deprecated call, no health mask.
+    scenario.set(0, "fabric", json!({"state": 2, "max_version": 0}));
+    wait_condition(&agent, &api, "v1", |c| c["reason"] == "FabricNotReady");
+    assert!(!agent.metrics().contains("mlnode_gpu_fabric_health{"));
+}
+
+/// Every GPU on the PCI bus is accounted for: an H100 the kernel lists that NVML does not (a GPU
+/// the driver lost) fails `AcceleratorHealthy` naming its bus id, and so does a bus with fewer GPUs
+/// than `nvml.expected_gpus` (one gone from the bus itself).
+#[test]
+fn a_gpu_on_the_bus_that_nvml_does_not_list_is_missed_by_name() {
+    let scenario = Scenario::new(2);
+    let (agent, api) = start_with_readiness(&scenario);
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    assert_eq!(
+        sample(&agent.metrics(), "mlnode_gpu_pci_devices", &[]),
+        Some(2.0)
+    );
+    scenario.add_pci_gpu("0000:c7:00.0");
+    let condition = wait_condition(&agent, &api, "a third GPU on the bus", |c| {
+        c["reason"] == "GPUCountMismatch"
+    });
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("the PCI bus has 3 NVIDIA GPU(s) and NVML lists 2: not listed 0000:c7:00.0"),
+        "{condition}"
+    );
+    // GPU 1 gone from the bus itself (NVML still names it from before), the extra one too.
+    for bdf in ["0000:c7:00.0", "0000:17:00.0"] {
+        std::fs::remove_dir_all(scenario.pci_devices().join(bdf)).unwrap();
+    }
+    let condition = wait_condition(&agent, &api, "one gone from the bus", |c| {
+        c["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("2 GPU(s) expected (nvml.expected_gpus), 1 on the PCI bus")
+    });
+    assert_eq!(condition["status"], "False", "{condition}");
 }

@@ -258,6 +258,11 @@ fn register_gpu(registry: &prometheus::Registry) {
             gpm: Some(gpm),
         }],
         recovery_action: Some(0),
+        fabric: Some(mlnode_agent::gpu::FabricReading {
+            state: 3,
+            status: 0,
+            health_mask: Some(0b10),
+        }),
     };
     state.apply(
         0,
@@ -269,6 +274,10 @@ fn register_gpu(registry: &prometheus::Registry) {
         std::time::Instant::now(),
     );
     state.record_xid(0, 79, None, std::time::Instant::now());
+    state.pci = Some(mlnode_agent::pci::BusScan {
+        devices: vec!["0000:07:00.0".into()],
+        unreadable: Vec::new(),
+    });
     state.record_xid(0, 31, Some(1), std::time::Instant::now());
     // A second GPU that needs a reset, so the failure family is exposed too.
     state.apply(

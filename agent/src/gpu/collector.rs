@@ -37,7 +37,11 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 44] = [
+const FAMILIES: [FamilySpec; 48] = [
+    ("mlnode_gpu_pci_devices", "NVIDIA GPUs (display and 3D controllers of vendor 0x10de) the kernel lists on the PCI bus; compare with mlnode_gpu_count, NVML's.", MetricType::GAUGE),
+    ("mlnode_gpu_fabric_state", "The GPU's NVLink fabric registration with Fabric Manager (nvmlGpuFabricState_t): 1 not started, 2 in progress, 3 completed; absent without a fabric (no NVSwitch).", MetricType::GAUGE),
+    ("mlnode_gpu_fabric_healthy", "1 when the GPU's fabric registration completed with success (CUDA can use it), else 0; absent without a fabric.", MetricType::GAUGE),
+    ("mlnode_gpu_fabric_health", "1 while a fabric health check of nvml.h's healthMask is bad (degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery), 0 while good; absent where the driver reports none.", MetricType::GAUGE),
     ("mlnode_gpu_recovery_action", "The driver's GPU recovery action (NVML field 230, R565 drivers and later): 1 for the action it asks for now, 0 for the others; absent where the driver gives none.", MetricType::GAUGE),
     ("mlnode_gpu_nvlink_bytes_total", "NVLink data bytes over every link since the driver loaded, per direction (tx, rx).", MetricType::COUNTER),
     ("mlnode_gpu_mig_xid_errors_total", "Critical XID errors NVML placed in a MIG GPU instance since the agent started, per instance and XID (also counted in mlnode_gpu_xid_errors_total).", MetricType::COUNTER),
@@ -324,6 +328,9 @@ impl Collector for GpuCollector {
         if state.failing.is_none() {
             out.gauge("mlnode_gpu_count", &[], state.gpus.len() as f64);
         }
+        if let Some(bus) = &state.pci {
+            out.gauge("mlnode_gpu_pci_devices", &[], bus.devices.len() as f64);
+        }
         let now = std::time::Instant::now();
         if let Some(last) = state.last_round {
             out.gauge(
@@ -547,6 +554,21 @@ impl GpuCollector {
             }
             if self.dcgm_names {
                 out.gauge("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", labels, mask as f64);
+            }
+        }
+        if let Some(fabric) = reading.fabric {
+            out.gauge("mlnode_gpu_fabric_state", labels, f64::from(fabric.state));
+            out.gauge(
+                "mlnode_gpu_fabric_healthy",
+                labels,
+                f64::from(u8::from(fabric.is_ready())),
+            );
+            for (check, bad) in fabric.health_checks() {
+                out.gauge(
+                    "mlnode_gpu_fabric_health",
+                    &with_label(labels, "check", check),
+                    f64::from(u8::from(bad)),
+                );
             }
         }
         if let Some(action) = reading.recovery_action {

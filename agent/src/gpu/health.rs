@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 use std::time::Instant;
 
 use super::state::{GpuEntry, GpuFailure, GpuState};
+use super::FabricReading;
 
 /// `nvmlDeviceGpuRecoveryAction_t` (nvml.h 13.3: NONE 0 to RECOVER_IMEX_DOMAIN 5; NVML's change log
 /// for v615 adds BUS_RESET 6 and SYSTEM_REBOOT 7): the value, the series' `action` label, the gate's
@@ -154,10 +155,48 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, now: Instant) -> Vec<Problem
             ),
         ));
     }
+    problems.extend(count_mismatch(state));
     for (index, entry) in &state.gpus {
         problems.extend(assess_gpu(*index, entry, policy, state));
     }
     problems
+}
+
+/// NVIDIA GPUs on the PCI bus that NVML does not list (by address), and fewer on the bus than
+/// `nvml.expected_gpus`.
+fn count_mismatch(state: &GpuState) -> Option<Problem> {
+    let bus = state.pci.as_ref()?;
+    let listed: BTreeSet<String> = state
+        .gpus
+        .values()
+        .filter_map(|e| e.identity.as_ref())
+        .filter_map(|id| crate::pci::sysfs_bus_id(&id.pci_bus_id))
+        .collect();
+    let missing: Vec<&str> = bus
+        .devices
+        .iter()
+        .filter(|d| !listed.contains(*d))
+        .map(String::as_str)
+        .collect();
+    let mut said = Vec::new();
+    if !missing.is_empty() {
+        said.push(format!(
+            "the PCI bus has {} NVIDIA GPU(s) and NVML lists {}: not listed {}",
+            bus.devices.len(),
+            state.gpus.len(),
+            missing.join(", ")
+        ));
+    }
+    if let Some(expected) = state
+        .expected_gpus
+        .filter(|&e| (bus.devices.len() as u64) < u64::from(e))
+    {
+        said.push(format!(
+            "{expected} GPU(s) expected (nvml.expected_gpus), {} on the PCI bus",
+            bus.devices.len()
+        ));
+    }
+    (!said.is_empty()).then(|| problem("GPUCountMismatch", said.join("; ")))
 }
 
 fn assess_gpu(index: u32, entry: &GpuEntry, policy: &XidPolicy, state: &GpuState) -> Vec<Problem> {
@@ -192,6 +231,25 @@ fn assess_gpu(index: u32, entry: &GpuEntry, policy: &XidPolicy, state: &GpuState
                 format!("the driver asks for recovery action {value} of {name}, newer than this agent knows: treated as unfit"),
             ),
         });
+    }
+    if let Some(fabric) = entry.reading.as_ref().and_then(|r| r.fabric) {
+        match fabric.state {
+            FabricReading::NOT_STARTED | FabricReading::IN_PROGRESS => problems.push(problem(
+                "FabricNotReady",
+                format!(
+                    "{name} is not registered with the NVLink fabric yet (state {}): CUDA fails on it until Fabric Manager completes",
+                    if fabric.state == FabricReading::NOT_STARTED { "not started" } else { "in progress" }
+                ),
+            )),
+            FabricReading::COMPLETED if fabric.status != 0 => problems.push(problem(
+                "FabricFailed",
+                format!(
+                    "{name}'s NVLink fabric registration completed with error {} (an nvmlReturn_t)",
+                    fabric.status
+                ),
+            )),
+            _ => {}
+        }
     }
     // An XID the driver links a recovery action to is cleared by a NONE read after it (the
     // driver reset the GPU, or judged it fine); the others hold until the node restarts.
@@ -386,6 +444,87 @@ mod tests {
         state.record_xid(0, 79, None, t0);
         state.apply(0, gpu(None), 1.0, t0 + Duration::from_secs(60));
         assert_eq!(reasons(&state, t0), ["FatalXID"]);
+    }
+
+    fn with_fabric(state: u8, status: u32, health_mask: u32) -> DeviceRead {
+        let DeviceRead::Read {
+            identity,
+            mut reading,
+        } = gpu(Some(0))
+        else {
+            unreachable!()
+        };
+        reading.fabric = Some(FabricReading {
+            state,
+            status,
+            health_mask: Some(health_mask),
+        });
+        DeviceRead::Read { identity, reading }
+    }
+
+    /// nvml.h's states: NOT_STARTED and IN_PROGRESS hold the node (CUDA fails until the GPU is
+    /// registered), COMPLETED with an error fails it, COMPLETED with SUCCESS is fit; a degraded
+    /// bandwidth or a route in recovery is reported, not gated.
+    #[test]
+    fn fabric_registration_gates_and_its_health_is_reported() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        for (fabric_state, status, reason) in [
+            (1, 0, Some("FabricNotReady")),
+            (2, 0, Some("FabricNotReady")),
+            (3, 0, None),
+            (3, 999, Some("FabricFailed")),
+        ] {
+            state.apply(0, with_fabric(fabric_state, status, 0), 1.0, t0);
+            assert_eq!(
+                reasons(&state, t0).first().map(String::as_str),
+                reason,
+                "state {fabric_state} status {status}"
+            );
+        }
+        // DEGRADED_BW TRUE (1 at shift 0), ROUTE_RECOVERY FALSE (2 at shift 2), the rest unsupported.
+        state.apply(0, with_fabric(3, 0, 0b1001), 1.0, t0);
+        assert!(reasons(&state, t0).is_empty());
+        let fabric = state.gpus[&0].reading.as_ref().unwrap().fabric.unwrap();
+        assert_eq!(
+            fabric.health_checks(),
+            [("degraded_bandwidth", true), ("route_recovery", false)]
+        );
+    }
+
+    /// An H100 on the bus that NVML does not list is missed by its address; a node expected to have
+    /// 8 with 7 on the bus is missed too. NVML's bus ids (8-digit domain, upper case) match sysfs'.
+    #[test]
+    fn every_gpu_on_the_bus_is_accounted_for() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        state.pci = Some(crate::pci::BusScan {
+            devices: vec!["0000:18:00.0".into()],
+            unreadable: Vec::new(),
+        });
+        assert!(reasons(&state, t0).is_empty(), "GPU 0 is 00000000:18:00.0");
+        state
+            .pci
+            .as_mut()
+            .unwrap()
+            .devices
+            .push("0000:2a:00.0".into());
+        let problems = assess(&state, &XidPolicy::default(), t0);
+        assert_eq!(problems[0].reason, "GPUCountMismatch");
+        assert!(
+            problems[0].message.contains("not listed 0000:2a:00.0"),
+            "{}",
+            problems[0].message
+        );
+        state.pci.as_mut().unwrap().devices.pop();
+        state.expected_gpus = Some(8);
+        let problems = assess(&state, &XidPolicy::default(), t0);
+        assert_eq!(problems[0].reason, "GPUCountMismatch");
+        assert!(
+            problems[0].message.contains("8 GPU(s) expected"),
+            "{}",
+            problems[0].message
+        );
     }
 
     #[test]

@@ -78,6 +78,55 @@ pub struct GpuReading {
     /// and later): 0 none, else what the driver asks for (see [`health::RECOVERY_ACTIONS`]). None:
     /// the driver gives none, and NVIDIA's XID catalog decides alone.
     pub recovery_action: Option<u32>,
+    /// NVLink fabric registration (NVSwitch systems, Hopper and later); None where there is no
+    /// fabric (NOT_SUPPORTED, or the state NOT_SUPPORTED).
+    pub fabric: Option<FabricReading>,
+}
+
+/// `nvmlGpuFabricInfo_t`/`_v2_t`/`_v3_t` (nvml.h): the GPU's registration with Fabric Manager.
+/// CUDA fails on the GPU until `state` is COMPLETED with `status` SUCCESS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FabricReading {
+    /// `nvmlGpuFabricState_t`: NOT_SUPPORTED 0, NOT_STARTED 1, IN_PROGRESS 2, COMPLETED 3.
+    pub state: u8,
+    /// An `nvmlReturn_t`, meaningful only once the state is COMPLETED.
+    pub status: u32,
+    /// `healthMask` (v2 and later; None from the v1 call).
+    pub health_mask: Option<u32>,
+}
+
+impl FabricReading {
+    pub const NOT_STARTED: u8 = 1;
+    pub const IN_PROGRESS: u8 = 2;
+    pub const COMPLETED: u8 = 3;
+
+    /// Registered and usable for CUDA.
+    pub fn is_ready(&self) -> bool {
+        self.state == Self::COMPLETED && self.status == 0
+    }
+
+    /// `NVML_GPU_FABRIC_HEALTH_GET(mask, field)`: `(mask >> shift) & width`, for the health checks
+    /// nvml.h defines with 1 as the bad value (degraded bandwidth, route recovery in progress,
+    /// route unhealthy, access-timeout recovery in progress): the check's name and whether it is
+    /// bad, for each the driver reports (0 in a field: not supported).
+    pub fn health_checks(&self) -> Vec<(&'static str, bool)> {
+        const CHECKS: [(&str, u32); 4] = [
+            ("degraded_bandwidth", 0),
+            ("route_recovery", 2),
+            ("route_unhealthy", 4),
+            ("access_timeout_recovery", 6),
+        ];
+        let Some(mask) = self.health_mask else {
+            return Vec::new();
+        };
+        CHECKS
+            .iter()
+            .filter_map(|&(name, shift)| match (mask >> shift) & 0x3 {
+                0 => None,
+                value => Some((name, value == 1)),
+            })
+            .collect()
+    }
 }
 
 /// One MIG device (a GPU instance with a compute instance), as dcgm-exporter labels it:
@@ -151,6 +200,7 @@ impl GpuRuntime {
         let count = source.device_count()?;
         let state = Arc::new(Mutex::new(state::GpuState {
             stall_after: stall_after(settings.sample_interval),
+            expected_gpus: settings.expected_gpus,
             ..state::GpuState::default()
         }));
         let style = collector::LabelStyle {
@@ -174,6 +224,7 @@ impl GpuRuntime {
             source,
             state.clone(),
             settings.sample_interval,
+            settings.pci_devices.clone(),
             stop.clone(),
             up,
         )

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,7 +22,9 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_MEMORY_TEMP;
 
 use super::state::{DeviceRead, GpuFailure, GpuState};
-use super::{GpmReading, GpuIdentity, GpuReading, MemoryReading, MigInstance, RemappedRows};
+use super::{
+    FabricReading, GpmReading, GpuIdentity, GpuReading, MemoryReading, MigInstance, RemappedRows,
+};
 use crate::metrics::{AgentMetrics, Collector};
 
 /// How long one XID wait blocks before checking for shutdown.
@@ -113,6 +115,8 @@ impl NvmlSource {
             utilization_gpu_pct: utilization.map(|u| u.gpu),
             energy_mj: field(device.total_energy_consumption(), &mut failed),
             recovery_action: field(recovery_action(&device), &mut failed),
+            fabric: field(self.fabric(&device), &mut failed)
+                .filter(|f: &FabricReading| f.state != 0),
         };
         Some(match failed {
             Some(failure) => DeviceRead::Failed(failure),
@@ -226,6 +230,63 @@ impl NvmlSource {
         }
     }
 
+    /// The GPU's fabric registration: `nvmlDeviceGetGpuFabricInfoV` with the newest struct the
+    /// driver accepts (v3, then v2: an older driver answers ARGUMENT_VERSION_MISMATCH), then the
+    /// deprecated `nvmlDeviceGetGpuFabricInfo`. nvml-wrapper wraps neither.
+    fn fabric(&self, device: &Device) -> Result<FabricReading, NvmlError> {
+        use nvml_wrapper_sys::bindings::{
+            nvmlGpuFabricInfo_t, nvmlGpuFabricInfo_v2_t, nvmlGpuFabricInfo_v3_t,
+        };
+        let lib = self.nvml.lib();
+        if let Ok(sym) = symbol(&lib.nvmlDeviceGetGpuFabricInfoV) {
+            // SAFETY: a zeroed struct of plain integers, its version set as nvml.h's
+            // NVML_STRUCT_VERSION builds it (size | version << 24); the handle is valid while
+            // `device` lives.
+            let mut v3: nvmlGpuFabricInfo_v3_t = unsafe { std::mem::zeroed() };
+            v3.version = struct_version::<nvmlGpuFabricInfo_v3_t>(3);
+            match nvml_try(unsafe { sym(device.handle(), &mut v3) }) {
+                Ok(()) => {
+                    return Ok(FabricReading {
+                        state: v3.state,
+                        status: v3.status,
+                        health_mask: Some(v3.healthMask),
+                    })
+                }
+                Err(e) if !is_older_driver(&e) => return Err(e),
+                Err(_) => {}
+            }
+            // SAFETY: as above; the driver reads `version` first and writes only the v2 layout,
+            // whose fields are v3's leading ones.
+            let mut v2: nvmlGpuFabricInfo_v2_t = unsafe { std::mem::zeroed() };
+            v2.version = struct_version::<nvmlGpuFabricInfo_v2_t>(2);
+            match nvml_try(unsafe {
+                sym(
+                    device.handle(),
+                    (&mut v2 as *mut nvmlGpuFabricInfo_v2_t).cast(),
+                )
+            }) {
+                Ok(()) => {
+                    return Ok(FabricReading {
+                        state: v2.state,
+                        status: v2.status,
+                        health_mask: Some(v2.healthMask),
+                    })
+                }
+                Err(e) if !is_older_driver(&e) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let sym = symbol(&lib.nvmlDeviceGetGpuFabricInfo)?;
+        // SAFETY: a zeroed struct of plain integers for the driver to fill; the handle is valid.
+        let mut v1: nvmlGpuFabricInfo_t = unsafe { std::mem::zeroed() };
+        nvml_try(unsafe { sym(device.handle(), &mut v1) })?;
+        Ok(FabricReading {
+            state: v1.state,
+            status: v1.status,
+            health_mask: None,
+        })
+    }
+
     /// `nvmlDeviceGetRemappedRows` (nvml-wrapper has no wrapper for it).
     fn remapped_rows(&self, device: &Device) -> Result<RemappedRows, NvmlError> {
         let sym = symbol(&self.nvml.lib().nvmlDeviceGetRemappedRows)?;
@@ -328,6 +389,11 @@ impl NvmlSource {
         }
         Err(NvmlError::NotSupported)
     }
+}
+
+/// nvml.h's `NVML_STRUCT_VERSION(name, ver)`: the struct's size, and the version in the top byte.
+fn struct_version<T>(version: u32) -> u32 {
+    std::mem::size_of::<T>() as u32 | version << 24
 }
 
 /// A raw NVML symbol, or the error nvml-wrapper gives for one the library lacks.
@@ -460,6 +526,7 @@ pub fn spawn(
     source: NvmlSource,
     state: Arc<Mutex<GpuState>>,
     interval: Duration,
+    pci_devices: PathBuf,
     stop: Arc<Stop>,
     up: AgentMetrics,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
@@ -470,7 +537,7 @@ pub fn spawn(
         threads.push(
             std::thread::Builder::new()
                 .name("nvml-sampler".into())
-                .spawn(move || sample_loop(&source, &state, interval, &stop, &up))?,
+                .spawn(move || sample_loop(&source, &state, interval, &pci_devices, &stop, &up))?,
         );
     }
     threads.push(
@@ -496,9 +563,11 @@ fn sample_loop(
     source: &NvmlSource,
     state: &Mutex<GpuState>,
     interval: Duration,
+    pci_devices: &Path,
     stop: &Stop,
     up: &AgentMetrics,
 ) {
+    let mut pci_said = String::new();
     {
         let mut state = lock(state);
         state.driver_version = source.driver_version();
@@ -517,11 +586,13 @@ fn sample_loop(
                         source.read(i, gpm).map(|r| (i, r))
                     })
                     .collect();
+                let pci = scan_pci(pci_devices, &mut pci_said);
+                let at = Instant::now();
                 let mut state = lock(state);
                 if state.failing.take().is_some() {
                     tracing::info!("NVML answers again");
                 }
-                let at = Instant::now();
+                state.pci = pci;
                 for (index, read) in reads {
                     log_change(&state, index, &read);
                     state.apply(index, read, elapsed, at);
@@ -545,6 +616,24 @@ fn sample_loop(
             return;
         }
     }
+}
+
+/// The NVIDIA GPUs on the PCI bus; what cannot be read is said once (per distinct trouble), not
+/// every round, and never taken for an absent GPU.
+fn scan_pci(devices: &Path, said: &mut String) -> Option<crate::pci::BusScan> {
+    let scan = crate::pci::scan(devices, crate::pci::is_nvidia_gpu);
+    let trouble = match &scan {
+        Ok(found) if found.unreadable.is_empty() => String::new(),
+        Ok(found) => format!("unreadable entries: {}", found.unreadable.join(", ")),
+        Err(e) => e.clone(),
+    };
+    if trouble != *said {
+        if !trouble.is_empty() {
+            tracing::warn!(pci_devices = %devices.display(), trouble = %trouble, "cannot read every PCI device: GPUs there are not counted against NVML's");
+        }
+        *said = trouble;
+    }
+    scan.ok()
 }
 
 /// One log line when a GPU starts or stops failing, not one per sample.
@@ -725,5 +814,19 @@ fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The versions nvml.h's NVML_STRUCT_VERSION gives the fabric structs (0x02000024, 0x03000028),
+    /// from the layouts nvml-wrapper-sys binds.
+    #[test]
+    fn fabric_struct_versions_are_nvml_hs() {
+        use nvml_wrapper_sys::bindings::{nvmlGpuFabricInfo_v2_t, nvmlGpuFabricInfo_v3_t};
+        assert_eq!(struct_version::<nvmlGpuFabricInfo_v2_t>(2), 0x0200_0024);
+        assert_eq!(struct_version::<nvmlGpuFabricInfo_v3_t>(3), 0x0300_0028);
     }
 }

@@ -38,6 +38,11 @@ pub struct GpuState {
     /// How old the readings may get before they are no longer current: an NVML call on a dying GPU
     /// can block for seconds or for good, and the sampler with it.
     pub stall_after: Duration,
+    /// The NVIDIA GPUs on the PCI bus, as sysfs lists them at the last round; None before the first
+    /// scan, or while the PCI directory cannot be listed.
+    pub pci: Option<crate::pci::BusScan>,
+    /// `nvml.expected_gpus`.
+    pub expected_gpus: Option<u32>,
 }
 
 /// Why NVML cannot read a GPU: the error classes of `nvml.h` that describe the device rather than

@@ -108,4 +108,50 @@ impl Scenario {
         self.value["devices"][gpu][key] = value;
         self.write();
     }
+
+    /// The PCI devices directory the kernel would show for these GPUs (`nvml.pci_devices`), made
+    /// on the first call:
+    /// one `0000:bb:dd.f` entry each, with `vendor` and `device` as "0x%04x\n" and `class` as
+    /// "0x%06x\n" (linux `drivers/pci/pci-sysfs.c`), an H100 SXM being vendor 0x10de, device
+    /// 0x2330, class 0x030200 (3D controller); plus a NIC, which is no GPU.
+    pub fn pci_devices(&self) -> PathBuf {
+        let root = self.dir.path().join("pci-devices");
+        if root.exists() {
+            return root;
+        }
+        std::fs::create_dir(&root).unwrap();
+        let entry = |bdf: &str, vendor: &str, device: &str, class: &str| {
+            let dir = root.join(bdf);
+            std::fs::create_dir(&dir).unwrap();
+            for (file, value) in [("vendor", vendor), ("device", device), ("class", class)] {
+                std::fs::write(dir.join(file), format!("{value}\n")).unwrap();
+            }
+        };
+        for device in self.value["devices"].as_array().unwrap() {
+            let bus_id = device["pci_bus_id"].as_str().unwrap();
+            let (_, rest) = bus_id.split_once(':').unwrap();
+            entry(
+                &format!("0000:{}", rest.to_lowercase()),
+                "0x10de",
+                "0x2330",
+                "0x030200",
+            );
+        }
+        entry("0000:00:05.0", "0x1d0f", "0xec20", "0x020000");
+        root
+    }
+
+    /// Puts one more H100 on the fake bus at `bdf` that NVML does not list.
+    #[allow(dead_code)] // not every test binary that shares this module uses it
+    pub fn add_pci_gpu(&self, bdf: &str) {
+        let dir = self.dir.path().join("pci-devices").join(bdf);
+        std::fs::create_dir(&dir).unwrap();
+        for (file, value) in [
+            ("vendor", "0x10de"),
+            ("device", "0x2330"),
+            ("class", "0x030200"),
+        ] {
+            std::fs::write(dir.join(file), format!("{value}\n")).unwrap();
+        }
+    }
 }

@@ -108,6 +108,9 @@ struct Device {
     /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): the `nvmlDeviceGpuRecoveryAction_t` the
     /// driver reports; absent, the field answers NOT_SUPPORTED in its slot, as before R565.
     recovery_action: Option<u32>,
+    /// NVLink fabric registration (NVSwitch systems); absent: both fabric calls answer
+    /// NOT_SUPPORTED, as on a GPU without NVSwitch.
+    fabric: Option<Fabric>,
     mig: Mig,
     /// Fields whose versioned call answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH, as a driver older
     /// than the caller's header does: `memory` (the v2 struct), `temperature_v`.
@@ -183,6 +186,31 @@ enum XidEvent {
         gpu_instance_id: c_uint,
         compute_instance_id: c_uint,
     },
+}
+
+/// `nvmlGpuFabricInfo*` (nvml.h): what the driver reports, and the newest struct version this
+/// driver's `nvmlDeviceGetGpuFabricInfoV` accepts (3: 13.0 headers and later; 2: 12.4 to 12.9; 0:
+/// none, so only the v1 call answers, as before 12.4).
+#[derive(Deserialize, Clone, Copy)]
+#[serde(default)]
+struct Fabric {
+    state: u8,
+    status: u32,
+    health_mask: u32,
+    health_summary: u8,
+    max_version: u32,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric {
+            state: 3,
+            status: 0,
+            health_mask: 0,
+            health_summary: 0,
+            max_version: 3,
+        }
+    }
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -1068,6 +1096,69 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureV(
             return INVALID_ARGUMENT;
         }
         (*temperature).temperature = d.temperature_c as std::ffi::c_int;
+        SUCCESS
+    })
+}
+
+/// `NVML_STRUCT_VERSION(GpuFabricInfo, 2)` and `(…, 3)`: sizeof | version << 24 (nvml.h 141), with
+/// sizeof 36 and 40 for the v2 and v3 layouts (nvml.h 3834-3979).
+#[cfg(not(feature = "old-driver"))]
+const FABRIC_INFO_V2: c_uint = 0x0200_0024;
+#[cfg(not(feature = "old-driver"))]
+const FABRIC_INFO_V3: c_uint = 0x0300_0028;
+
+/// The deprecated v1 call: no version, no health mask.
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
+    device: nvmlDevice_t,
+    info: *mut nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_t,
+) -> nvmlReturn_t {
+    if info.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device(device, "fabric", |d| {
+        let Some(fabric) = d.fabric else {
+            return NOT_SUPPORTED;
+        };
+        (*info).state = fabric.state;
+        (*info).status = fabric.status;
+        SUCCESS
+    })
+}
+
+/// The versioned call: the caller's `version` says which layout it passed; a version newer than
+/// the driver's answers ARGUMENT_VERSION_MISMATCH and writes nothing.
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    device: nvmlDevice_t,
+    info: *mut nvml_wrapper_sys::bindings::nvmlGpuFabricInfoV_t,
+) -> nvmlReturn_t {
+    if info.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device(device, "fabric", |d| {
+        let Some(fabric) = d.fabric else {
+            return NOT_SUPPORTED;
+        };
+        let version = (*info).version;
+        let accepted = match version {
+            FABRIC_INFO_V3 => fabric.max_version >= 3,
+            FABRIC_INFO_V2 => fabric.max_version >= 2,
+            _ => false,
+        };
+        if !accepted {
+            return ARGUMENT_VERSION_MISMATCH;
+        }
+        // The v2 layout is v3's leading fields: a v2 caller's struct ends before healthSummary.
+        let v2 = info.cast::<nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_v2_t>();
+        (*v2).state = fabric.state;
+        (*v2).status = fabric.status;
+        (*v2).healthMask = fabric.health_mask;
+        if version == FABRIC_INFO_V3 {
+            (*info).healthSummary = fabric.health_summary;
+        }
         SUCCESS
     })
 }
