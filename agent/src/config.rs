@@ -519,6 +519,9 @@ pub struct ReadinessSettings {
     /// Conditions are rewritten at least this often even when unchanged.
     #[serde(with = "duration_text")]
     pub heartbeat: Duration,
+    /// The kernel's boot id: held XIDs written into `AcceleratorHealthy` are kept by a restarted
+    /// agent on the same boot, and cleared by a new one.
+    pub boot_id_file: PathBuf,
 }
 
 impl Default for ReadinessSettings {
@@ -530,6 +533,7 @@ impl Default for ReadinessSettings {
             fatal_xids: XidOverride::default(),
             interval: Duration::from_secs(10),
             heartbeat: Duration::from_secs(300),
+            boot_id_file: PathBuf::from("/proc/sys/kernel/random/boot_id"),
         }
     }
 }

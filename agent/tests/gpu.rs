@@ -1286,19 +1286,25 @@ fn hashing_yields_on_a_node_whose_pods_hold_gpus() {
 /// node's `AcceleratorHealthy` condition, as the API server holds it.
 fn start_with_readiness(scenario: &Scenario) -> (Agent, common::kube::FakeApiServer) {
     let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = Agent::start_with_env(
+    let agent = start_against(scenario, &api, Path::new("/proc/sys/kernel/random/boot_id"));
+    (agent, api)
+}
+
+/// The agent with the GPU collector and readiness against `api`, reading its boot id from `boot_id`.
+fn start_against(scenario: &Scenario, api: &common::kube::FakeApiServer, boot_id: &Path) -> Agent {
+    Agent::start_with_env(
         &format!(
-            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  expected_gpus: {}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  expected_gpus: {}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n",
             fake_nvml().display().to_string(),
             scenario.pci_devices().display().to_string(),
-            scenario.value["devices"].as_array().unwrap().len()
+            scenario.value["devices"].as_array().unwrap().len(),
+            boot_id.display().to_string()
         ),
         &[
             ("FAKE_NVML_SCENARIO", &scenario.path()),
             ("KUBECONFIG", &api.kubeconfig()),
         ],
-    );
-    (agent, api)
+    )
 }
 
 fn wait_condition(
@@ -1429,6 +1435,9 @@ fn wait_rounds_of_readiness(agent: &Agent, n: f64) {
             .filter_map(|r| sample(m, "mlnode_node_condition_updates_total", &[("result", r)]))
             .sum::<f64>()
     };
+    agent.wait_for("serving", Duration::from_secs(20), |m| {
+        m.contains("mlnode_build_info")
+    });
     let from = rounds(&agent.metrics());
     agent.wait_for("readiness rounds", Duration::from_secs(20), |m| {
         rounds(m) >= from + n
@@ -1548,4 +1557,83 @@ fn a_gpu_on_the_bus_that_nvml_does_not_list_is_missed_by_name() {
             .contains("2 GPU(s) expected (nvml.expected_gpus), 1 on the PCI bus")
     });
     assert_eq!(condition["status"], "False", "{condition}");
+}
+
+/// A fault outlives an agent restart and clears when fixed: XID 46 (RESET_GPU, which the driver
+/// links to no recovery action) holds the node; an agent restarted on the same boot (an upgrade,
+/// an OOM kill) reads it back from the condition it wrote and keeps the node unhealthy, writing no
+/// premature True; a new boot id (the node rebooted) clears it; and an operator's clearing time
+/// (one `kubectl annotate`) clears it too.
+#[test]
+fn a_held_fault_outlives_an_agent_restart_until_the_node_reboots_or_an_operator_clears_it() {
+    let mut scenario = Scenario::new(2);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let boot = tempfile::tempdir().unwrap();
+    let boot_id = boot.path().join("boot_id");
+    std::fs::write(&boot_id, "3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f\n").unwrap();
+    let mut agent = start_against(&scenario, &api, &boot_id);
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    scenario.set(1, "xid_events", json!([46]));
+    let held = wait_condition(&agent, &api, "XID 46", |c| c["reason"] == "FatalXID");
+    assert!(
+        held["message"].as_str().unwrap().ends_with(
+            "[mlnode-agent: boot 3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f; held GPU-00000001-1111-2222-3333-444444444441=46]"
+        ),
+        "{held}"
+    );
+    assert_eq!(agent.terminate().0, Some(0));
+
+    // The same boot: the XID is not delivered again, and the node stays out.
+    scenario.set(1, "xid_events", json!([]));
+    let patches_before = api.requests().len();
+    let agent = start_against(&scenario, &api, &boot_id);
+    wait_rounds_of_readiness(&agent, 5.0);
+    let condition = api.condition("AcceleratorHealthy");
+    assert_eq!(condition["status"], "False", "{condition}\n{}", agent.log());
+    assert!(
+        condition["message"].as_str().unwrap().contains("46"),
+        "{condition}"
+    );
+    let wrote_true = api.requests()[patches_before..].iter().any(|r| {
+        r.body["status"]["conditions"]
+            .as_array()
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "AcceleratorHealthy" && c["status"] == "True")
+            })
+    });
+    assert!(!wrote_true, "never a premature True after the restart");
+    assert!(agent
+        .log()
+        .contains("keeping the XIDs the previous agent held on this boot"));
+
+    // An operator clears it: every fault seen before the time named.
+    let now = humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string();
+    api.annotate_node("mlnode.dev/accelerator-faults-cleared-at", &now);
+    wait_condition(&agent, &api, "cleared by the operator", |c| {
+        c["status"] == "True"
+    });
+    drop(agent);
+
+    // The node rebooted: a new boot id, and what the old boot held is gone.
+    api.annotate_node(
+        "mlnode.dev/accelerator-faults-cleared-at",
+        "2000-01-01T00:00:00Z",
+    );
+    let mut first = start_against(&scenario, &api, &boot_id);
+    scenario.set(0, "xid_events", json!([79]));
+    wait_condition(&first, &api, "XID 79 on GPU 0", |c| {
+        c["reason"] == "FatalXID"
+    });
+    first.terminate();
+    scenario.set(0, "xid_events", json!([]));
+    std::fs::write(&boot_id, "9a8b7c6d-0000-4000-8000-000000000002\n").unwrap();
+    let agent = start_against(&scenario, &api, &boot_id);
+    wait_condition(&agent, &api, "a new boot", |c| c["status"] == "True");
+    assert!(
+        agent.log().contains("from an earlier boot"),
+        "{}",
+        agent.log()
+    );
 }

@@ -136,9 +136,27 @@ fn problem(reason: &str, message: String) -> Problem {
     }
 }
 
-/// The health facts of every GPU: problems (none: healthy) and how many GPUs there are.
-pub fn assess(state: &GpuState, policy: &XidPolicy, now: Instant) -> Vec<Problem> {
-    let mut problems = Vec::new();
+/// What outlives the collector's own memory: XIDs a previous agent held on this boot, per GPU
+/// UUID, taken as seen when this agent started (`since`); and the instant before which an operator
+/// cleared every held fault.
+#[derive(Clone, Debug, Default)]
+pub struct Carried {
+    pub since: Option<Instant>,
+    pub xids: BTreeMap<String, BTreeSet<u64>>,
+    pub cleared_before: Option<Instant>,
+}
+
+/// The health facts of every GPU: the problems (none: healthy), and the XIDs that hold each GPU
+/// (by UUID), which the readiness controller writes down so that a restarted agent keeps them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assessment {
+    pub problems: Vec<Problem>,
+    pub held: BTreeMap<String, BTreeSet<u64>>,
+}
+
+pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Instant) -> Assessment {
+    let mut assessment = Assessment::default();
+    let problems = &mut assessment.problems;
     if let Some(reason) = &state.failing {
         problems.push(problem(
             "CollectorUnavailable",
@@ -156,10 +174,42 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, now: Instant) -> Vec<Problem
         ));
     }
     problems.extend(count_mismatch(state));
+    let mut listed = BTreeSet::new();
     for (index, entry) in &state.gpus {
-        problems.extend(assess_gpu(*index, entry, policy, state));
+        let uuid = entry.identity.as_ref().map(|id| id.uuid.as_str());
+        listed.extend(uuid);
+        let (gpu_problems, held) = assess_gpu(*index, entry, policy, state, carried);
+        problems.extend(gpu_problems);
+        if let (Some(uuid), false) = (uuid, held.is_empty()) {
+            assessment.held.insert(uuid.to_string(), held);
+        }
     }
-    problems
+    // A GPU a previous agent held that NVML does not list now still holds the node.
+    let cleared = carried
+        .since
+        .zip(carried.cleared_before)
+        .is_some_and(|(since, cleared)| since <= cleared);
+    for (uuid, xids) in carried
+        .xids
+        .iter()
+        .filter(|(u, _)| !listed.contains(u.as_str()))
+    {
+        if cleared {
+            continue;
+        }
+        let xids: Vec<String> = xids.iter().map(u64::to_string).collect();
+        problems.push(problem(
+            "FatalXID",
+            format!(
+                "{uuid}, not listed by NVML now, reported XID {} before this agent started on this boot",
+                xids.join(", ")
+            ),
+        ));
+        assessment
+            .held
+            .insert(uuid.clone(), carried.xids[uuid].clone());
+    }
+    assessment
 }
 
 /// NVIDIA GPUs on the PCI bus that NVML does not list (by address), and fewer on the bus than
@@ -199,7 +249,13 @@ fn count_mismatch(state: &GpuState) -> Option<Problem> {
     (!said.is_empty()).then(|| problem("GPUCountMismatch", said.join("; ")))
 }
 
-fn assess_gpu(index: u32, entry: &GpuEntry, policy: &XidPolicy, state: &GpuState) -> Vec<Problem> {
+fn assess_gpu(
+    index: u32,
+    entry: &GpuEntry,
+    policy: &XidPolicy,
+    state: &GpuState,
+    carried: &Carried,
+) -> (Vec<Problem>, BTreeSet<u64>) {
     let name = match &entry.identity {
         Some(id) => format!("GPU {index} ({}, {})", id.uuid, id.pci_bus_id),
         None => format!("GPU {index}"),
@@ -260,11 +316,26 @@ fn assess_gpu(index: u32, entry: &GpuEntry, policy: &XidPolicy, state: &GpuState
                 .read_at
                 .is_some_and(|read| read >= seen + state.stall_after)
     };
-    let holding: Vec<String> = entry
-        .xid_last_seen
+    // This agent's own sightings, and what a previous agent on this boot held, as seen when this
+    // one started; the later sighting counts.
+    let mut seen: BTreeMap<u64, Instant> = entry.xid_last_seen.clone();
+    if let (Some(uuid), Some(since)) = (entry.identity.as_ref().map(|i| &i.uuid), carried.since) {
+        for &xid in carried.xids.get(uuid).into_iter().flatten() {
+            seen.entry(xid).or_insert(since);
+        }
+    }
+    let held: BTreeSet<u64> = seen
         .iter()
-        .filter(|(&xid, &seen)| policy.holds(xid) && !cleared_by_driver(xid, seen))
-        .map(|(&xid, _)| match catalog(xid) {
+        .filter(|(&xid, &at)| {
+            policy.holds(xid)
+                && !cleared_by_driver(xid, at)
+                && carried.cleared_before.is_none_or(|cleared| at > cleared)
+        })
+        .map(|(&xid, _)| xid)
+        .collect();
+    let holding: Vec<String> = held
+        .iter()
+        .map(|&xid| match catalog(xid) {
             Some(entry) => format!("{xid} ({}, {})", entry.mnemonic, entry.action),
             None => format!("{xid} (added by readiness.fatal_xids)"),
         })
@@ -278,7 +349,7 @@ fn assess_gpu(index: u32, entry: &GpuEntry, policy: &XidPolicy, state: &GpuState
             ),
         ));
     }
-    problems
+    (problems, held)
 }
 
 #[cfg(test)]
@@ -365,7 +436,8 @@ mod tests {
     }
 
     fn reasons(state: &GpuState, now: Instant) -> Vec<String> {
-        assess(state, &XidPolicy::default(), now)
+        assess(state, &XidPolicy::default(), &Carried::default(), now)
+            .problems
             .into_iter()
             .map(|p| p.reason)
             .collect()
@@ -384,7 +456,7 @@ mod tests {
             (9, "UnknownRecoveryAction"),
         ] {
             state.apply(0, gpu(Some(value)), 1.0, t0);
-            let problems = assess(&state, &XidPolicy::default(), t0);
+            let problems = assess(&state, &XidPolicy::default(), &Carried::default(), t0).problems;
             assert_eq!(problems.len(), 1);
             assert_eq!(problems[0].reason, reason);
             assert!(
@@ -424,7 +496,7 @@ mod tests {
 
         state.record_xid(0, 46, None, xid_at);
         state.apply(0, gpu(Some(0)), 1.0, xid_at + Duration::from_secs(60));
-        let problems = assess(&state, &XidPolicy::default(), xid_at);
+        let problems = assess(&state, &XidPolicy::default(), &Carried::default(), xid_at).problems;
         assert_eq!(problems.len(), 1);
         assert!(
             problems[0]
@@ -509,7 +581,7 @@ mod tests {
             .unwrap()
             .devices
             .push("0000:2a:00.0".into());
-        let problems = assess(&state, &XidPolicy::default(), t0);
+        let problems = assess(&state, &XidPolicy::default(), &Carried::default(), t0).problems;
         assert_eq!(problems[0].reason, "GPUCountMismatch");
         assert!(
             problems[0].message.contains("not listed 0000:2a:00.0"),
@@ -518,12 +590,55 @@ mod tests {
         );
         state.pci.as_mut().unwrap().devices.pop();
         state.expected_gpus = Some(8);
-        let problems = assess(&state, &XidPolicy::default(), t0);
+        let problems = assess(&state, &XidPolicy::default(), &Carried::default(), t0).problems;
         assert_eq!(problems[0].reason, "GPUCountMismatch");
         assert!(
             problems[0].message.contains("8 GPU(s) expected"),
             "{}",
             problems[0].message
+        );
+    }
+
+    /// XIDs a previous agent held on this boot hold the GPU for this one, even through the
+    /// driver's NONE for one it links to no recovery action; the operator's clearing time clears
+    /// what was seen before it, the carried XIDs included; a held XID is reported for the next
+    /// agent to carry.
+    #[test]
+    fn carried_faults_hold_until_cleared() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        let mut carried = Carried {
+            since: Some(t0),
+            xids: [
+                ("GPU-aaaa".to_string(), [46].into()),
+                ("GPU-gone".to_string(), [79].into()),
+            ]
+            .into(),
+            cleared_before: None,
+        };
+        state.apply(0, gpu(Some(0)), 1.0, t0 + Duration::from_secs(30));
+        let assessment = assess(&state, &XidPolicy::default(), &carried, t0);
+        let reasons: Vec<&str> = assessment
+            .problems
+            .iter()
+            .map(|p| p.reason.as_str())
+            .collect();
+        assert_eq!(reasons, ["FatalXID", "FatalXID"]);
+        assert!(assessment.problems[1]
+            .message
+            .contains("GPU-gone, not listed by NVML now"));
+        assert_eq!(
+            assessment.held, carried.xids,
+            "carried on to the next agent"
+        );
+
+        state.record_xid(0, 79, None, t0 + Duration::from_secs(40));
+        carried.cleared_before = Some(t0 + Duration::from_secs(35));
+        let assessment = assess(&state, &XidPolicy::default(), &carried, t0);
+        assert_eq!(
+            assessment.held,
+            [("GPU-aaaa".to_string(), [79].into())].into(),
+            "only what came after the clearing"
         );
     }
 
@@ -536,7 +651,13 @@ mod tests {
         state.fail("NVML: Unknown Error".into());
         assert_eq!(reasons(&state, t0)[0], "CollectorUnavailable");
         state.last_round = Some(t0);
-        let stalled = assess(&state, &XidPolicy::default(), t0 + Duration::from_secs(4));
+        let stalled = assess(
+            &state,
+            &XidPolicy::default(),
+            &Carried::default(),
+            t0 + Duration::from_secs(4),
+        )
+        .problems;
         assert!(stalled[1].message.contains("within 3 s"), "{stalled:?}");
     }
 }

@@ -15,11 +15,12 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::gates::{self, AcceleratorFacts, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
+use super::memory;
 use super::node::{conditions_patch, differs, has_taint, own_conditions, taint_patch};
 use super::plan::Planner;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::ReadinessSettings;
-use crate::gpu::health::XidPolicy;
+use crate::gpu::health::{Carried, XidPolicy};
 use crate::gpu::state::GpuState;
 use crate::metrics::{AgentMetrics, Collector};
 
@@ -32,6 +33,7 @@ const TAINT_ATTEMPTS: usize = 5;
 pub struct ReadinessMetrics {
     gate: IntGaugeVec,
     updates: IntCounterVec,
+    memory_errors: prometheus::IntCounter,
 }
 
 impl ReadinessMetrics {
@@ -50,12 +52,21 @@ impl ReadinessMetrics {
             ),
             &["result"],
         )?;
+        let memory_errors = prometheus::IntCounter::new(
+            "mlnode_readiness_memory_errors_total",
+            "Reads of the node whose remembered faults (AcceleratorHealthy's message) or clearing annotation could not be parsed; the live facts decide then.",
+        )?;
         registry.register(Box::new(gate.clone()))?;
         registry.register(Box::new(updates.clone()))?;
+        registry.register(Box::new(memory_errors.clone()))?;
         for result in ["written", "skipped", "error"] {
             updates.with_label_values(&[result]).inc_by(0);
         }
-        Ok(ReadinessMetrics { gate, updates })
+        Ok(ReadinessMetrics {
+            gate,
+            updates,
+            memory_errors,
+        })
     }
 
     pub fn set_gate(&self, gate: &str, ok: bool) {
@@ -81,6 +92,9 @@ pub struct Controller {
     settings: ReadinessSettings,
     taint: Option<Taint>,
     xid_policy: XidPolicy,
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`): what the held XIDs written into
+    /// `AcceleratorHealthy` are tied to.
+    boot_id: String,
     sources: Sources,
     metrics: ReadinessMetrics,
     /// `mlnode_collector_up{collector="readiness"}`: 1 while syncs succeed.
@@ -92,6 +106,12 @@ pub struct Controller {
 struct Memory {
     planner: Planner,
     conditions: BTreeMap<String, NodeCondition>,
+    /// What a previous agent held on this boot, and the operator's clearing time.
+    carried: Carried,
+    /// The node has been read once, and what it remembered taken back.
+    restored: bool,
+    /// The last trouble reading the node's memory, said once.
+    memory_trouble: String,
 }
 
 impl Controller {
@@ -108,6 +128,7 @@ impl Controller {
             nodes: Api::all(client.clone()),
             events: Api::namespaced(client, "default"),
             xid_policy: settings.fatal_xids.policy(),
+            boot_id: read_boot_id(&settings.boot_id_file),
             node_name,
             settings,
             taint,
@@ -125,14 +146,24 @@ impl Controller {
                 self.taint.as_ref().map(|_| self.settings.taint_mode),
             ),
             conditions: BTreeMap::new(),
+            carried: Carried::default(),
+            restored: false,
+            memory_trouble: String::new(),
         };
         let mut last_error = String::new();
         loop {
-            let gates = self.gates(&mut memory.planner);
-            for gate in &gates {
-                self.metrics.set_gate(gate.condition_type, gate.ok);
-            }
-            let synced = self.sync(&gates, &mut memory).await;
+            // The node is read before the first gates are decided: they must include what a
+            // previous agent on this boot held, never overwrite it with a premature True.
+            let synced = match self.read_node_if_needed(&mut memory).await {
+                Ok(()) => {
+                    let gates = self.gates(&mut memory);
+                    for gate in &gates {
+                        self.metrics.set_gate(gate.condition_type, gate.ok);
+                    }
+                    self.sync(&gates, &mut memory).await
+                }
+                Err(e) => Err(e),
+            };
             let wait = memory.planner.round_done(synced.is_ok());
             match synced {
                 Ok(()) => {
@@ -159,7 +190,15 @@ impl Controller {
         }
     }
 
-    fn gates(&self, planner: &mut Planner) -> Vec<Gate> {
+    async fn read_node_if_needed(&self, memory: &mut Memory) -> Result<(), kube::Error> {
+        if memory.planner.needs_read() {
+            let node = self.nodes.get(&self.node_name).await?;
+            self.saw_node(memory, &node);
+        }
+        Ok(())
+    }
+
+    fn gates(&self, memory: &mut Memory) -> Vec<Gate> {
         let models: Vec<gates::ModelFacts> = self
             .sources
             .models
@@ -177,8 +216,14 @@ impl Controller {
         if let Some(gpu) = &self.sources.gpu {
             let state = gpu.lock().unwrap_or_else(|p| p.into_inner());
             facts.gpus = state.gpus.len();
-            facts.gpu_problems =
-                crate::gpu::health::assess(&state, &self.xid_policy, Instant::now());
+            let assessment = crate::gpu::health::assess(
+                &state,
+                &self.xid_policy,
+                &memory.carried,
+                Instant::now(),
+            );
+            facts.gpu_problems = assessment.problems;
+            facts.memory = memory::trailer(&self.boot_id, &assessment.held);
         }
         if let Some(root) = &self.sources.neuron_root {
             let ecc = crate::neuron::sysfs::read_ecc(root);
@@ -200,7 +245,7 @@ impl Controller {
                     )
                 })
                 .collect();
-            facts.neuron_uncorrected_ecc = planner.new_uncorrected_ecc(&raw);
+            facts.neuron_uncorrected_ecc = memory.planner.new_uncorrected_ecc(&raw);
         }
         vec![
             gates::model_cache_gate(&models),
@@ -209,10 +254,6 @@ impl Controller {
     }
 
     async fn sync(&self, gates: &[Gate], memory: &mut Memory) -> Result<(), kube::Error> {
-        if memory.planner.needs_read() {
-            let node = self.nodes.get(&self.node_name).await?;
-            self.saw_node(memory, &node);
-        }
         let current = memory.conditions.clone();
         let changed: Vec<&Gate> = gates
             .iter()
@@ -258,9 +299,55 @@ impl Controller {
     /// verifiers (their priority).
     fn saw_node(&self, memory: &mut Memory, node: &Node) {
         memory.conditions = own_conditions(node, &OWN_TYPES);
+        self.take_memory(memory, node);
         let present = self.taint.as_ref().map(|t| has_taint(node, t));
         memory.planner.saw_node(present);
         self.sources.node_taint.set(present == Some(true));
+    }
+
+    /// What the node remembers for this agent: on the first read, the held XIDs a previous agent
+    /// on this boot wrote into `AcceleratorHealthy`'s message; on every read, the operator's
+    /// clearing time. What cannot be read is said once and leaves the live facts to decide.
+    fn take_memory(&self, memory: &mut Memory, node: &Node) {
+        let now = (Instant::now(), std::time::SystemTime::now());
+        let mut trouble = Vec::new();
+        match memory::cleared_at(node.metadata.annotations.as_ref()) {
+            Ok(cleared) => {
+                memory.carried.cleared_before = cleared.map(|at| {
+                    let ago = now.1.duration_since(at).unwrap_or_default();
+                    now.0.checked_sub(ago).unwrap_or(now.0)
+                })
+            }
+            Err(e) => trouble.push(e),
+        }
+        if !memory.restored {
+            memory.restored = true;
+            memory.carried.since = Some(now.0);
+            let message = memory
+                .conditions
+                .get(ACCELERATOR_HEALTHY)
+                .and_then(|c| c.message.as_deref())
+                .unwrap_or_default();
+            match memory::parse(message) {
+                Ok(Some((boot, held))) if boot == self.boot_id => {
+                    tracing::warn!(node = %self.node_name, held = ?held, "keeping the XIDs the previous agent held on this boot: the GPUs stay unhealthy until the driver clears them, the node reboots, or an operator clears them");
+                    memory.carried.xids = held;
+                }
+                Ok(Some((boot, _))) => {
+                    tracing::info!(node = %self.node_name, previous_boot = %boot, "the held XIDs in AcceleratorHealthy are from an earlier boot: the reboot cleared them");
+                }
+                Ok(None) => {}
+                Err(e) => trouble.push(format!(
+                    "AcceleratorHealthy's message does not carry held XIDs in the form this agent writes: {e}"
+                )),
+            }
+        }
+        let trouble = trouble.join("; ");
+        if !trouble.is_empty() && trouble != memory.memory_trouble {
+            self.metrics.memory_errors.inc();
+            tracing::warn!(node = %self.node_name, error = %trouble, "cannot read what the node remembers; the live facts decide");
+        }
+        memory.memory_trouble = trouble;
     }
 
     /// Puts the taint where the planner wants it (see [`Planner::taint_wanted`]).
@@ -333,6 +420,18 @@ impl Controller {
         };
         if let Err(e) = self.events.create(&PostParams::default(), &event).await {
             tracing::warn!(error = %e, reason, "cannot post a Node event");
+        }
+    }
+}
+
+/// The kernel's id of this boot; empty when it cannot be read (then nothing is carried across a
+/// restart: an empty id matches no message this agent writes, as `memory::parse` refuses it).
+fn read_boot_id(path: &std::path::Path) -> String {
+    match crate::files::read_bounded_text(path, 64) {
+        Ok(text) => text.trim().to_string(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the boot id: held XIDs are not kept across an agent restart");
+            String::new()
         }
     }
 }

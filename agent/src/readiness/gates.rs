@@ -113,6 +113,9 @@ pub struct AcceleratorFacts {
     pub neuron_uncorrected_ecc: BTreeMap<u32, u64>,
     pub gpus: usize,
     pub neuron_devices: usize,
+    /// What the condition's message must carry for a restarted agent (`memory::trailer`): kept
+    /// whole, after the readable part.
+    pub memory: String,
 }
 
 /// `AcceleratorHealthy`: every required collector running, no GPU problem (the driver's recovery
@@ -138,7 +141,7 @@ pub fn accelerator_gate(facts: &AcceleratorFacts) -> Gate {
         condition_type: ACCELERATOR_HEALTHY,
         ok,
         reason: reason.into(),
-        message: truncate(message),
+        message: truncate(message) + &facts.memory,
     };
     match problems.first() {
         Some((reason, _)) => gate(

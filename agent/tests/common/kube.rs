@@ -708,6 +708,13 @@ impl FakeApiServer {
         self.state.node.lock().unwrap().clone()
     }
 
+    /// Sets an annotation on the node, as `kubectl annotate --overwrite` does.
+    #[allow(dead_code)] // not every test binary that shares this module annotates nodes
+    pub fn annotate_node(&self, key: &str, value: &str) {
+        let mut node = self.state.node.lock().unwrap();
+        node["metadata"]["annotations"][key] = json!(value);
+    }
+
     /// The node's condition of type `kind`, or null.
     pub fn condition(&self, kind: &str) -> Value {
         self.node()["status"]["conditions"]
