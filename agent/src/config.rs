@@ -350,6 +350,9 @@ pub struct NeuronSettings {
     /// A FIFO a neuron-monitor sidecar writes its reports to (created when absent); its runtime
     /// data is exported under neuron-monitor's names. Needs `monitor_names: true`.
     pub monitor_input: Option<PathBuf>,
+    /// Where the kernel lists PCI devices: the driver's devices are checked against the
+    /// Inferentia/Trainium devices there.
+    pub pci_devices: PathBuf,
 }
 
 impl Default for NeuronSettings {
@@ -363,6 +366,7 @@ impl Default for NeuronSettings {
             availability_zone: String::new(),
             monitor_names: false,
             monitor_input: None,
+            pci_devices: PathBuf::from("/sys/bus/pci/devices"),
         }
     }
 }

@@ -185,7 +185,12 @@ async fn start_readiness(
     let sources = Sources {
         models: models.to_vec(),
         gpu: gpu.map(|g| g.state.clone()),
-        neuron_root: neuron_running.then(|| config.neuron.sysfs_root.clone()),
+        neuron: neuron_running.then(|| {
+            (
+                config.neuron.sysfs_root.clone(),
+                config.neuron.pci_devices.clone(),
+            )
+        }),
         missing_collectors: missing,
         node_taint: node_taint.clone(),
     };

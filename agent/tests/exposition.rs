@@ -71,12 +71,13 @@ fn the_exposition_matches_the_golden_file() {
     let scenario = Scenario::new(2);
     let neuron = NeuronTree::new(common::neuron::INF2_XLARGE);
     let config = format!(
-        "{}nvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nneuron:\n  sysfs_root: {:?}\n  class_root: {:?}\n",
+        "{}nvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nneuron:\n  sysfs_root: {:?}\n  class_root: {:?}\n  pci_devices: {:?}\n",
         model_config("llama", model.root(), &manifest),
         fake_nvml().display().to_string(),
         scenario.pci_devices().display().to_string(),
         neuron.root().display().to_string(),
         neuron.class_root().display().to_string(),
+        neuron.pci_devices().display().to_string(),
     );
     let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
     let seen = |m: &str| {

@@ -25,14 +25,17 @@ fn scraper(tree: &NeuronTree) -> impl Fn() -> String {
 }
 
 fn scraper_with(tree: &NeuronTree, logical_nc_config: LogicalNcConfig) -> impl Fn() -> String {
-    let registry = mlnode_agent::metrics::registry("neuron-node");
-    let settings = NeuronSettings {
+    scraper_of(NeuronSettings {
         sysfs_root: tree.root().to_path_buf(),
         class_root: tree.class_root().to_path_buf(),
         instance_type: tree.instance.ec2_type.into(),
         logical_nc_config,
         ..NeuronSettings::default()
-    };
+    })
+}
+
+fn scraper_of(settings: NeuronSettings) -> impl Fn() -> String {
+    let registry = mlnode_agent::metrics::registry("neuron-node");
     let collector = NeuronCollector::new(
         settings,
         SharedAssignments::default(),
@@ -802,4 +805,20 @@ fn the_agent_serves_neuron_series_with_pod_labels_on_logical_cores() {
         .find(|l| l.starts_with("mlnode_neuron_core_info{") && l.contains("neuroncore=\"11\""))
         .unwrap();
     assert!(!core11.contains("pod="), "{core11}");
+}
+
+/// The Inferentia/Trainium devices the kernel lists on the PCI bus are counted beside the
+/// driver's: on a trn2.48xlarge-shaped tree both are 16 (the NIC on the bus is none of them).
+#[test]
+fn neuron_devices_on_the_pci_bus_are_counted() {
+    let tree = NeuronTree::new(common::neuron::TRN2_48XLARGE);
+    let scrape = scraper_of(NeuronSettings {
+        sysfs_root: tree.root().to_path_buf(),
+        class_root: tree.class_root().to_path_buf(),
+        pci_devices: tree.pci_devices(),
+        ..NeuronSettings::default()
+    });
+    let m = scrape();
+    assert_eq!(sample(&m, "mlnode_neuron_pci_devices", &[]), Some(16.0));
+    assert_eq!(sample(&m, "mlnode_neuron_device_count", &[]), Some(16.0));
 }

@@ -22,7 +22,8 @@ use crate::config::{LogicalNcConfig, NeuronSettings};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
 use crate::metrics::family::{descs, with_label, Families, FamilySpec, Labels};
 
-const FAMILIES: [FamilySpec; 20] = [
+const FAMILIES: [FamilySpec; 21] = [
+    ("mlnode_neuron_pci_devices", "Inferentia/Trainium devices (Amazon vendor 0x1d0f, the device ids the Neuron driver binds) the kernel lists on the PCI bus; compare with mlnode_neuron_device_count, the driver's.", MetricType::GAUGE),
     ("mlnode_neuron_device_info", "A Neuron device the driver reports; always 1. Labels: chip family, device version, serial number, logical and physical core counts.", MetricType::GAUGE),
     ("mlnode_neuron_core_info", "A physical NeuronCore and the logical NeuronCore it belongs to; always 1.", MetricType::GAUGE),
     ("mlnode_neuron_core_utilization_ratio", "Fraction of tensor-engine cycles busy (matmul or weight load) since the previous scrape, per logical NeuronCore; live.", MetricType::GAUGE),
@@ -215,6 +216,10 @@ impl Collector for NeuronCollector {
             &[],
             snapshot.devices.len() as f64,
         );
+        if let Ok(bus) = crate::pci::scan(&self.settings.pci_devices, crate::pci::is_neuron_device)
+        {
+            out.gauge("mlnode_neuron_pci_devices", &[], bus.devices.len() as f64);
+        }
         // neuron-monitor's view of the node, gathered only where its names are exported.
         let mut view = self.settings.monitor_names.then(|| monitor_names::View {
             devices: snapshot.devices.len() as u32,

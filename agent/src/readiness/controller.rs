@@ -78,7 +78,8 @@ impl ReadinessMetrics {
 pub struct Sources {
     pub models: Vec<Arc<ModelState>>,
     pub gpu: Option<Arc<Mutex<GpuState>>>,
-    pub neuron_root: Option<PathBuf>,
+    /// The Neuron driver's sysfs tree and the PCI devices directory, where the collector runs.
+    pub neuron: Option<(PathBuf, PathBuf)>,
     /// Collectors required (`enabled: true`) but not running, with why.
     pub missing_collectors: Vec<String>,
     /// Where the controller says whether our taint is on the node (the verifiers' priority).
@@ -225,9 +226,12 @@ impl Controller {
             facts.gpu_problems = assessment.problems;
             facts.memory = memory::trailer(&self.boot_id, &assessment.held);
         }
-        if let Some(root) = &self.sources.neuron_root {
+        if let Some((root, pci_devices)) = &self.sources.neuron {
             let ecc = crate::neuron::sysfs::read_ecc(root);
             facts.neuron_devices = ecc.len();
+            facts.neuron_pci_devices = crate::pci::scan(pci_devices, crate::pci::is_neuron_device)
+                .ok()
+                .map(|bus| bus.devices.len());
             let raw: BTreeMap<u32, u64> = ecc
                 .iter()
                 .map(|(&index, hardware)| {

@@ -111,6 +111,9 @@ pub struct AcceleratorFacts {
     pub gpu_problems: Vec<Problem>,
     /// Uncorrected ECC events since the agent started, per Neuron device index.
     pub neuron_uncorrected_ecc: BTreeMap<u32, u64>,
+    /// Inferentia/Trainium devices on the PCI bus, where the bus could be read: more than the
+    /// driver lists (`neuron_devices`) is a device it did not bring up.
+    pub neuron_pci_devices: Option<usize>,
     pub gpus: usize,
     pub neuron_devices: usize,
     /// What the condition's message must carry for a restarted agent (`memory::trailer`): kept
@@ -128,6 +131,18 @@ pub fn accelerator_gate(facts: &AcceleratorFacts) -> Gate {
     }
     for problem in &facts.gpu_problems {
         problems.push((problem.reason.as_str(), problem.message.clone()));
+    }
+    if let Some(on_bus) = facts
+        .neuron_pci_devices
+        .filter(|&n| n > facts.neuron_devices)
+    {
+        problems.push((
+            "NeuronDeviceCountMismatch",
+            format!(
+                "the PCI bus has {on_bus} Inferentia/Trainium device(s) and the Neuron driver lists {}",
+                facts.neuron_devices
+            ),
+        ));
     }
     for (device, count) in &facts.neuron_uncorrected_ecc {
         if *count > 0 {
@@ -252,6 +267,27 @@ mod tests {
             (healthy.ok, healthy.reason.as_str()),
             (true, "AcceleratorsHealthy")
         );
+    }
+
+    /// A device on the bus the Neuron driver did not bring up fails the gate; an unreadable bus
+    /// (None) and an equal count do not.
+    #[test]
+    fn a_neuron_device_the_driver_does_not_list_fails_it() {
+        let facts = |on_bus| AcceleratorFacts {
+            neuron_devices: 15,
+            neuron_pci_devices: on_bus,
+            ..Default::default()
+        };
+        let gate = accelerator_gate(&facts(Some(16)));
+        assert_eq!(
+            (gate.ok, gate.reason.as_str()),
+            (false, "NeuronDeviceCountMismatch")
+        );
+        assert!(gate
+            .message
+            .contains("16 Inferentia/Trainium device(s) and the Neuron driver lists 15"));
+        assert!(accelerator_gate(&facts(Some(15))).ok);
+        assert!(accelerator_gate(&facts(None)).ok);
     }
 
     #[test]

@@ -340,6 +340,41 @@ impl NeuronTree {
         self.class.path()
     }
 
+    /// The PCI devices directory the kernel would show for this instance's Neuron devices
+    /// (`neuron.pci_devices`), made on the first call: one `0000:bb:00.0` entry per device with
+    /// vendor 0x1d0f and the chip's device id as the driver's `neuron_device.h` (7c0d02c) names it
+    /// (INF1 0x7064, INF2 0x7264, TRN1 0x7164, TRN2 0x7364), `vendor`/`device` as "0x%04x\n" and
+    /// `class` as "0x%06x\n" (linux `drivers/pci/pci-sysfs.c`); plus an ENA NIC, which is none.
+    #[allow(dead_code)] // not every test binary that shares this module needs the bus
+    pub fn pci_devices(&self) -> PathBuf {
+        let root = self.class.path().join("pci-devices");
+        if root.exists() {
+            return root;
+        }
+        let device_id = match self.instance.chip {
+            Chip::Inferentia => "0x7064",
+            Chip::Inferentia2 => "0x7264",
+            Chip::Trainium1 => "0x7164",
+            Chip::Trainium2 => "0x7364",
+        };
+        let entry = |bdf: String, device: &str| {
+            let dir = root.join(bdf);
+            std::fs::create_dir_all(&dir).unwrap();
+            for (file, value) in [
+                ("vendor", "0x1d0f"),
+                ("device", device),
+                ("class", "0x088000"),
+            ] {
+                std::fs::write(dir.join(file), format!("{value}\n")).unwrap();
+            }
+        };
+        for i in 0..self.instance.devices {
+            entry(format!("0000:{:02x}:00.0", 0x10 + i), device_id);
+        }
+        entry("0000:00:05.0".into(), "0xec20");
+        root
+    }
+
     pub fn device(&self, d: u32) -> PathBuf {
         self.root().join(format!("neuron{d}"))
     }
