@@ -201,7 +201,7 @@ impl Layout {
         rel: &str,
         blob: Option<&str>,
     ) -> bool {
-        let (marker, lock) = match self {
+        match self {
             Layout::Plain => {
                 let local_dir = format!(".cache/huggingface/download/{rel}");
                 let marker = [
@@ -210,22 +210,9 @@ impl Layout {
                 ]
                 .iter()
                 .any(|marker| root.exists_nofollow(marker));
-                (marker, root.path().join(format!("{local_dir}.lock")))
+                under_way(&root.path().join(format!("{local_dir}.lock")), marker)
             }
-            Layout::HfRepo { .. } => {
-                let Some(blob) = blob else { return false };
-                let Some(lock) = blob_lock(root, blob) else {
-                    return false;
-                };
-                (!partials.of(root, blob).is_empty(), lock)
-            }
-        };
-        match lock_state(&lock) {
-            // huggingface_hub holds the lock for the whole download and leaves the file behind
-            // when it is done (or dies): only a held lock is a download under way.
-            LockState::Held => true,
-            LockState::Free => false,
-            LockState::Absent => marker,
+            Layout::HfRepo { .. } => blob.is_some_and(|blob| blob_under_way(root, partials, blob)),
         }
     }
 
@@ -271,7 +258,7 @@ impl Layout {
             .map(|blob| UnfinishedDownload {
                 blob: blob.to_string(),
                 partial_files: partials.of(root, blob).to_vec(),
-                under_way: self.download_in_progress(root, partials, "", Some(blob)),
+                under_way: blob_under_way(root, partials, blob),
             })
             .collect()
     }
@@ -302,8 +289,26 @@ fn locks_dir(root: &Root) -> Option<PathBuf> {
     Some(hub.join(".locks").join(repo))
 }
 
-fn blob_lock(root: &Root, blob: &str) -> Option<PathBuf> {
-    Some(locks_dir(root)?.join(format!("{blob}.lock")))
+/// Whether a hub blob's download runs: its lock `<hub>/.locks/<repo>/<blob>.lock` held, or, with no
+/// lock file, a partial file of it in `blobs/`.
+fn blob_under_way(root: &Root, partials: &PartialBlobs, blob: &str) -> bool {
+    locks_dir(root).is_some_and(|dir| {
+        under_way(
+            &dir.join(format!("{blob}.lock")),
+            !partials.of(root, blob).is_empty(),
+        )
+    })
+}
+
+/// huggingface_hub holds a download's lock for the whole download and leaves the file behind when
+/// it is done (or dies): only a held lock is a download under way; without a lock file, a partial
+/// file (`marker`) is taken as one.
+fn under_way(lock: &Path, marker: bool) -> bool {
+    match lock_state(lock) {
+        LockState::Held => true,
+        LockState::Free => false,
+        LockState::Absent => marker,
+    }
 }
 
 /// The partial downloads in a hub cache's `blobs/`, by the blob they are for:

@@ -2,7 +2,7 @@
 //! (`/readyz`, the `ModelCacheVerified` gate) and whether its monitor is alive (`/healthz`). Written
 //! by the model's monitor; a leaf, so readers need not depend on the monitor.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -129,20 +129,22 @@ pub enum Workload {
     AcceleratorPods,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct NodeWorkload(Arc<AtomicU8>);
+#[derive(Clone, Debug)]
+pub struct NodeWorkload(Arc<tokio::sync::watch::Sender<Workload>>);
+
+impl Default for NodeWorkload {
+    fn default() -> Self {
+        NodeWorkload(Arc::new(tokio::sync::watch::Sender::new(Workload::Unknown)))
+    }
+}
 
 impl NodeWorkload {
     pub fn set(&self, workload: Workload) {
-        self.0.store(workload as u8, Ordering::Relaxed);
+        self.0.send_replace(workload);
     }
 
     pub fn get(&self) -> Workload {
-        match self.0.load(Ordering::Relaxed) {
-            x if x == Workload::NoAcceleratorPods as u8 => Workload::NoAcceleratorPods,
-            x if x == Workload::AcceleratorPods as u8 => Workload::AcceleratorPods,
-            _ => Workload::Unknown,
-        }
+        *self.0.borrow()
     }
 }
 

@@ -239,41 +239,29 @@ impl NvmlSource {
         };
         let lib = self.nvml.lib();
         if let Ok(sym) = symbol(&lib.nvmlDeviceGetGpuFabricInfoV) {
-            // SAFETY: a zeroed struct of plain integers, its version set as nvml.h's
-            // NVML_STRUCT_VERSION builds it (size | version << 24); the handle is valid while
-            // `device` lives.
-            let mut v3: nvmlGpuFabricInfo_v3_t = unsafe { std::mem::zeroed() };
-            v3.version = struct_version::<nvmlGpuFabricInfo_v3_t>(3);
-            match nvml_try(unsafe { sym(device.handle(), &mut v3) }) {
-                Ok(()) => {
-                    return Ok(FabricReading {
-                        state: v3.state,
-                        status: v3.status,
-                        health_mask: Some(v3.healthMask),
-                    })
+            // The v2 layout is v3's leading fields: one v3 buffer serves both, its version saying
+            // which layout the driver may fill.
+            for version in [
+                struct_version::<nvmlGpuFabricInfo_v3_t>(3),
+                struct_version::<nvmlGpuFabricInfo_v2_t>(2),
+            ] {
+                // SAFETY: a zeroed struct of plain integers, its version set as nvml.h's
+                // NVML_STRUCT_VERSION builds it (size | version << 24); the driver reads
+                // `version` first and writes no more than that layout; the handle is valid while
+                // `device` lives.
+                let mut info: nvmlGpuFabricInfo_v3_t = unsafe { std::mem::zeroed() };
+                info.version = version;
+                match nvml_try(unsafe { sym(device.handle(), &mut info) }) {
+                    Ok(()) => {
+                        return Ok(FabricReading {
+                            state: info.state,
+                            status: info.status,
+                            health_mask: Some(info.healthMask),
+                        })
+                    }
+                    Err(e) if !is_older_driver(&e) => return Err(e),
+                    Err(_) => {}
                 }
-                Err(e) if !is_older_driver(&e) => return Err(e),
-                Err(_) => {}
-            }
-            // SAFETY: as above; the driver reads `version` first and writes only the v2 layout,
-            // whose fields are v3's leading ones.
-            let mut v2: nvmlGpuFabricInfo_v2_t = unsafe { std::mem::zeroed() };
-            v2.version = struct_version::<nvmlGpuFabricInfo_v2_t>(2);
-            match nvml_try(unsafe {
-                sym(
-                    device.handle(),
-                    (&mut v2 as *mut nvmlGpuFabricInfo_v2_t).cast(),
-                )
-            }) {
-                Ok(()) => {
-                    return Ok(FabricReading {
-                        state: v2.state,
-                        status: v2.status,
-                        health_mask: Some(v2.healthMask),
-                    })
-                }
-                Err(e) if !is_older_driver(&e) => return Err(e),
-                Err(_) => {}
             }
         }
         let sym = symbol(&lib.nvmlDeviceGetGpuFabricInfo)?;

@@ -107,10 +107,9 @@ pub struct Controller {
 struct Memory {
     planner: Planner,
     conditions: BTreeMap<String, NodeCondition>,
-    /// What a previous agent held on this boot, and the operator's clearing time.
+    /// What a previous agent held on this boot (taken back at the first read of the node, which
+    /// sets `since`), and the operator's clearing time.
     carried: Carried,
-    /// The node has been read once, and what it remembered taken back.
-    restored: bool,
     /// The last trouble reading the node's memory, said once.
     memory_trouble: String,
 }
@@ -148,7 +147,6 @@ impl Controller {
             ),
             conditions: BTreeMap::new(),
             carried: Carried::default(),
-            restored: false,
             memory_trouble: String::new(),
         };
         let mut last_error = String::new();
@@ -324,8 +322,7 @@ impl Controller {
             }
             Err(e) => trouble.push(e),
         }
-        if !memory.restored {
-            memory.restored = true;
+        if memory.carried.since.is_none() {
             memory.carried.since = Some(now.0);
             let message = memory
                 .conditions

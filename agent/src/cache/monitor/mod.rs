@@ -71,12 +71,8 @@ pub struct Shared {
 pub struct Monitor {
     model: ModelConfig,
     settings: VerifySettings,
-    hashers: Arc<Hashers>,
-    node: NodeFacts,
-    metrics: Arc<CacheMetrics>,
+    shared: Shared,
     state: Arc<ModelState>,
-    loads: LoadActivity,
-    file_watch: FileWatch,
 }
 
 /// The model's manifest as last loaded, and the digest of its bytes.
@@ -97,12 +93,8 @@ impl Monitor {
         Monitor {
             model,
             settings,
-            hashers: shared.hashers,
-            node: shared.node,
-            metrics: shared.metrics,
+            shared,
             state,
-            loads: shared.loads,
-            file_watch: shared.watch,
         }
     }
 
@@ -170,7 +162,7 @@ impl Monitor {
                                 Ok(watching) => Some(watching),
                                 Err(WatchError { reason, limit }) => {
                                     if limit {
-                                        self.metrics.watch_overflow(&name);
+                                        self.shared.metrics.watch_overflow(&name);
                                     }
                                     tracing::warn!(model_name = %name, error = %reason, rescan_interval = ?UNWATCHED_RESCAN.min(self.settings.full_rescan_interval),
                                         "cannot watch the model cache: it is not continuously verified, only rescanned, until a retry succeeds");
@@ -178,13 +170,13 @@ impl Monitor {
                                 }
                             };
                             root_missing = watch.is_none() && !self.model.root.exists();
-                            self.metrics.watched(&name, watch.is_some());
+                            self.shared.metrics.watched(&name, watch.is_some());
                             self.state.set_watched(watch.is_some());
                             inputs.push_back(Input::Watched(watch.is_some()));
                         }
                         Action::RecordLoad => {
-                            self.loads.record(&name, unix_now());
-                            self.metrics.weight_opened(&name);
+                            self.shared.loads.record(&name, unix_now());
+                            self.shared.metrics.weight_opened(&name);
                         }
                         Action::Verify(todo) => {
                             // Loading a manifest of a million entries takes seconds; SIGTERM must
@@ -256,7 +248,7 @@ impl Monitor {
             Ok(event) => event,
             Err(e) => {
                 if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
-                    self.metrics.watch_overflow(name);
+                    self.shared.metrics.watch_overflow(name);
                 }
                 tracing::warn!(model_name = %name, error = %e, "file watch error; verifying everything");
                 return vec![Input::Work(Work::Full)];
@@ -280,7 +272,7 @@ impl Monitor {
             inputs.push(Input::WeightFileOpened);
         }
         if event.need_rescan() {
-            self.metrics.watch_overflow(name);
+            self.shared.metrics.watch_overflow(name);
             tracing::warn!(model_name = %name, "file-watch queue overflowed; verifying everything");
         }
         match router {
@@ -330,7 +322,7 @@ impl Monitor {
                         if loaded.is_some() {
                             tracing::info!(model_name = %self.model.name, manifest = %self.model.manifest.display(), "manifest changed; verifying everything");
                         }
-                        self.metrics.starting(
+                        self.shared.metrics.starting(
                             &self.model.name,
                             manifest.revision.as_deref(),
                             manifest.files.len(),
@@ -351,7 +343,7 @@ impl Monitor {
                     *loaded = None;
                     *router = None;
                     self.state.set_readiness(Readiness::Failed { reason });
-                    self.metrics.unverifiable(&self.model.name);
+                    self.shared.metrics.unverifiable(&self.model.name);
                     return Err(Outcome::NoManifest);
                 }
             }
@@ -374,23 +366,24 @@ impl Monitor {
             ..self.verify_options()
         };
         if first && self.settings.priority == PrioritySetting::Auto {
-            self.node.taint.known(TAINT_WAIT).await;
+            self.shared.node.taint.known(TAINT_WAIT).await;
         }
         let priority = priority::decide(
             self.settings.priority,
             Situation {
-                node_tainted: self.node.taint.is_present(),
-                workload: self.node.workload.get(),
+                node_tainted: self.shared.node.taint.is_present(),
+                workload: self.shared.node.workload.get(),
                 served: self
+                    .shared
                     .loads
                     .last_open(&self.model.name, 0.0, f64::INFINITY)
                     .is_some(),
             },
         );
-        self.metrics.priority(&self.model.name, priority);
-        let control = Arc::new(self.hashers.control());
+        self.shared.metrics.priority(&self.model.name, priority);
+        let control = Arc::new(self.shared.hashers.control());
         let (pool, root, job_control) = (
-            self.hashers.pool(priority),
+            self.shared.hashers.pool(priority),
             self.model.root.clone(),
             control.clone(),
         );
@@ -433,13 +426,13 @@ impl Monitor {
     ) -> Outcome {
         let name = &self.model.name;
         let kind = job.kind;
-        self.metrics.throttled(name, job.control.throttled());
+        self.shared.metrics.throttled(name, job.control.throttled());
         let partial = match outcome {
             Ok(partial) => partial,
             Err(reason) => {
                 tracing::error!(model_name = %name, error = %reason, "cannot verify the model cache");
                 self.state.set_readiness(Readiness::Failed { reason });
-                self.metrics.unverifiable(name);
+                self.shared.metrics.unverifiable(name);
                 *report = None;
                 return Outcome::Failed;
             }
@@ -459,7 +452,9 @@ impl Monitor {
         if kind == VerifyKind::Full {
             *router = Some(self.router(loaded.manifest.clone(), &current));
         }
-        self.metrics.observe(name, &current, kind, hashed, seconds);
+        self.shared
+            .metrics
+            .observe(name, &current, kind, hashed, seconds);
         log_result(name, &current, job, hashed, seconds);
         self.state.set_readiness(if current.is_verified() {
             Readiness::Verified {
@@ -518,7 +513,7 @@ impl Monitor {
             path: manifest_dir(&self.model.manifest),
             recursive: false,
         });
-        let subscription = self.file_watch.subscribe(paths, tx)?;
+        let subscription = self.shared.watch.subscribe(paths, tx)?;
         Ok((subscription, identity))
     }
 }
