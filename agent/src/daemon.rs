@@ -12,11 +12,14 @@ use crate::cache::priority::Hashers;
 use crate::cache::state::{ModelState, NodeFacts, NodeTaint};
 use crate::cache::watch::FileWatch;
 use crate::config::{Config, Toggle};
+use crate::gpu::health::GpuHealth;
 use crate::gpu::GpuRuntime;
+use crate::health::HealthSource;
 use crate::kubelet::dra::DraSlices;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
 use crate::metrics::{AgentMetrics, Collector};
 use crate::neuron;
+use crate::neuron::health::NeuronHealth;
 use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::server::{self, AppState};
 use crate::startup::loads::LoadActivity;
@@ -143,6 +146,28 @@ async fn kube_client() -> Result<kube::Client, String> {
     kube::Client::try_from(config).map_err(|e| format!("cannot build a Kubernetes client: {e}"))
 }
 
+/// The accelerator collectors whose reports the readiness gate combines.
+fn health_sources(
+    config: &Config,
+    gpu: Option<&GpuRuntime>,
+    neuron_running: bool,
+) -> Vec<Box<dyn HealthSource>> {
+    let mut sources: Vec<Box<dyn HealthSource>> = Vec::new();
+    if let Some(gpu) = gpu {
+        sources.push(Box::new(GpuHealth {
+            state: gpu.state.clone(),
+            policy: config.readiness.fatal_xids.policy(),
+        }));
+    }
+    if neuron_running {
+        sources.push(Box::new(NeuronHealth::new(
+            config.neuron.sysfs_root.clone(),
+            config.neuron.pci_devices.clone(),
+        )));
+    }
+    sources
+}
+
 /// Starts the readiness controller where it can talk to the API server.
 #[allow(clippy::too_many_arguments)]
 async fn start_readiness(
@@ -184,13 +209,7 @@ async fn start_readiness(
     }
     let sources = Sources {
         models: models.to_vec(),
-        gpu: gpu.map(|g| g.state.clone()),
-        neuron: neuron_running.then(|| {
-            (
-                config.neuron.sysfs_root.clone(),
-                config.neuron.pci_devices.clone(),
-            )
-        }),
+        health: health_sources(config, gpu, neuron_running),
         missing_collectors: missing,
         node_taint: node_taint.clone(),
     };

@@ -9,6 +9,7 @@ pub mod config;
 pub mod daemon;
 pub mod files;
 pub mod gpu;
+pub mod health;
 pub mod kubelet;
 pub mod metrics;
 pub mod neuron;

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::FabricReading;
+use crate::health::{Carried, DeviceKind, HealthSource, Problem, Report};
 
 /// `nvmlDeviceGpuRecoveryAction_t` (nvml.h 13.3: NONE 0 to RECOVER_IMEX_DOMAIN 5; NVML's change log
 /// for v615 adds BUS_RESET 6 and SYSTEM_REBOOT 7): the value, the series' `action` label, the gate's
@@ -122,50 +123,34 @@ impl XidPolicy {
     }
 }
 
-/// One reason a GPU (or the collector) is not fit to serve: the gate's reason and its message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    pub reason: String,
-    pub message: String,
+/// The GPU collector as a [`HealthSource`]: its state, judged by the XID policy.
+pub struct GpuHealth {
+    pub state: std::sync::Arc<std::sync::Mutex<GpuState>>,
+    pub policy: XidPolicy,
 }
 
-fn problem(reason: &str, message: String) -> Problem {
-    Problem {
-        reason: reason.to_string(),
-        message,
+impl HealthSource for GpuHealth {
+    fn report(&mut self, carried: &Carried, now: Instant) -> Report {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        assess(&state, &self.policy, carried, now)
     }
-}
-
-/// What outlives the collector's own memory: XIDs a previous agent held on this boot, per GPU
-/// UUID, taken as seen when this agent started (`since`); and the instant before which an operator
-/// cleared every held fault.
-#[derive(Clone, Debug, Default)]
-pub struct Carried {
-    pub since: Option<Instant>,
-    pub xids: BTreeMap<String, BTreeSet<u64>>,
-    pub cleared_before: Option<Instant>,
 }
 
 /// The health facts of every GPU: the problems (none: healthy), and the XIDs that hold each GPU
 /// (by UUID), which the readiness controller writes down so that a restarted agent keeps them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Assessment {
-    pub problems: Vec<Problem>,
-    pub held: BTreeMap<String, BTreeSet<u64>>,
-}
-
-pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Instant) -> Assessment {
-    let mut assessment = Assessment::default();
+pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Instant) -> Report {
+    let mut assessment = Report::new(DeviceKind::Gpu);
+    assessment.devices = state.gpus.len();
     let problems = &mut assessment.problems;
     if let Some(reason) = &state.failing {
-        problems.push(problem(
+        problems.push(Problem::new(
             "CollectorUnavailable",
             format!("nvml stopped answering: {reason}"),
         ));
     }
     // A fixed message: one with the growing age would rewrite the condition every round.
     if state.stalled_for(now).is_some() {
-        problems.push(problem(
+        problems.push(Problem::new(
             "CollectorUnavailable",
             format!(
                 "nvml has not finished reading the GPUs within {} s: a call is hanging in the driver",
@@ -187,10 +172,9 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Inst
     // A GPU a previous agent held that NVML does not list now still holds the node.
     let cleared = carried
         .since
-        .zip(carried.cleared_before)
-        .is_some_and(|(since, cleared)| since <= cleared);
+        .is_some_and(|since| !carried.outlives_clearing(since));
     for (uuid, xids) in carried
-        .xids
+        .faults
         .iter()
         .filter(|(u, _)| !listed.contains(u.as_str()))
     {
@@ -198,7 +182,7 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Inst
             continue;
         }
         let xids: Vec<String> = xids.iter().map(u64::to_string).collect();
-        problems.push(problem(
+        problems.push(Problem::new(
             "FatalXID",
             format!(
                 "{uuid}, not listed by NVML now, reported XID {} before this agent started on this boot",
@@ -207,7 +191,7 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Inst
         ));
         assessment
             .held
-            .insert(uuid.clone(), carried.xids[uuid].clone());
+            .insert(uuid.clone(), carried.faults[uuid].clone());
     }
     assessment
 }
@@ -246,7 +230,7 @@ fn count_mismatch(state: &GpuState) -> Option<Problem> {
             bus.devices.len()
         ));
     }
-    (!said.is_empty()).then(|| problem("GPUCountMismatch", said.join("; ")))
+    (!said.is_empty()).then(|| Problem::new("GPUCountMismatch", said.join("; ")))
 }
 
 fn assess_gpu(
@@ -263,13 +247,13 @@ fn assess_gpu(
     let mut problems = Vec::new();
     match entry.failure {
         Some(GpuFailure::Lost) => {
-            problems.push(problem("GPULost", format!("{name} fell off the bus")))
+            problems.push(Problem::new("GPULost", format!("{name} fell off the bus")))
         }
-        Some(GpuFailure::ResetRequired) => problems.push(problem(
+        Some(GpuFailure::ResetRequired) => problems.push(Problem::new(
             "GPUResetRequired",
             format!("{name} needs a reset (NVML: reset required)"),
         )),
-        Some(other) => problems.push(problem(
+        Some(other) => problems.push(Problem::new(
             "GPUUnreadable",
             format!("{name} cannot be read (NVML: {})", other.as_str()),
         )),
@@ -278,11 +262,11 @@ fn assess_gpu(
     let action = entry.reading.as_ref().and_then(|r| r.recovery_action);
     if let Some(value) = action.filter(|&v| v != 0) {
         problems.push(match RECOVERY_ACTIONS.iter().find(|(v, ..)| *v == value) {
-            Some((_, _, reason, words)) => problem(
+            Some((_, _, reason, words)) => Problem::new(
                 reason,
                 format!("the driver asks for {words} of {name} (NVML recovery action {value})"),
             ),
-            None => problem(
+            None => Problem::new(
                 "UnknownRecoveryAction",
                 format!("the driver asks for recovery action {value} of {name}, newer than this agent knows: treated as unfit"),
             ),
@@ -290,14 +274,14 @@ fn assess_gpu(
     }
     if let Some(fabric) = entry.reading.as_ref().and_then(|r| r.fabric) {
         match fabric.state {
-            FabricReading::NOT_STARTED | FabricReading::IN_PROGRESS => problems.push(problem(
+            FabricReading::NOT_STARTED | FabricReading::IN_PROGRESS => problems.push(Problem::new(
                 "FabricNotReady",
                 format!(
                     "{name} is not registered with the NVLink fabric yet (state {}): CUDA fails on it until Fabric Manager completes",
                     if fabric.state == FabricReading::NOT_STARTED { "not started" } else { "in progress" }
                 ),
             )),
-            FabricReading::COMPLETED if fabric.status != 0 => problems.push(problem(
+            FabricReading::COMPLETED if fabric.status != 0 => problems.push(Problem::new(
                 "FabricFailed",
                 format!(
                     "{name}'s NVLink fabric registration completed with error {} (an nvmlReturn_t)",
@@ -320,16 +304,14 @@ fn assess_gpu(
     // one started; the later sighting counts.
     let mut seen: BTreeMap<u64, Instant> = entry.xid_last_seen.clone();
     if let (Some(uuid), Some(since)) = (entry.identity.as_ref().map(|i| &i.uuid), carried.since) {
-        for &xid in carried.xids.get(uuid).into_iter().flatten() {
+        for &xid in carried.faults.get(uuid).into_iter().flatten() {
             seen.entry(xid).or_insert(since);
         }
     }
     let held: BTreeSet<u64> = seen
         .iter()
         .filter(|(&xid, &at)| {
-            policy.holds(xid)
-                && !cleared_by_driver(xid, at)
-                && carried.cleared_before.is_none_or(|cleared| at > cleared)
+            policy.holds(xid) && !cleared_by_driver(xid, at) && carried.outlives_clearing(at)
         })
         .map(|(&xid, _)| xid)
         .collect();
@@ -341,7 +323,7 @@ fn assess_gpu(
         })
         .collect();
     if !holding.is_empty() {
-        problems.push(problem(
+        problems.push(Problem::new(
             "FatalXID",
             format!(
                 "{name} reported XID {}, which NVIDIA's catalog says needs the GPU reset or the machine restarted",
@@ -609,7 +591,7 @@ mod tests {
         let mut state = state(t0);
         let mut carried = Carried {
             since: Some(t0),
-            xids: [
+            faults: [
                 ("GPU-aaaa".to_string(), [46].into()),
                 ("GPU-gone".to_string(), [79].into()),
             ]
@@ -628,7 +610,7 @@ mod tests {
             .message
             .contains("GPU-gone, not listed by NVML now"));
         assert_eq!(
-            assessment.held, carried.xids,
+            assessment.held, carried.faults,
             "carried on to the next agent"
         );
 

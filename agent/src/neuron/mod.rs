@@ -10,6 +10,7 @@
 pub mod collector;
 pub mod cores;
 pub mod counters;
+pub mod health;
 pub mod monitor_input;
 pub mod monitor_names;
 pub mod sysfs;

@@ -4,8 +4,7 @@
 //! and wait is decided by [`super::plan::Planner`]; this task talks to the API server.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Taint};
@@ -14,14 +13,13 @@ use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::gates::{self, AcceleratorFacts, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
+use super::gates::{self, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
 use super::memory;
 use super::node::{conditions_patch, differs, has_taint, own_conditions, taint_patch};
 use super::plan::Planner;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::ReadinessSettings;
-use crate::gpu::health::{Carried, XidPolicy};
-use crate::gpu::state::GpuState;
+use crate::health::{Carried, HealthSource};
 use crate::metrics::{AgentMetrics, Collector};
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
@@ -77,9 +75,8 @@ impl ReadinessMetrics {
 /// Where the gates' facts come from.
 pub struct Sources {
     pub models: Vec<Arc<ModelState>>,
-    pub gpu: Option<Arc<Mutex<GpuState>>>,
-    /// The Neuron driver's sysfs tree and the PCI devices directory, where the collector runs.
-    pub neuron: Option<(PathBuf, PathBuf)>,
+    /// The accelerator collectors that run.
+    pub health: Vec<Box<dyn HealthSource>>,
     /// Collectors required (`enabled: true`) but not running, with why.
     pub missing_collectors: Vec<String>,
     /// Where the controller says whether our taint is on the node (the verifiers' priority).
@@ -92,7 +89,6 @@ pub struct Controller {
     node_name: String,
     settings: ReadinessSettings,
     taint: Option<Taint>,
-    xid_policy: XidPolicy,
     /// This boot's id (`/proc/sys/kernel/random/boot_id`): what the held XIDs written into
     /// `AcceleratorHealthy` are tied to.
     boot_id: String,
@@ -127,7 +123,6 @@ impl Controller {
         Controller {
             nodes: Api::all(client.clone()),
             events: Api::namespaced(client, "default"),
-            xid_policy: settings.fatal_xids.policy(),
             boot_id: read_boot_id(&settings.boot_id_file),
             node_name,
             settings,
@@ -138,7 +133,7 @@ impl Controller {
         }
     }
 
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let mut memory = Memory {
             planner: Planner::new(
                 self.settings.interval,
@@ -197,7 +192,7 @@ impl Controller {
         Ok(())
     }
 
-    fn gates(&self, memory: &mut Memory) -> Vec<Gate> {
+    fn gates(&mut self, memory: &mut Memory) -> Vec<Gate> {
         let models: Vec<gates::ModelFacts> = self
             .sources
             .models
@@ -208,50 +203,21 @@ impl Controller {
                 watched: m.is_watched(),
             })
             .collect();
-        let mut facts = AcceleratorFacts {
-            missing_collectors: self.sources.missing_collectors.clone(),
-            ..Default::default()
-        };
-        if let Some(gpu) = &self.sources.gpu {
-            let state = gpu.lock().unwrap_or_else(|p| p.into_inner());
-            facts.gpus = state.gpus.len();
-            let assessment = crate::gpu::health::assess(
-                &state,
-                &self.xid_policy,
-                &memory.carried,
-                Instant::now(),
-            );
-            facts.gpu_problems = assessment.problems;
-            facts.memory = memory::trailer(&self.boot_id, &assessment.held);
-        }
-        if let Some((root, pci_devices)) = &self.sources.neuron {
-            let ecc = crate::neuron::sysfs::read_ecc(root);
-            facts.neuron_devices = ecc.len();
-            facts.neuron_pci_devices = crate::pci::scan(pci_devices, crate::pci::is_neuron_device)
-                .ok()
-                .map(|bus| bus.devices.len());
-            let raw: BTreeMap<u32, u64> = ecc
-                .iter()
-                .map(|(&index, hardware)| {
-                    (
-                        index,
-                        // Repairable included: a pending HBM repair needs a reboot to apply.
-                        [
-                            "mem_ecc_uncorrected",
-                            "mem_ecc_repairable_uncorrected",
-                            "sram_ecc_uncorrected",
-                        ]
-                        .iter()
-                        .filter_map(|e| hardware.get(*e))
-                        .sum(),
-                    )
-                })
-                .collect();
-            facts.neuron_uncorrected_ecc = memory.planner.new_uncorrected_ecc(&raw);
-        }
+        let now = Instant::now();
+        let reports: Vec<_> = self
+            .sources
+            .health
+            .iter_mut()
+            .map(|source| source.report(&memory.carried, now))
+            .collect();
+        let held: crate::health::HeldFaults = reports.iter().flat_map(|r| r.held.clone()).collect();
         vec![
             gates::model_cache_gate(&models),
-            gates::accelerator_gate(&facts),
+            gates::accelerator_gate(
+                &self.sources.missing_collectors,
+                &reports,
+                &memory::trailer(&self.boot_id, &held),
+            ),
         ]
     }
 
@@ -332,7 +298,7 @@ impl Controller {
             match memory::parse(message) {
                 Ok(Some((boot, held))) if boot == self.boot_id => {
                     tracing::warn!(node = %self.node_name, held = ?held, "keeping the XIDs the previous agent held on this boot: the GPUs stay unhealthy until the driver clears them, the node reboots, or an operator clears them");
-                    memory.carried.xids = held;
+                    memory.carried.faults = held;
                 }
                 Ok(Some((boot, _))) => {
                     tracing::info!(node = %self.node_name, previous_boot = %boot, "the held XIDs in AcceleratorHealthy are from an earlier boot: the reboot cleared them");

@@ -1,10 +1,8 @@
 //! The gates, as plain data decided from what the agent knows. Positive polarity: True is good, so
 //! a node-readiness-controller rule (`requiredStatus: True`) or an alert uses them as they are.
 
-use std::collections::BTreeMap;
-
 use crate::cache::state::Readiness;
-use crate::gpu::health::Problem;
+use crate::health::{DeviceKind, Report};
 
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
 pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
@@ -102,61 +100,34 @@ pub fn model_cache_gate(models: &[ModelFacts]) -> Gate {
     }
 }
 
-/// What the accelerator collectors report, reduced to what the gate needs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AcceleratorFacts {
-    /// A collector that should be there (`enabled: true`) but is not: name and why.
-    pub missing_collectors: Vec<String>,
-    /// What the GPU collector found unfit, its verdicts already made ([`crate::gpu::health`]).
-    pub gpu_problems: Vec<Problem>,
-    /// Uncorrected ECC events since the agent started, per Neuron device index.
-    pub neuron_uncorrected_ecc: BTreeMap<u32, u64>,
-    /// Inferentia/Trainium devices on the PCI bus, where the bus could be read: more than the
-    /// driver lists (`neuron_devices`) is a device it did not bring up.
-    pub neuron_pci_devices: Option<usize>,
-    pub gpus: usize,
-    pub neuron_devices: usize,
-    /// What the condition's message must carry for a restarted agent (`memory::trailer`): kept
-    /// whole, after the readable part.
-    pub memory: String,
-}
-
-/// `AcceleratorHealthy`: every required collector running, no GPU problem (the driver's recovery
-/// action, a held XID, a lost or unreadable GPU, a silent NVML), no uncorrected Neuron ECC since
-/// the agent started. The first problem's reason is the condition's; every message is kept.
-pub fn accelerator_gate(facts: &AcceleratorFacts) -> Gate {
-    let mut problems: Vec<(&str, String)> = Vec::new();
-    for reason in &facts.missing_collectors {
-        problems.push(("CollectorUnavailable", reason.clone()));
-    }
-    for problem in &facts.gpu_problems {
-        problems.push((problem.reason.as_str(), problem.message.clone()));
-    }
-    if let Some(on_bus) = facts
-        .neuron_pci_devices
-        .filter(|&n| n > facts.neuron_devices)
-    {
-        problems.push((
-            "NeuronDeviceCountMismatch",
-            format!(
-                "the PCI bus has {on_bus} Inferentia/Trainium device(s) and the Neuron driver lists {}",
-                facts.neuron_devices
-            ),
-        ));
-    }
-    for (device, count) in &facts.neuron_uncorrected_ecc {
-        if *count > 0 {
-            problems.push((
-                "NeuronUncorrectedECC",
-                format!("Neuron device {device}: {count} uncorrected ECC error(s)"),
-            ));
-        }
-    }
+/// `AcceleratorHealthy` from every accelerator collector's report ([`crate::health`]): each
+/// required collector running and no device problem. The first problem's reason is the
+/// condition's; every message is kept. `memory` is what the message must carry for a restarted
+/// agent (`memory::trailer`): kept whole, after the readable part.
+pub fn accelerator_gate(missing_collectors: &[String], reports: &[Report], memory: &str) -> Gate {
+    let problems: Vec<(&str, &str)> = missing_collectors
+        .iter()
+        .map(|why| ("CollectorUnavailable", why.as_str()))
+        .chain(
+            reports
+                .iter()
+                .flat_map(|r| &r.problems)
+                .map(|p| (p.reason.as_str(), p.message.as_str())),
+        )
+        .collect();
+    let count = |kind| -> usize {
+        reports
+            .iter()
+            .filter(|r| r.kind == kind)
+            .map(|r| r.devices)
+            .sum()
+    };
+    let (gpus, neuron_devices) = (count(DeviceKind::Gpu), count(DeviceKind::Neuron));
     let gate = |ok, reason: &str, message: String| Gate {
         condition_type: ACCELERATOR_HEALTHY,
         ok,
         reason: reason.into(),
-        message: truncate(message) + &facts.memory,
+        message: truncate(message) + memory,
     };
     match problems.first() {
         Some((reason, _)) => gate(
@@ -164,11 +135,11 @@ pub fn accelerator_gate(facts: &AcceleratorFacts) -> Gate {
             reason,
             problems
                 .iter()
-                .map(|(_, m)| m.as_str())
+                .map(|(_, m)| *m)
                 .collect::<Vec<_>>()
                 .join("; "),
         ),
-        None if facts.gpus + facts.neuron_devices == 0 => gate(
+        None if gpus + neuron_devices == 0 => gate(
             true,
             "NoAcceleratorsMonitored",
             "no GPU or Neuron device is monitored on this node".into(),
@@ -176,10 +147,7 @@ pub fn accelerator_gate(facts: &AcceleratorFacts) -> Gate {
         None => gate(
             true,
             "AcceleratorsHealthy",
-            format!(
-                "{} GPU(s), {} Neuron device(s) healthy",
-                facts.gpus, facts.neuron_devices
-            ),
+            format!("{gpus} GPU(s), {neuron_devices} Neuron device(s) healthy"),
         ),
     }
 }
@@ -237,81 +205,94 @@ mod tests {
         );
     }
 
+    fn report(kind: DeviceKind, devices: usize, problems: &[(&str, &str)]) -> Report {
+        Report {
+            devices,
+            problems: problems
+                .iter()
+                .map(|(reason, message)| crate::health::Problem::new(reason, message.to_string()))
+                .collect(),
+            ..Report::new(kind)
+        }
+    }
+
     #[test]
     fn the_first_problem_names_the_condition_and_every_one_is_said() {
-        let facts = AcceleratorFacts {
-            gpus: 8,
-            gpu_problems: vec![
-                Problem {
-                    reason: "GPUResetRequired".into(),
-                    message: "the driver asks for a GPU reset of GPU 5".into(),
-                },
-                Problem {
-                    reason: "FatalXID".into(),
-                    message: "GPU 5 reported XID 79".into(),
-                },
-            ],
-            ..Default::default()
-        };
-        let gate = accelerator_gate(&facts);
+        let reports = [
+            report(
+                DeviceKind::Gpu,
+                8,
+                &[
+                    (
+                        "GPUResetRequired",
+                        "the driver asks for a GPU reset of GPU 5",
+                    ),
+                    ("FatalXID", "GPU 5 reported XID 79"),
+                ],
+            ),
+            report(
+                DeviceKind::Neuron,
+                16,
+                &[(
+                    "NeuronUncorrectedECC",
+                    "Neuron device 4: 1 uncorrected ECC error(s)",
+                )],
+            ),
+        ];
+        let gate = accelerator_gate(&[], &reports, "");
         assert_eq!((gate.ok, gate.reason.as_str()), (false, "GPUResetRequired"));
         assert_eq!(
             gate.message,
-            "the driver asks for a GPU reset of GPU 5; GPU 5 reported XID 79"
+            "the driver asks for a GPU reset of GPU 5; GPU 5 reported XID 79; Neuron device 4: 1 uncorrected ECC error(s)"
         );
-        let healthy = accelerator_gate(&AcceleratorFacts {
-            gpus: 8,
-            ..Default::default()
-        });
+        let healthy = accelerator_gate(
+            &[],
+            &[
+                report(DeviceKind::Gpu, 8, &[]),
+                report(DeviceKind::Neuron, 16, &[]),
+            ],
+            "",
+        );
         assert_eq!(
-            (healthy.ok, healthy.reason.as_str()),
-            (true, "AcceleratorsHealthy")
+            (
+                healthy.ok,
+                healthy.reason.as_str(),
+                healthy.message.as_str()
+            ),
+            (
+                true,
+                "AcceleratorsHealthy",
+                "8 GPU(s), 16 Neuron device(s) healthy"
+            )
+        );
+        assert_eq!(
+            accelerator_gate(&[], &[], "").reason,
+            "NoAcceleratorsMonitored"
         );
     }
 
-    /// A device on the bus the Neuron driver did not bring up fails the gate; an unreadable bus
-    /// (None) and an equal count do not.
+    /// A required collector that is not running fails the gate before any device problem; the
+    /// memory trailer is kept whole however long the readable part is.
     #[test]
-    fn a_neuron_device_the_driver_does_not_list_fails_it() {
-        let facts = |on_bus| AcceleratorFacts {
-            neuron_devices: 15,
-            neuron_pci_devices: on_bus,
-            ..Default::default()
-        };
-        let gate = accelerator_gate(&facts(Some(16)));
+    fn missing_collectors_fail_it_and_the_memory_is_kept_whole() {
+        let missing = ["nvml: cannot load libnvidia-ml.so.1".to_string()];
+        let gate = accelerator_gate(&missing, &[report(DeviceKind::Gpu, 0, &[])], "");
         assert_eq!(
             (gate.ok, gate.reason.as_str()),
-            (false, "NeuronDeviceCountMismatch")
+            (false, "CollectorUnavailable")
         );
-        assert!(gate
-            .message
-            .contains("16 Inferentia/Trainium device(s) and the Neuron driver lists 15"));
-        assert!(accelerator_gate(&facts(Some(15))).ok);
-        assert!(accelerator_gate(&facts(None)).ok);
-    }
-
-    #[test]
-    fn neuron_ecc_and_missing_collectors_fail_it() {
-        let ecc = AcceleratorFacts {
-            neuron_devices: 12,
-            neuron_uncorrected_ecc: [(4, 1)].into(),
-            ..Default::default()
-        };
-        let gate = accelerator_gate(&ecc);
-        assert_eq!(
-            (gate.ok, gate.reason.as_str()),
-            (false, "NeuronUncorrectedECC")
-        );
-        let missing = AcceleratorFacts {
-            missing_collectors: vec!["nvml: cannot load libnvidia-ml.so.1".into()],
-            ..Default::default()
-        };
-        assert!(!accelerator_gate(&missing).ok);
-        let long = AcceleratorFacts {
-            neuron_devices: 600,
-            neuron_uncorrected_ecc: (0..600).map(|d| (d, 1)).collect(),
-            ..Default::default()
-        };
-        assert!(accelerator_gate(&long).message.len() <= MESSAGE_LIMIT + 4);
+        let many: Vec<(String, String)> = (0..600)
+            .map(|d| {
+                (
+                    "NeuronUncorrectedECC".into(),
+                    format!("Neuron device {d}: 1 uncorrected ECC error(s)"),
+                )
+            })
+            .collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(r, m)| (r.as_str(), m.as_str())).collect();
+        let trailer = " [mlnode-agent: boot 3f2b; held GPU-a=79]";
+        let gate = accelerator_gate(&[], &[report(DeviceKind::Neuron, 600, &many)], trailer);
+        assert!(gate.message.len() <= MESSAGE_LIMIT + 4 + trailer.len());
+        assert!(gate.message.ends_with(trailer));
     }
 }

@@ -7,8 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
-/// Held XIDs per GPU UUID.
-pub type HeldXids = BTreeMap<String, BTreeSet<u64>>;
+use crate::health::HeldFaults as HeldXids;
 
 const OPEN: &str = " [mlnode-agent: boot ";
 const HELD: &str = "; held ";

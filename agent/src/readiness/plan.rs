@@ -1,15 +1,12 @@
 //! The readiness loop's decisions as a pure function of what the controller has seen and when:
 //! whether the node must be read first, whether the conditions are written (a change, or the
-//! heartbeat), where the startup taint should be, how long to wait before the next round (the
-//! interval, or a doubling back-off after an API error), and how many uncorrected Neuron ECC errors
-//! are new since the agent started. `controller.rs` only talks to the API server; every rule here is
-//! tested on made-up instants.
+//! heartbeat), where the startup taint should be, and how long to wait before the next round (the
+//! interval, or a doubling back-off after an API error). `controller.rs` only talks to the API
+//! server; every rule here is tested on made-up instants.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::config::TaintMode;
-use crate::neuron::counters::Rises;
 
 /// The longest wait after repeated API errors.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -27,7 +24,6 @@ pub struct Planner {
     taint_present: Option<bool>,
     taint_removed_once: bool,
     backoff: Duration,
-    ecc: Rises<u32>,
 }
 
 impl Planner {
@@ -41,7 +37,6 @@ impl Planner {
             taint_present: None,
             taint_removed_once: false,
             backoff: FIRST_BACKOFF,
-            ecc: Rises::default(),
         }
     }
 
@@ -97,16 +92,6 @@ impl Planner {
         let wait = self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         wait
-    }
-
-    /// Uncorrected ECC errors per Neuron device since the agent started: the sum of the rises of
-    /// the firmware's count. The count is a register snapshot, not a counter: on Trn2 errors move
-    /// between the repairable and unrepairable counts as the HBM repair state changes, and a count
-    /// can go down; a fall lowers the baseline, never the errors already seen.
-    pub fn new_uncorrected_ecc(&mut self, raw: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
-        raw.iter()
-            .map(|(&device, &count)| (device, self.ecc.observe(device, count)))
-            .collect()
     }
 }
 
@@ -190,31 +175,5 @@ mod tests {
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
         assert_eq!(planner.round_done(true), INTERVAL);
         assert_eq!(planner.round_done(false).as_secs(), 1);
-    }
-
-    #[test]
-    fn only_ecc_rises_after_the_start_count_and_a_fall_neither_hides_nor_adds_errors() {
-        let mut planner = Planner::new(INTERVAL, HEARTBEAT, None);
-        let counts = |pairs: &[(u32, u64)]| pairs.iter().copied().collect::<BTreeMap<_, _>>();
-        assert_eq!(
-            planner.new_uncorrected_ecc(&counts(&[(0, 5), (1, 0)])),
-            counts(&[(0, 0), (1, 0)]),
-            "errors from before the start are history"
-        );
-        assert_eq!(
-            planner.new_uncorrected_ecc(&counts(&[(0, 6), (1, 0)])),
-            counts(&[(0, 1), (1, 0)])
-        );
-        // The count falls (an HBM repair-state change moved errors out of the summed kinds),
-        // then rises by two: three seen in all, not 0 and not an offset-inflated 9.
-        assert_eq!(
-            planner.new_uncorrected_ecc(&counts(&[(0, 2), (1, 0)])),
-            counts(&[(0, 1), (1, 0)]),
-            "a fall is no new error"
-        );
-        assert_eq!(
-            planner.new_uncorrected_ecc(&counts(&[(0, 4), (1, 0)])),
-            counts(&[(0, 3), (1, 0)])
-        );
     }
 }

@@ -1,0 +1,142 @@
+//! What the Neuron collector reports of its devices' health ([`crate::health`]): every
+//! Inferentia/Trainium device on the PCI bus listed by the driver, and no uncorrected ECC error
+//! since the agent started. [`assess`] is a pure function of the readings; [`NeuronHealth`] reads
+//! them (a few files per device, not the whole tree) and keeps the ECC baselines.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::counters::Rises;
+use crate::health::{Carried, DeviceKind, HealthSource, Problem, Report};
+
+/// The firmware's counts that mean data was lost. Repairable included: a pending HBM repair needs
+/// a reboot to apply.
+const UNCORRECTED: [&str; 3] = [
+    "mem_ecc_uncorrected",
+    "mem_ecc_repairable_uncorrected",
+    "sram_ecc_uncorrected",
+];
+
+/// The Neuron driver's sysfs tree and the PCI devices directory, read at each report.
+pub struct NeuronHealth {
+    pub root: PathBuf,
+    pub pci_devices: PathBuf,
+    ecc: Rises<u32>,
+}
+
+impl NeuronHealth {
+    pub fn new(root: PathBuf, pci_devices: PathBuf) -> NeuronHealth {
+        NeuronHealth {
+            root,
+            pci_devices,
+            ecc: Rises::default(),
+        }
+    }
+}
+
+impl HealthSource for NeuronHealth {
+    fn report(&mut self, _carried: &Carried, _now: Instant) -> Report {
+        let hardware = super::sysfs::read_ecc(&self.root);
+        let on_bus = crate::pci::scan(&self.pci_devices, crate::pci::is_neuron_device)
+            .ok()
+            .map(|bus| bus.devices.len());
+        assess(&hardware, on_bus, &mut self.ecc)
+    }
+}
+
+/// The report from each device's `stats/hardware` counts (by device index) and the number of
+/// Inferentia/Trainium devices on the PCI bus (None: the bus could not be read). The counts are
+/// register snapshots, not counters: on Trn2 errors move between the repairable and unrepairable
+/// counts as the HBM repair state changes, and a count can go down. `ecc` sums the rises since the
+/// agent started; a fall lowers the baseline, never the errors already seen, and errors from before
+/// the start are history.
+pub fn assess(
+    hardware: &BTreeMap<u32, BTreeMap<String, u64>>,
+    on_bus: Option<usize>,
+    ecc: &mut Rises<u32>,
+) -> Report {
+    let mut report = Report::new(DeviceKind::Neuron);
+    report.devices = hardware.len();
+    if let Some(on_bus) = on_bus.filter(|&n| n > hardware.len()) {
+        report.problems.push(Problem::new(
+            "NeuronDeviceCountMismatch",
+            format!(
+                "the PCI bus has {on_bus} Inferentia/Trainium device(s) and the Neuron driver lists {}",
+                hardware.len()
+            ),
+        ));
+    }
+    for (&device, counts) in hardware {
+        let now: u64 = UNCORRECTED.iter().filter_map(|e| counts.get(*e)).sum();
+        let since_start = ecc.observe(device, now);
+        if since_start > 0 {
+            report.problems.push(Problem::new(
+                "NeuronUncorrectedECC",
+                format!("Neuron device {device}: {since_start} uncorrected ECC error(s)"),
+            ));
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devices(counts: &[(u32, u64)]) -> BTreeMap<u32, BTreeMap<String, u64>> {
+        counts
+            .iter()
+            .map(|&(device, count)| {
+                let hardware = [
+                    ("mem_ecc_uncorrected".to_string(), count),
+                    ("mem_ecc_corrected".to_string(), 1000),
+                ];
+                (device, hardware.into())
+            })
+            .collect()
+    }
+
+    fn reasons(report: &Report) -> Vec<&str> {
+        report.problems.iter().map(|p| p.reason.as_str()).collect()
+    }
+
+    /// Errors from before the start are history; a fall (an HBM repair-state change moved errors
+    /// out of the summed kinds) neither hides errors seen nor adds any; corrected ones never count.
+    #[test]
+    fn only_uncorrected_rises_after_the_start_count() {
+        let mut ecc = Rises::default();
+        let first = assess(&devices(&[(0, 5), (1, 0)]), Some(2), &mut ecc);
+        assert_eq!((first.devices, reasons(&first).len()), (2, 0));
+        let report = assess(&devices(&[(0, 6), (1, 0)]), Some(2), &mut ecc);
+        assert_eq!(reasons(&report), ["NeuronUncorrectedECC"]);
+        assert_eq!(
+            report.problems[0].message,
+            "Neuron device 0: 1 uncorrected ECC error(s)"
+        );
+        assess(&devices(&[(0, 2), (1, 0)]), Some(2), &mut ecc);
+        let report = assess(&devices(&[(0, 4), (1, 0)]), Some(2), &mut ecc);
+        assert_eq!(
+            report.problems[0].message,
+            "Neuron device 0: 3 uncorrected ECC error(s)"
+        );
+    }
+
+    /// A device on the bus the driver did not bring up is a problem; an unreadable bus (None) and
+    /// an equal count are not.
+    #[test]
+    fn a_device_the_driver_does_not_list_is_missed() {
+        let listed = devices(&(0..15).map(|d| (d, 0)).collect::<Vec<_>>());
+        let report = assess(&listed, Some(16), &mut Rises::default());
+        assert_eq!(reasons(&report), ["NeuronDeviceCountMismatch"]);
+        assert!(report.problems[0]
+            .message
+            .contains("16 Inferentia/Trainium device(s) and the Neuron driver lists 15"));
+        assert!(assess(&listed, Some(15), &mut Rises::default())
+            .problems
+            .is_empty());
+        assert!(assess(&listed, None, &mut Rises::default())
+            .problems
+            .is_empty());
+    }
+}
