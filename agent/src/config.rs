@@ -526,6 +526,26 @@ pub struct ReadinessSettings {
     /// The kernel's boot id: held XIDs written into `AcceleratorHealthy` are kept by a restarted
     /// agent on the same boot, and cleared by a new one.
     pub boot_id_file: PathBuf,
+    /// Also write the condition a node-repair engine acts on; off by default.
+    pub repair_condition: Option<RepairCondition>,
+}
+
+/// `readiness.repair_condition`: a condition type that node-repair engines replace or reboot a
+/// node on, written beside `AcceleratorHealthy` with the engine's polarity (False: repair).
+/// Karpenter's AWS provider (`RepairPolicies`, False for 10 min) and EKS node auto repair (Replace
+/// or Reboot after 10 min) act on `AcceleratedHardwareReady`, the type eks-node-monitoring-agent
+/// writes; docs/readiness.md has the sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub enum RepairCondition {
+    AcceleratedHardwareReady,
+}
+
+impl RepairCondition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairCondition::AcceleratedHardwareReady => "AcceleratedHardwareReady",
+        }
+    }
 }
 
 impl Default for ReadinessSettings {
@@ -538,6 +558,7 @@ impl Default for ReadinessSettings {
             interval: Duration::from_secs(10),
             heartbeat: Duration::from_secs(300),
             boot_id_file: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+            repair_condition: None,
         }
     }
 }
@@ -1444,6 +1465,32 @@ mod tests {
                 "{xids}: {message}"
             );
         }
+    }
+
+    /// The one type repair engines act on for accelerators, by its exact name; anything else is
+    /// refused naming the key and the accepted value.
+    #[test]
+    fn the_repair_condition_is_the_one_engines_act_on() {
+        let with = |value: &str| {
+            from_yaml(
+                &format!("{ONE_MODEL}readiness:\n  repair_condition: {value}\n"),
+                &[],
+            )
+        };
+        assert_eq!(
+            with("AcceleratedHardwareReady")
+                .unwrap()
+                .readiness
+                .repair_condition,
+            Some(RepairCondition::AcceleratedHardwareReady)
+        );
+        assert_eq!(with("null").unwrap().readiness.repair_condition, None);
+        let message = with("AcceleratorHealthy").unwrap_err().to_string();
+        assert!(
+            message.contains("readiness.repair_condition")
+                && message.contains("AcceleratedHardwareReady"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -184,3 +184,42 @@ fn requests_from_anyone_else_are_not_this_policys_business() {
         Ok(())
     );
 }
+
+/// components/repair-condition lets the agent write `AcceleratedHardwareReady` too, and sets the
+/// setting that makes it; without the component the policy denies that type, and the kubelet's
+/// conditions stay denied either way.
+#[test]
+fn the_repair_condition_component_allows_exactly_that_type_more() {
+    let objects = common::kustomize::render_with("overlays/gpu", &["components/repair-condition"])
+        .unwrap_or_else(|reason| panic!("kustomize (kubectl) is needed: {reason}"));
+    let with_component = common::kustomize::find(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "mlnode-agent-own-node",
+    );
+    let old = node();
+    let mut repair = node();
+    repair["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "AcceleratedHardwareReady", "status": "False", "reason": "GPUResetRequired"}));
+    let status = || request(AGENT, Some(NODE), "status");
+    assert_eq!(
+        common::admission::admit(with_component, status(), &old, &repair),
+        Ok(())
+    );
+    assert!(admit(status(), &old, &repair)
+        .unwrap_err()
+        .contains("own condition types"));
+    let mut ready = node();
+    ready["status"]["conditions"][0]["status"] = json!("False");
+    assert!(common::admission::admit(with_component, status(), &old, &ready).is_err());
+
+    let ds = common::kustomize::find(&objects, "DaemonSet", "mlnode-agent");
+    let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    assert!(env.contains(
+        &json!({"name": "MLNODE_READINESS__REPAIR_CONDITION", "value": "AcceleratedHardwareReady"})
+    ));
+}

@@ -243,6 +243,7 @@ fn every_component_renders_valid_objects() {
         &["components/servicemonitor", "components/prometheus-release"],
         &["components/non-root"],
         &["components/mig-monitor"],
+        &["components/repair-condition"],
     ] {
         let Some(objects) = render("overlays/gpu", components) else {
             return;
@@ -313,4 +314,86 @@ fn the_shipped_config_is_valid_for_the_agent() {
     .unwrap();
     mlnode_agent::config::load(Some(&dir.path().join("config.yaml")), &[])
         .unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn yaml_file(path: &Path) -> serde_json::Value {
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// deploy/examples/node-readiness-rule.yaml passes node-readiness-controller's own CRD (v0.5.0,
+/// tests/fixtures/SOURCES) as the API server would enforce it on create, names the agent's
+/// conditions as the agent writes them, and keeps to the CRD's taint rules; the checker refuses
+/// what the CRD refuses (a key with two '/', a wrong effect, an unknown field) and passes the
+/// project's own example.
+#[test]
+fn the_node_readiness_rule_example_is_valid_for_node_readiness_controller() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let fixtures = root.join("tests/fixtures/node-readiness-controller");
+    let crd = yaml_file(&fixtures.join("readiness.node.x-k8s.io_nodereadinessrules.yaml"));
+    let schema = common::crd::schema(&crd, "v1alpha1");
+    let rule = yaml_file(&root.join("deploy/examples/node-readiness-rule.yaml"));
+    assert_eq!(
+        rule["apiVersion"],
+        format!("{}/v1alpha1", crd["spec"]["group"].as_str().unwrap())
+    );
+    assert_eq!(rule["kind"], crd["spec"]["names"]["kind"]);
+    assert_eq!(common::crd::violations(schema, &rule), Vec::<String>::new());
+    let types: Vec<&str> = rule["spec"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["ModelCacheVerified", "AcceleratorHealthy"]);
+    assert!(rule["spec"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["requiredStatus"] == "True"));
+
+    let control = yaml_file(&fixtures.join("problem-gate-rule.yaml"));
+    assert_eq!(
+        common::crd::violations(schema, &control),
+        Vec::<String>::new()
+    );
+    for (field, value, says) in [
+        (
+            "/spec/taint/key",
+            serde_json::json!("readiness.k8s.io/example.com/mlnode"),
+            "exactly one '/'",
+        ),
+        (
+            "/spec/taint/key",
+            serde_json::json!("mlnode.dev/not-ready"),
+            "must start with 'readiness.k8s.io/'",
+        ),
+        (
+            "/spec/taint/effect",
+            serde_json::json!("Sometimes"),
+            "taint effect must be one of",
+        ),
+        (
+            "/spec/enforcementMode",
+            serde_json::json!("always"),
+            "is not one of",
+        ),
+        ("/spec/conditions", serde_json::json!([]), "minItems"),
+        (
+            "/spec/conditions/0/requiredStatus",
+            serde_json::json!(true),
+            "must be of type",
+        ),
+    ] {
+        let mut broken = rule.clone();
+        *broken.pointer_mut(field).unwrap() = value;
+        let found = common::crd::violations(schema, &broken);
+        assert!(found.iter().any(|v| v.contains(says)), "{field}: {found:?}");
+    }
+    let mut unknown = rule.clone();
+    unknown["spec"]["taints"] = serde_json::json!([]);
+    assert_eq!(
+        common::crd::violations(schema, &unknown),
+        [".spec.taints: unknown field"]
+    );
 }

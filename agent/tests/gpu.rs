@@ -1292,9 +1292,19 @@ fn start_with_readiness(scenario: &Scenario) -> (Agent, common::kube::FakeApiSer
 
 /// The agent with the GPU collector and readiness against `api`, reading its boot id from `boot_id`.
 fn start_against(scenario: &Scenario, api: &common::kube::FakeApiServer, boot_id: &Path) -> Agent {
+    start_configured(scenario, api, boot_id, "")
+}
+
+/// [`start_against`], with more `readiness` settings (YAML lines indented by two spaces).
+fn start_configured(
+    scenario: &Scenario,
+    api: &common::kube::FakeApiServer,
+    boot_id: &Path,
+    readiness: &str,
+) -> Agent {
     Agent::start_with_env(
         &format!(
-            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  expected_gpus: {}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n",
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  expected_gpus: {}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n{readiness}",
             fake_nvml().display().to_string(),
             scenario.pci_devices().display().to_string(),
             scenario.value["devices"].as_array().unwrap().len(),
@@ -1313,15 +1323,25 @@ fn wait_condition(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
+    wait_condition_of("AcceleratorHealthy", agent, api, what, check)
+}
+
+fn wait_condition_of(
+    kind: &str,
+    agent: &Agent,
+    api: &common::kube::FakeApiServer,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
     let started = std::time::Instant::now();
     loop {
-        let condition = api.condition("AcceleratorHealthy");
+        let condition = api.condition(kind);
         if check(&condition) {
             return condition;
         }
         assert!(
             started.elapsed() < Duration::from_secs(20),
-            "{what}: AcceleratorHealthy is {condition}\n{}",
+            "{what}: {kind} is {condition}\n{}",
             agent.log()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -1636,4 +1656,108 @@ fn a_held_fault_outlives_an_agent_restart_until_the_node_reboots_or_an_operator_
         "{}",
         agent.log()
     );
+}
+
+const REPAIR: &str = "  repair_condition: AcceleratedHardwareReady\n";
+
+/// With `readiness.repair_condition`, the agent also writes `AcceleratedHardwareReady`, the type
+/// Karpenter's AWS RepairPolicies and EKS node auto repair act on, with their polarity: False while
+/// the driver asks for a reset (the engine replaces the node after 10 minutes of it), True again
+/// when it says NONE. It is written under the agent's field manager, and carries no memory trailer.
+#[test]
+fn the_repair_condition_hands_a_faulty_gpu_to_the_repair_engines() {
+    let mut scenario = Scenario::new(2);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let boot_id = Path::new("/proc/sys/kernel/random/boot_id");
+    let agent = start_configured(&scenario, &api, boot_id, REPAIR);
+    let repair = |what, check: &dyn Fn(&Value) -> bool| {
+        wait_condition_of("AcceleratedHardwareReady", &agent, &api, what, check)
+    };
+    let healthy = repair("healthy at start", &|c| c["status"] == "True");
+    assert_eq!(healthy["reason"], "AcceleratorsHealthy");
+    let owner = api.node()["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| {
+            e.pointer("/fieldsV1/f:status/f:conditions")
+                .and_then(Value::as_object)
+                .is_some_and(|c| c.contains_key(r#"k:{"type":"AcceleratedHardwareReady"}"#))
+        })
+        .map(|e| e["manager"].clone());
+    assert_eq!(
+        owner,
+        Some(json!("mlnode-agent")),
+        "written as mlnode-agent"
+    );
+
+    scenario.set(1, "recovery_action", json!(1));
+    let faulty = repair("reset required", &|c| c["status"] == "False");
+    assert_eq!(faulty["reason"], "GPUResetRequired");
+    assert!(
+        faulty["message"].as_str().unwrap().contains("GPU 1 (")
+            && !faulty["message"]
+                .as_str()
+                .unwrap()
+                .contains("[mlnode-agent:"),
+        "{faulty}"
+    );
+    assert_eq!(
+        api.condition("AcceleratorHealthy")["reason"],
+        "GPUResetRequired"
+    );
+    scenario.set(1, "recovery_action", json!(0));
+    repair("NONE again", &|c| c["status"] == "True");
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_readiness_repair_condition_refused",
+            &[]
+        ),
+        Some(0.0)
+    );
+}
+
+/// Where another writer owns `AcceleratedHardwareReady` (eks-node-monitoring-agent, whose ready
+/// reason and message are those of its cmd/eks-node-monitoring-agent/main.go), the agent never takes
+/// it over: it says why in the log and a Node event, exports the refusal, and keeps writing its own
+/// conditions; the other writer's condition is left exactly as it was.
+#[test]
+fn a_repair_condition_another_writer_owns_is_never_taken_over() {
+    let mut scenario = Scenario::new(2);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let theirs = json!({"type": "AcceleratedHardwareReady", "status": "True", "reason": "NvidiaGPUIsReady",
+        "message": "Monitoring for the Nvidia GPU system is active",
+        "lastHeartbeatTime": "2026-11-30T03:58:00Z", "lastTransitionTime": "2026-11-30T03:51:00Z"});
+    api.write_condition_as("eks-node-monitoring-agent", theirs.clone());
+    let boot_id = Path::new("/proc/sys/kernel/random/boot_id");
+    let agent = start_configured(&scenario, &api, boot_id, REPAIR);
+    agent.wait_for("the refusal", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_readiness_repair_condition_refused", &[]) == Some(1.0)
+    });
+    scenario.set(1, "recovery_action", json!(1));
+    wait_condition(&agent, &api, "reset required", |c| {
+        c["reason"] == "GPUResetRequired"
+    });
+    wait_rounds_of_readiness(&agent, 2.0);
+    assert_eq!(api.condition("AcceleratedHardwareReady"), theirs);
+    let requests = api.requests();
+    assert!(
+        !requests.iter().any(|r| r.path.ends_with("/status")
+            && r.body.to_string().contains("AcceleratedHardwareReady")),
+        "never written"
+    );
+    let refusal = requests
+        .iter()
+        .find(|r| r.body["reason"] == "RepairConditionRefused")
+        .unwrap_or_else(|| panic!("no RepairConditionRefused event\n{}", agent.log()));
+    assert!(
+        refusal.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("written by eks-node-monitoring-agent"),
+        "{}",
+        refusal.body
+    );
+    assert!(agent.log().contains("does not take it over"));
 }

@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::gates::{self, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
 use super::memory;
-use super::node::{conditions_patch, differs, has_taint, own_conditions, taint_patch};
+use super::node::{
+    conditions_patch, differs, has_taint, other_writer, own_conditions, taint_patch, FIELD_MANAGER,
+};
 use super::plan::Planner;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::ReadinessSettings;
@@ -32,6 +34,7 @@ pub struct ReadinessMetrics {
     gate: IntGaugeVec,
     updates: IntCounterVec,
     memory_errors: prometheus::IntCounter,
+    repair_refused: prometheus::IntGauge,
 }
 
 impl ReadinessMetrics {
@@ -54,7 +57,12 @@ impl ReadinessMetrics {
             "mlnode_readiness_memory_errors_total",
             "Reads of the node whose remembered faults (AcceleratorHealthy's message) or clearing annotation could not be parsed; the live facts decide then.",
         )?;
+        let repair_refused = prometheus::IntGauge::new(
+            "mlnode_readiness_repair_condition_refused",
+            "1 while readiness.repair_condition is set and another writer (its field manager) owns that node condition, so the agent does not write it.",
+        )?;
         registry.register(Box::new(gate.clone()))?;
+        registry.register(Box::new(repair_refused.clone()))?;
         registry.register(Box::new(updates.clone()))?;
         registry.register(Box::new(memory_errors.clone()))?;
         for result in ["written", "skipped", "error"] {
@@ -64,6 +72,7 @@ impl ReadinessMetrics {
             gate,
             updates,
             memory_errors,
+            repair_refused,
         })
     }
 
@@ -108,6 +117,9 @@ struct Memory {
     carried: Carried,
     /// The last trouble reading the node's memory, said once.
     memory_trouble: String,
+    /// Who else writes the repair condition, as the node last showed it, and as last said.
+    repair_writer: Option<String>,
+    repair_writer_said: Option<String>,
 }
 
 impl Controller {
@@ -143,6 +155,8 @@ impl Controller {
             conditions: BTreeMap::new(),
             carried: Carried::default(),
             memory_trouble: String::new(),
+            repair_writer: None,
+            repair_writer_said: None,
         };
         let mut last_error = String::new();
         loop {
@@ -152,7 +166,7 @@ impl Controller {
                 Ok(()) => {
                     let gates = self.gates(&mut memory);
                     for gate in &gates {
-                        self.metrics.set_gate(gate.condition_type, gate.ok);
+                        self.metrics.set_gate(gate.condition_type, gate.ok());
                     }
                     self.sync(&gates, &mut memory).await
                 }
@@ -211,17 +225,59 @@ impl Controller {
             .map(|source| source.report(&memory.carried, now))
             .collect();
         let held: crate::health::HeldFaults = reports.iter().flat_map(|r| r.held.clone()).collect();
-        vec![
+        let missing = &self.sources.missing_collectors;
+        let mut gates = vec![
             gates::model_cache_gate(&models),
-            gates::accelerator_gate(
-                &self.sources.missing_collectors,
-                &reports,
-                &memory::trailer(&self.boot_id, &held),
-            ),
-        ]
+            gates::accelerator_gate(missing, &reports, &memory::trailer(&self.boot_id, &held)),
+        ];
+        if let Some(repair) = self.settings.repair_condition {
+            gates.push(gates::repair_gate(repair.as_str(), missing, &reports));
+        }
+        gates
     }
 
-    async fn sync(&self, gates: &[Gate], memory: &mut Memory) -> Result<(), kube::Error> {
+    /// The condition types this agent writes: its own, and the repair condition when set.
+    fn own_types(&self) -> Vec<&'static str> {
+        let repair = self.settings.repair_condition.map(|r| r.as_str());
+        OWN_TYPES.iter().copied().chain(repair).collect()
+    }
+
+    /// Says once, in the log and as a Node event, when another writer takes the repair condition
+    /// or leaves it: never run two writers of one condition (docs/readiness.md).
+    async fn say_repair_writer(&self, memory: &mut Memory) {
+        if memory.repair_writer == memory.repair_writer_said {
+            return;
+        }
+        memory.repair_writer_said = memory.repair_writer.clone();
+        self.metrics
+            .repair_refused
+            .set(i64::from(memory.repair_writer.is_some()));
+        let condition = self.settings.repair_condition.map_or("", |r| r.as_str());
+        match &memory.repair_writer {
+            Some(writer) => {
+                let message = format!("{condition} is written by {writer}, not by mlnode-agent: the agent does not take it over (two writers would overwrite each other's verdicts). Remove readiness.repair_condition, or stop {writer} writing it");
+                tracing::warn!(node = %self.node_name, condition, writer = %writer, "{message}");
+                self.event("Warning", "RepairConditionRefused", &message)
+                    .await;
+            }
+            None => {
+                tracing::info!(node = %self.node_name, condition, "no other writer owns the repair condition now: writing it")
+            }
+        }
+    }
+
+    async fn sync(&self, all: &[Gate], memory: &mut Memory) -> Result<(), kube::Error> {
+        self.say_repair_writer(memory).await;
+        let refused = self
+            .settings
+            .repair_condition
+            .filter(|_| memory.repair_writer.is_some())
+            .map(|r| r.as_str());
+        let gates: Vec<Gate> = all
+            .iter()
+            .filter(|g| Some(g.condition_type) != refused)
+            .cloned()
+            .collect();
         let current = memory.conditions.clone();
         let changed: Vec<&Gate> = gates
             .iter()
@@ -234,14 +290,10 @@ impl Controller {
             self.metrics.updates.with_label_values(&["skipped"]).inc();
         } else {
             let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-            let body = conditions_patch(gates, &current, &now);
+            let body = conditions_patch(&gates, &current, &now);
             let node = self
                 .nodes
-                .patch_status(
-                    &self.node_name,
-                    &PatchParams::default(),
-                    &Patch::Strategic(body),
-                )
+                .patch_status(&self.node_name, &as_agent(), &Patch::Strategic(body))
                 .await?;
             self.metrics.updates.with_label_values(&["written"]).inc();
             // The write answers with the whole node: its taints as they are now, whoever changed
@@ -250,8 +302,8 @@ impl Controller {
             self.saw_node(memory, &node);
             memory.planner.wrote_conditions(Instant::now());
             for gate in changed {
-                tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.ok, reason = %gate.reason, message = %gate.message, "node condition changed");
-                let kind = if gate.ok { "Normal" } else { "Warning" };
+                tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.status.as_str(), reason = %gate.reason, message = %gate.message, "node condition changed");
+                let kind = if gate.ok() { "Normal" } else { "Warning" };
                 self.event(
                     kind,
                     &gate.reason,
@@ -260,13 +312,17 @@ impl Controller {
                 .await;
             }
         }
-        self.sync_taint(gates.iter().all(|g| g.ok), memory).await
+        self.sync_taint(all.iter().all(Gate::ok), memory).await
     }
 
     /// Remembers the node's copy of our conditions and whether it has our taint, and tells the
     /// verifiers (their priority).
     fn saw_node(&self, memory: &mut Memory, node: &Node) {
-        memory.conditions = own_conditions(node, &OWN_TYPES);
+        memory.conditions = own_conditions(node, &self.own_types());
+        memory.repair_writer = self
+            .settings
+            .repair_condition
+            .and_then(|r| other_writer(node, r.as_str()));
         self.take_memory(memory, node);
         let present = self.taint.as_ref().map(|t| has_taint(node, t));
         memory.planner.saw_node(present);
@@ -332,11 +388,7 @@ impl Controller {
                 serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
             match self
                 .nodes
-                .patch(
-                    &self.node_name,
-                    &PatchParams::default(),
-                    &Patch::Json::<()>(patch),
-                )
+                .patch(&self.node_name, &as_agent(), &Patch::Json::<()>(patch))
                 .await
             {
                 Ok(_) => break,
@@ -388,6 +440,15 @@ impl Controller {
         if let Err(e) = self.events.create(&PostParams::default(), &event).await {
             tracing::warn!(error = %e, reason, "cannot post a Node event");
         }
+    }
+}
+
+/// Every write carries the agent's field manager, so the node's managed fields say which
+/// conditions are the agent's ([`other_writer`]).
+fn as_agent() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
     }
 }
 

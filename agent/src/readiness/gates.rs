@@ -7,15 +7,47 @@ use crate::health::{DeviceKind, Report};
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
 pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
 
+/// A condition's status. Unknown, as Kubernetes means it: the agent cannot tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    pub fn of(ok: bool) -> Status {
+        if ok {
+            Status::True
+        } else {
+            Status::False
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::True => "True",
+            Status::False => "False",
+            Status::Unknown => "Unknown",
+        }
+    }
+}
+
 /// A node condition's content, without times (the controller adds those).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gate {
     pub condition_type: &'static str,
-    pub ok: bool,
+    pub status: Status,
     /// CamelCase, as Kubernetes reasons are.
     pub reason: String,
     /// Short: what failed and where.
     pub message: String,
+}
+
+impl Gate {
+    pub fn ok(&self) -> bool {
+        self.status == Status::True
+    }
 }
 
 /// Kubernetes caps a condition message at 32 KiB; kubectl shows one line. Keep it readable.
@@ -94,7 +126,7 @@ pub fn model_cache_gate(models: &[ModelFacts]) -> Gate {
     };
     Gate {
         condition_type: MODEL_CACHE_VERIFIED,
-        ok,
+        status: Status::of(ok),
         reason: reason.into(),
         message: truncate(message),
     }
@@ -125,7 +157,7 @@ pub fn accelerator_gate(missing_collectors: &[String], reports: &[Report], memor
     let (gpus, neuron_devices) = (count(DeviceKind::Gpu), count(DeviceKind::Neuron));
     let gate = |ok, reason: &str, message: String| Gate {
         condition_type: ACCELERATOR_HEALTHY,
-        ok,
+        status: Status::of(ok),
         reason: reason.into(),
         message: truncate(message) + memory,
     };
@@ -149,6 +181,30 @@ pub fn accelerator_gate(missing_collectors: &[String], reports: &[Report], memor
             "AcceleratorsHealthy",
             format!("{gpus} GPU(s), {neuron_devices} Neuron device(s) healthy"),
         ),
+    }
+}
+
+/// The condition a node-repair engine acts on (`readiness.repair_condition`), with its polarity:
+/// True while the accelerators are healthy, False while a device is at fault (the engine replaces
+/// or reboots the node once it has been False long enough), Unknown while the only trouble is a
+/// required collector that is not running: a fault of the agent's install, which replacing the node
+/// would not mend. Reason and message are `AcceleratorHealthy`'s, without what the agent remembers.
+pub fn repair_gate(
+    condition_type: &'static str,
+    missing_collectors: &[String],
+    reports: &[Report],
+) -> Gate {
+    let health = accelerator_gate(missing_collectors, reports, "");
+    let device_fault = reports.iter().any(|r| !r.problems.is_empty());
+    let status = match health.status {
+        Status::True => Status::True,
+        _ if device_fault => Status::False,
+        _ => Status::Unknown,
+    };
+    Gate {
+        condition_type,
+        status,
+        ..health
     }
 }
 
@@ -176,16 +232,16 @@ mod tests {
             ),
         ];
         let gate = model_cache_gate(&models);
-        assert!(!gate.ok);
+        assert!(!gate.ok());
         assert_eq!(gate.reason, "ModelCacheNotVerified");
         assert_eq!(gate.message, "mistral: model.safetensors digest_mismatch");
         let gate = model_cache_gate(&[model("llama", Readiness::Starting)]);
         assert_eq!(
-            (gate.ok, gate.reason.as_str()),
+            (gate.ok(), gate.reason.as_str()),
             (false, "VerificationInProgress"),
             "never a premature True"
         );
-        assert!(model_cache_gate(&[model("llama", Readiness::Verified { revision: None })]).ok);
+        assert!(model_cache_gate(&[model("llama", Readiness::Verified { revision: None })]).ok());
     }
 
     #[test]
@@ -196,7 +252,7 @@ mod tests {
             model("llama", Readiness::Verified { revision: None }),
             unwatched,
         ]);
-        assert!(gate.ok, "its last verdict stands");
+        assert!(gate.ok(), "its last verdict stands");
         assert_eq!(gate.reason, "AllModelCachesVerified");
         assert!(
             gate.message.ends_with("not continuously verified (their files cannot be watched, so changes are only found by rescans): mistral"),
@@ -240,7 +296,10 @@ mod tests {
             ),
         ];
         let gate = accelerator_gate(&[], &reports, "");
-        assert_eq!((gate.ok, gate.reason.as_str()), (false, "GPUResetRequired"));
+        assert_eq!(
+            (gate.ok(), gate.reason.as_str()),
+            (false, "GPUResetRequired")
+        );
         assert_eq!(
             gate.message,
             "the driver asks for a GPU reset of GPU 5; GPU 5 reported XID 79; Neuron device 4: 1 uncorrected ECC error(s)"
@@ -255,7 +314,7 @@ mod tests {
         );
         assert_eq!(
             (
-                healthy.ok,
+                healthy.ok(),
                 healthy.reason.as_str(),
                 healthy.message.as_str()
             ),
@@ -278,7 +337,7 @@ mod tests {
         let missing = ["nvml: cannot load libnvidia-ml.so.1".to_string()];
         let gate = accelerator_gate(&missing, &[report(DeviceKind::Gpu, 0, &[])], "");
         assert_eq!(
-            (gate.ok, gate.reason.as_str()),
+            (gate.ok(), gate.reason.as_str()),
             (false, "CollectorUnavailable")
         );
         let many: Vec<(String, String)> = (0..600)
@@ -294,5 +353,42 @@ mod tests {
         let gate = accelerator_gate(&[], &[report(DeviceKind::Neuron, 600, &many)], trailer);
         assert!(gate.message.len() <= MESSAGE_LIMIT + 4 + trailer.len());
         assert!(gate.message.ends_with(trailer));
+    }
+
+    /// The repair condition says False only for a device fault, Unknown when the agent cannot see
+    /// the devices, and True with them healthy; it never carries the agent's memory.
+    #[test]
+    fn the_repair_condition_fails_only_on_a_device_fault() {
+        let gpu = |problems: &[(&str, &str)]| [report(DeviceKind::Gpu, 8, problems)];
+        let missing = ["nvml collector required (nvml.enabled: true) but not running".to_string()];
+        let fault = gpu(&[("FatalXID", "GPU 5 reported XID 79")]);
+        let gate = repair_gate("AcceleratedHardwareReady", &[], &fault);
+        assert_eq!(
+            (
+                gate.condition_type,
+                gate.status,
+                gate.reason.as_str(),
+                gate.message.as_str()
+            ),
+            (
+                "AcceleratedHardwareReady",
+                Status::False,
+                "FatalXID",
+                "GPU 5 reported XID 79"
+            )
+        );
+        assert_eq!(
+            repair_gate("AcceleratedHardwareReady", &missing, &fault).status,
+            Status::False
+        );
+        let unknown = repair_gate("AcceleratedHardwareReady", &missing, &gpu(&[]));
+        assert_eq!(
+            (unknown.status, unknown.reason.as_str()),
+            (Status::Unknown, "CollectorUnavailable")
+        );
+        assert_eq!(
+            repair_gate("AcceleratedHardwareReady", &[], &gpu(&[])).status,
+            Status::True
+        );
     }
 }

@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 use super::gates::Gate;
 use crate::config::TaintSpec;
 
+/// The name the API server records the agent's writes under (`fieldManager`).
+pub const FIELD_MANAGER: &str = "mlnode-agent";
+
 /// The API's form of the configured taint.
 pub fn taint(spec: &TaintSpec) -> Taint {
     Taint {
@@ -46,21 +49,41 @@ pub fn own_conditions(node: &Node, types: &[&str]) -> BTreeMap<String, NodeCondi
         .collect()
 }
 
+/// Another writer of condition `condition_type`, if the node's managed fields name one: the API
+/// server records, per field manager, the fields its writes set (a condition is the key
+/// `k:{"type":"<type>"}` under `f:status` / `f:conditions`), and moves a field to the manager that
+/// last changed it. The agent writes as [`FIELD_MANAGER`]; eks-node-monitoring-agent's writes are
+/// recorded under its own name (the API server takes it from the user agent).
+pub fn other_writer(node: &Node, condition_type: &str) -> Option<String> {
+    let key = format!("k:{}", json!({ "type": condition_type }));
+    node.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| entry.manager.as_deref() != Some(FIELD_MANAGER))
+        .find(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .and_then(|fields| fields.0.pointer("/f:status/f:conditions"))
+                .and_then(Value::as_object)
+                .is_some_and(|conditions| conditions.contains_key(&key))
+        })
+        .map(|entry| {
+            entry
+                .manager
+                .clone()
+                .unwrap_or_else(|| "an unnamed manager".into())
+        })
+}
+
 /// Whether `gate` says something other than the node's current condition of its type.
 pub fn differs(gate: &Gate, current: Option<&NodeCondition>) -> bool {
     current.is_none_or(|c| {
-        c.status != status_word(gate.ok)
+        c.status != gate.status.as_str()
             || c.reason.as_deref() != Some(gate.reason.as_str())
             || c.message.as_deref() != Some(gate.message.as_str())
     })
-}
-
-fn status_word(ok: bool) -> &'static str {
-    if ok {
-        "True"
-    } else {
-        "False"
-    }
 }
 
 /// The strategic-merge patch body for `nodes/<name>/status`. `lastTransitionTime` moves only when
@@ -73,7 +96,7 @@ pub fn conditions_patch(
     let conditions: Vec<Value> = gates
         .iter()
         .map(|gate| {
-            let status = status_word(gate.ok);
+            let status = gate.status.as_str();
             let transition = current
                 .get(gate.condition_type)
                 .filter(|c| c.status == status)
@@ -186,7 +209,7 @@ mod tests {
     fn transition_time_moves_only_on_a_flip() {
         let gate = |ok| Gate {
             condition_type: "ModelCacheVerified",
-            ok,
+            status: crate::readiness::gates::Status::of(ok),
             reason: "R".into(),
             message: "m".into(),
         };
@@ -213,5 +236,38 @@ mod tests {
         );
         assert!(!differs(&gate(true), own.get("ModelCacheVerified")));
         assert!(differs(&gate(false), own.get("ModelCacheVerified")));
+    }
+
+    /// Managed fields as the API server returns them (kubernetes.io/docs/reference/using-api/
+    /// server-side-apply, "Field management"): a condition another manager changed last is its.
+    #[test]
+    fn another_writer_is_found_in_the_managed_fields() {
+        let node = |manager: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n", "managedFields": [
+                {"manager": "kubelet", "operation": "Update", "apiVersion": "v1", "time": "2026-11-30T03:50:00Z",
+                 "fieldsType": "FieldsV1", "subresource": "status",
+                 "fieldsV1": {"f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}}}}}},
+                {"manager": manager, "operation": "Update", "apiVersion": "v1", "time": "2026-11-30T03:55:00Z",
+                 "fieldsType": "FieldsV1", "subresource": "status",
+                 "fieldsV1": {"f:status": {"f:conditions": {"k:{\"type\":\"AcceleratedHardwareReady\"}": {".": {}, "f:status": {}, "f:reason": {}}}}}},
+            ]}}))
+            .unwrap()
+        };
+        assert_eq!(
+            other_writer(
+                &node("eks-node-monitoring-agent"),
+                "AcceleratedHardwareReady"
+            )
+            .as_deref(),
+            Some("eks-node-monitoring-agent")
+        );
+        assert_eq!(
+            other_writer(&node(FIELD_MANAGER), "AcceleratedHardwareReady"),
+            None
+        );
+        assert_eq!(
+            other_writer(&node("eks-node-monitoring-agent"), "AcceleratorHealthy"),
+            None
+        );
     }
 }

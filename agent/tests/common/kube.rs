@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -148,7 +148,7 @@ pub fn gpu_node(name: &str) -> Value {
         json!({"type": t, "status": status, "reason": reason, "message": format!("kubelet: {reason}"),
                "lastHeartbeatTime": heartbeat, "lastTransitionTime": "2026-11-30T03:50:00Z"})
     };
-    json!({
+    let mut node = json!({
         "kind": "Node",
         "apiVersion": "v1",
         "metadata": {
@@ -176,7 +176,18 @@ pub fn gpu_node(name: &str) -> Value {
             "allocatable": {"cpu": "191450m", "memory": "2086000000Ki", "nvidia.com/gpu": "8"},
             "nodeInfo": {"kubeletVersion": "v1.33.4-eks-1234567", "containerRuntimeVersion": "containerd://1.7.27"},
         },
-    })
+    });
+    manage_conditions(
+        &mut node,
+        "kubelet",
+        &[
+            json!("MemoryPressure"),
+            json!("DiskPressure"),
+            json!("PIDPressure"),
+            json!("Ready"),
+        ],
+    );
+    node
 }
 
 /// NVIDIA's DRA driver's ResourceSlice for `node` (tests/fixtures/dra, cited in SOURCES): `gpu-0`
@@ -274,9 +285,76 @@ async fn get_node(State(state): State<Arc<ApiState>>, Path(name): Path<String>) 
     axum::Json(node).into_response()
 }
 
+/// The field manager of a write, as the API server names it: the `fieldManager` parameter, else
+/// the user agent up to its first `/` (k8s.io/apiserver `fieldmanager`, "prefixFromUserAgent").
+fn field_manager(query: Option<&str>, headers: &HeaderMap) -> String {
+    let given = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("fieldManager=").map(str::to_string));
+    given.unwrap_or_else(|| {
+        let agent = headers
+            .get("user-agent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown");
+        agent.split('/').next().unwrap_or(agent).to_string()
+    })
+}
+
+/// Field management of an Update, as the API server keeps `metadata.managedFields`: each condition
+/// the write changed becomes the writer's (key `k:{"type":...}` under `f:status`/`f:conditions`,
+/// in the writer's `subresource: status` entry) and leaves every other manager's set.
+fn manage_conditions(node: &mut Value, manager: &str, changed: &[Value]) {
+    if changed.is_empty() {
+        return;
+    }
+    let keys: Vec<String> = changed
+        .iter()
+        .map(|t| format!("k:{}", json!({ "type": t })))
+        .collect();
+    let fields = json!({".": {}, "f:lastHeartbeatTime": {}, "f:lastTransitionTime": {}, "f:message": {}, "f:reason": {}, "f:status": {}, "f:type": {}});
+    let entries = node["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .entry("managedFields")
+        .or_insert_with(|| json!([]))
+        .as_array_mut()
+        .unwrap();
+    for entry in entries.iter_mut() {
+        if let Some(conditions) = entry
+            .pointer_mut("/fieldsV1/f:status/f:conditions")
+            .and_then(Value::as_object_mut)
+        {
+            for key in &keys {
+                conditions.remove(key);
+            }
+        }
+    }
+    let position = entries
+        .iter()
+        .position(|e| e["manager"] == manager && e["subresource"] == "status");
+    let entry = match position {
+        Some(i) => &mut entries[i],
+        None => {
+            entries.push(json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+                "fieldsType": "FieldsV1", "subresource": "status", "fieldsV1": {"f:status": {"f:conditions": {}}}}));
+            entries.last_mut().unwrap()
+        }
+    };
+    entry["time"] = json!("2026-11-30T04:00:00Z");
+    let conditions = entry
+        .pointer_mut("/fieldsV1/f:status/f:conditions")
+        .and_then(Value::as_object_mut)
+        .unwrap();
+    for key in keys {
+        conditions.insert(key, fields.clone());
+    }
+}
+
 async fn patch_status(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -295,16 +373,29 @@ async fn patch_status(
     let mut updated = node.clone();
     // Strategic merge of conditions: patchMergeKey "type".
     let conditions = updated["status"]["conditions"].as_array_mut().unwrap();
+    let mut changed = Vec::new();
     for new in patch["status"]["conditions"]
         .as_array()
         .cloned()
         .unwrap_or_default()
     {
         match conditions.iter_mut().find(|c| c["type"] == new["type"]) {
-            Some(existing) => *existing = new,
-            None => conditions.push(new),
+            Some(existing) if *existing == new => {}
+            Some(existing) => {
+                changed.push(new["type"].clone());
+                *existing = new;
+            }
+            None => {
+                changed.push(new["type"].clone());
+                conditions.push(new);
+            }
         }
     }
+    manage_conditions(
+        &mut updated,
+        &field_manager(query.as_deref(), &headers),
+        &changed,
+    );
     if let Err(refused) = admit_node_update(&state, "status", &node, &updated) {
         return *refused;
     }
@@ -710,6 +801,18 @@ impl FakeApiServer {
 
     /// Sets an annotation on the node, as `kubectl annotate --overwrite` does.
     #[allow(dead_code)] // not every test binary that shares this module annotates nodes
+    /// Another controller writes `condition` into the node's status under its own field manager, as
+    /// eks-node-monitoring-agent's status patches do.
+    pub fn write_condition_as(&self, manager: &str, condition: Value) {
+        let mut node = self.state.node.lock().unwrap();
+        let conditions = node["status"]["conditions"].as_array_mut().unwrap();
+        conditions.retain(|c| c["type"] != condition["type"]);
+        let kind = condition["type"].clone();
+        conditions.push(condition);
+        manage_conditions(&mut node, manager, &[kind]);
+        bump(&mut node);
+    }
+
     pub fn annotate_node(&self, key: &str, value: &str) {
         let mut node = self.state.node.lock().unwrap();
         node["metadata"]["annotations"][key] = json!(value);

@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod agent;
 pub mod container;
+pub mod crd;
 pub mod kube;
 pub mod kubelet;
 pub mod kustomize;
