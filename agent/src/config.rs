@@ -309,6 +309,10 @@ pub struct NvmlSettings {
     /// The GPUs this node should have (8 on a p5.48xlarge): fewer on the PCI bus fails
     /// `AcceleratorHealthy`, which catches a GPU gone from the bus itself. Unset: not checked.
     pub expected_gpus: Option<u32>,
+    /// How far back `DCGM_EXP_XID_ERRORS_COUNT` counts XIDs (dcgm-exporter's
+    /// `--xid-count-window-size`, 5 minutes by default there too).
+    #[serde(with = "duration_text")]
+    pub xid_count_window: Duration,
 }
 
 impl Default for NvmlSettings {
@@ -322,6 +326,7 @@ impl Default for NvmlSettings {
             pod_labels: PodLabels::Current,
             pci_devices: PathBuf::from("/sys/bus/pci/devices"),
             expected_gpus: None,
+            xid_count_window: Duration::from_secs(300),
         }
     }
 }
@@ -1132,6 +1137,7 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
     if let Some(expected) = nvml.expected_gpus {
         check_count("nvml.expected_gpus", expected as usize, 1, 64)?;
     }
+    check_duration("nvml.xid_count_window", nvml.xid_count_window, SECOND, DAY)?;
     check_duration(
         "kubelet.pod_resources_interval",
         config.kubelet.pod_resources_interval,
@@ -1504,6 +1510,8 @@ mod tests {
             ("kubelet.pod_resources_interval", "0s"),
             ("nvml.sample_interval", "10ms"),
             ("nvml.expected_gpus", "0"),
+            ("nvml.xid_count_window", "500ms"),
+            ("nvml.xid_count_window", "2d"),
             ("readiness.interval", "1ms"),
             ("readiness.heartbeat", "30d"),
             ("startup.recent_max_age", "1s"),

@@ -297,6 +297,48 @@ fn xid_events_count_per_xid_and_set_the_last() {
     assert!(agent.log().contains("XID error"), "XIDs are logged");
 }
 
+/// dcgm-exporter's windowed count (`DCGM_EXP_XID_ERRORS_COUNT`, internal/pkg/collector/
+/// expcollector.go): a series per XID seen in the window with `xid` and `window_size_in_ms`, one
+/// series of 0 without `xid` for a GPU with none, and the XID leaves it once the window has passed.
+#[test]
+fn the_windowed_xid_count_is_dcgm_exporters() {
+    let mut scenario = Scenario::new(2);
+    let agent = start(&scenario, "  dcgm_names: true\n  xid_count_window: 2s\n");
+    let windowed = |m: &str, labels: &[(&str, &str)]| {
+        let mut all = vec![("gpu", "1"), ("window_size_in_ms", "2000")];
+        all.extend_from_slice(labels);
+        sample(m, "DCGM_EXP_XID_ERRORS_COUNT", &all)
+    };
+    agent.wait_for("a zero series", Duration::from_secs(20), |m| {
+        windowed(m, &[]) == Some(0.0)
+    });
+    scenario.set(1, "xid_events", json!([79, 79]));
+    agent.wait_for("two 79s in the window", Duration::from_secs(5), |m| {
+        windowed(m, &[("xid", "79")]) == Some(2.0)
+    });
+    let metrics = agent.metrics();
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{")
+                && l.contains("gpu=\"1\"")
+                && !l.contains("xid=")),
+        "no zero series beside a counted XID"
+    );
+    agent.wait_for("the window passed", Duration::from_secs(10), |m| {
+        windowed(m, &[]) == Some(0.0) && windowed(m, &[("xid", "79")]).is_none()
+    });
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_gpu_xid_errors_total",
+            &[("gpu", "1"), ("xid", "79")]
+        ),
+        Some(2.0),
+        "the total keeps them"
+    );
+}
+
 /// One GPU refusing XID registration (it says it supports the events, then NVML answers
 /// NOT_SUPPORTED) costs only that GPU: the ones registered before and after it still deliver, and
 /// an XID NVML cannot identify (999) is counted, not dropped.

@@ -206,6 +206,7 @@ fn register_gpu(registry: &prometheus::Registry) {
     let mut state = GpuState {
         last_round: Some(std::time::Instant::now()),
         stall_after: std::time::Duration::from_secs(3600),
+        xid_count_window: std::time::Duration::from_secs(300),
         ..GpuState::default()
     };
     let identity = GpuIdentity {

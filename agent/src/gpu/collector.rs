@@ -4,6 +4,7 @@
 //! collector rather than fixed-label vectors.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
@@ -153,7 +154,7 @@ const FAMILIES: [FamilySpec; 48] = [
 ];
 
 /// dcgm-exporter's names, units and help texts (its default counters), for nodes without it.
-const DCGM_FAMILIES: [FamilySpec; 25] = [
+const DCGM_FAMILIES: [FamilySpec; 26] = [
     ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", MetricType::GAUGE),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", MetricType::COUNTER),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", MetricType::GAUGE),
@@ -191,6 +192,13 @@ const DCGM_FAMILIES: [FamilySpec; 25] = [
     (
         "DCGM_FI_DEV_XID_ERRORS",
         "Value of the last XID error encountered.",
+        MetricType::GAUGE,
+    ),
+    // dcgm-exporter declares it a counter (etc/default-counters.csv) though a windowed count
+    // falls; a gauge says what it is, and PromQL written for dcgm-exporter reads it the same.
+    (
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
         MetricType::GAUGE,
     ),
     (
@@ -331,7 +339,7 @@ impl Collector for GpuCollector {
         if let Some(bus) = &state.pci {
             out.gauge("mlnode_gpu_pci_devices", &[], bus.devices.len() as f64);
         }
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         if let Some(last) = state.last_round {
             out.gauge(
                 "mlnode_gpu_readings_age_seconds",
@@ -355,6 +363,9 @@ impl Collector for GpuCollector {
                 );
             }
             self.collect_counters(entry, &labels, &mut out);
+            if self.dcgm_names {
+                collect_xid_window(entry, &labels, now, state.xid_count_window, &mut out);
+            }
             // An instance's XIDs, labelled as that instance's series are where it is still known.
             for ((gpu_instance, xid), count) in &entry.instance_xids {
                 let known = entry
@@ -740,6 +751,30 @@ impl GpuCollector {
                 out.counter("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", labels, mj as f64);
             }
         }
+    }
+}
+
+/// `DCGM_EXP_XID_ERRORS_COUNT` as dcgm-exporter writes it (internal/pkg/collector/expcollector.go):
+/// one series per XID seen in the window, labelled `xid` and `window_size_in_ms`; a GPU without any
+/// has one series of 0 without `xid`.
+fn collect_xid_window(
+    entry: &GpuEntry,
+    labels: &[(&'static str, String)],
+    now: Instant,
+    window: Duration,
+    out: &mut Families,
+) {
+    let labels = with_label(labels, "window_size_in_ms", &window.as_millis().to_string());
+    let counts = entry.xids_within(now, window);
+    if counts.is_empty() {
+        out.gauge("DCGM_EXP_XID_ERRORS_COUNT", &labels, 0.0);
+    }
+    for (xid, count) in counts {
+        out.gauge(
+            "DCGM_EXP_XID_ERRORS_COUNT",
+            &with_label(&labels, "xid", &xid.to_string()),
+            count as f64,
+        );
     }
 }
 

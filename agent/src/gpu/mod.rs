@@ -201,6 +201,7 @@ impl GpuRuntime {
         let state = Arc::new(Mutex::new(state::GpuState {
             stall_after: stall_after(settings.sample_interval),
             expected_gpus: settings.expected_gpus,
+            xid_count_window: settings.xid_count_window,
             ..state::GpuState::default()
         }));
         let style = collector::LabelStyle {

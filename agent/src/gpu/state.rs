@@ -1,7 +1,7 @@
 //! What the agent knows about its GPUs between scrapes: the latest readings and the counters
 //! built from them. Plain data, updated by the NVML threads and read by the collector.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::{GpuIdentity, GpuReading, CLOCK_EVENT_REASONS};
@@ -20,12 +20,18 @@ pub struct GpuEntry {
     pub xids: BTreeMap<u64, u64>,
     /// When each XID was last seen: a recovery action read after it speaks for it.
     pub xid_last_seen: BTreeMap<u64, Instant>,
+    /// The latest sightings, oldest first, for the windowed count (at most [`XID_SIGHTINGS_KEPT`]).
+    pub xid_sightings: VecDeque<(Instant, u64)>,
     /// When the current reading was taken.
     pub read_at: Option<Instant>,
     /// Those of them NVML placed in a MIG GPU instance, per (GPU instance id, XID).
     pub instance_xids: BTreeMap<(u32, u64), u64>,
     pub last_xid: Option<u64>,
 }
+
+/// Sightings kept per GPU for `DCGM_EXP_XID_ERRORS_COUNT`: a GPU in an XID storm costs bounded
+/// memory, and its count saturates here rather than growing without end.
+pub const XID_SIGHTINGS_KEPT: usize = 1024;
 
 #[derive(Clone, Debug, Default)]
 pub struct GpuState {
@@ -43,6 +49,8 @@ pub struct GpuState {
     pub pci: Option<crate::pci::BusScan>,
     /// `nvml.expected_gpus`.
     pub expected_gpus: Option<u32>,
+    /// `nvml.xid_count_window`: how far back `DCGM_EXP_XID_ERRORS_COUNT` counts.
+    pub xid_count_window: Duration,
 }
 
 /// Why NVML cannot read a GPU: the error classes of `nvml.h` that describe the device rather than
@@ -83,6 +91,21 @@ pub enum DeviceRead {
         reading: Box<GpuReading>,
     },
     Failed(GpuFailure),
+}
+
+impl GpuEntry {
+    /// The XIDs seen in the `window` before `now`, per XID: dcgm-exporter's windowed count (its
+    /// expcollector.go counts DCGM's XID values since now minus `--xid-count-window-size`).
+    pub fn xids_within(&self, now: Instant, window: Duration) -> BTreeMap<u64, u64> {
+        let mut counts = BTreeMap::new();
+        let from = now.checked_sub(window);
+        for (at, xid) in &self.xid_sightings {
+            if from.is_none_or(|from| *at >= from) {
+                *counts.entry(*xid).or_default() += 1;
+            }
+        }
+        counts
+    }
 }
 
 impl GpuState {
@@ -134,6 +157,10 @@ impl GpuState {
         let entry = self.gpus.entry(index).or_default();
         *entry.xids.entry(xid).or_default() += 1;
         entry.xid_last_seen.insert(xid, at);
+        if entry.xid_sightings.len() == XID_SIGHTINGS_KEPT {
+            entry.xid_sightings.pop_front();
+        }
+        entry.xid_sightings.push_back((at, xid));
         if let Some(instance) = gpu_instance {
             *entry.instance_xids.entry((instance, xid)).or_default() += 1;
         }
@@ -231,5 +258,43 @@ mod tests {
         assert_eq!(entry.instance_xids[&(7, 31)], 1);
         assert_eq!(entry.instance_xids.len(), 1);
         assert_eq!(entry.last_xid, Some(31));
+    }
+
+    /// Only the sightings in the window count; the oldest go first once a storm fills the bound.
+    #[test]
+    fn the_windowed_count_keeps_to_its_window_and_its_bound() {
+        let t0 = Instant::now();
+        let window = Duration::from_secs(300);
+        let mut state = GpuState::default();
+        state.record_xid(0, 79, None, t0);
+        state.record_xid(0, 79, None, t0 + Duration::from_secs(200));
+        state.record_xid(0, 48, None, t0 + Duration::from_secs(250));
+        let entry = &state.gpus[&0];
+        assert_eq!(
+            entry.xids_within(t0 + Duration::from_secs(299), window),
+            [(48, 1), (79, 2)].into()
+        );
+        assert_eq!(
+            entry.xids_within(t0 + Duration::from_secs(301), window),
+            [(48, 1), (79, 1)].into(),
+            "the first 79 left the window"
+        );
+        assert!(entry
+            .xids_within(t0 + Duration::from_secs(600), window)
+            .is_empty());
+        for i in 0..XID_SIGHTINGS_KEPT as u64 + 10 {
+            state.record_xid(1, 13, None, t0 + Duration::from_millis(i));
+        }
+        let storm = &state.gpus[&1];
+        assert_eq!(storm.xid_sightings.len(), XID_SIGHTINGS_KEPT);
+        assert_eq!(
+            storm.xids_within(t0 + Duration::from_secs(2), window)[&13],
+            XID_SIGHTINGS_KEPT as u64
+        );
+        assert_eq!(
+            storm.xids[&13],
+            XID_SIGHTINGS_KEPT as u64 + 10,
+            "the total keeps every one"
+        );
     }
 }
