@@ -43,7 +43,7 @@ pub struct Report {
     pub devices: usize,
     /// Empty: every device fit.
     pub problems: Vec<Problem>,
-    /// The faults that hold a device, by device id, for the node to remember ([`Carried`]).
+    /// The faults that hold a device, by device id, for the node to remember ([`FromNode`]).
     pub held: HeldFaults,
 }
 
@@ -58,17 +58,56 @@ impl Report {
     }
 }
 
-/// What the node remembers for the agent, handed to every source: the faults a previous agent
+/// What the agent learns from its Node object, handed to every source: the faults a previous agent
 /// held on this boot (read back from the condition it wrote), taken as seen when this agent first
-/// read the node (`since`); and the instant before which an operator cleared every held fault.
+/// read the node (`since`); the instant before which an operator cleared every held fault; and the
+/// accelerators the node's instance type has, as its labels say.
 #[derive(Clone, Debug, Default)]
-pub struct Carried {
+pub struct FromNode {
     pub since: Option<Instant>,
     pub faults: HeldFaults,
     pub cleared_before: Option<Instant>,
+    pub expected: ExpectedDevices,
 }
 
-impl Carried {
+/// The label Karpenter's AWS provider puts on a node with the instance type's GPU count (EC2's
+/// `GpuInfo`), and the one with its Neuron device count (`NeuronInfo`): aws/karpenter-provider-aws
+/// `pkg/apis/v1/labels.go` and `pkg/providers/instancetype/types.go`.
+pub const GPU_COUNT_LABEL: &str = "karpenter.k8s.aws/instance-gpu-count";
+pub const ACCELERATOR_COUNT_LABEL: &str = "karpenter.k8s.aws/instance-accelerator-count";
+
+/// How many accelerators the node's instance type has; None where no label says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpectedDevices {
+    pub gpus: Option<u32>,
+    pub neuron_devices: Option<u32>,
+}
+
+impl ExpectedDevices {
+    /// From the node's labels; Err names a label whose value is not a count (it is then ignored).
+    pub fn of(labels: Option<&BTreeMap<String, String>>) -> (ExpectedDevices, Vec<String>) {
+        let mut trouble = Vec::new();
+        let mut count = |key: &str| {
+            let value = labels?.get(key)?;
+            match value.parse::<u32>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    trouble.push(format!(
+                        "the node's label {key}={value:?} is not a device count"
+                    ));
+                    None
+                }
+            }
+        };
+        let expected = ExpectedDevices {
+            gpus: count(GPU_COUNT_LABEL),
+            neuron_devices: count(ACCELERATOR_COUNT_LABEL),
+        };
+        (expected, trouble)
+    }
+}
+
+impl FromNode {
     /// Whether a fault seen `at` still counts after the operator's clearing.
     pub fn outlives_clearing(&self, at: Instant) -> bool {
         self.cleared_before.is_none_or(|cleared| at > cleared)
@@ -78,5 +117,37 @@ impl Carried {
 /// A collector whose devices' health the readiness gate combines.
 pub trait HealthSource: Send + Sync {
     /// The report as of `now`, with what the node remembers.
-    fn report(&mut self, carried: &Carried, now: Instant) -> Report;
+    fn report(&mut self, from_node: &FromNode, now: Instant) -> Report;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_instance_types_counts_come_from_karpenters_labels() {
+        let labels: BTreeMap<String, String> = [
+            (GPU_COUNT_LABEL.to_string(), "8".to_string()),
+            (
+                "node.kubernetes.io/instance-type".to_string(),
+                "p5.48xlarge".to_string(),
+            ),
+        ]
+        .into();
+        let (expected, trouble) = ExpectedDevices::of(Some(&labels));
+        assert_eq!(
+            expected,
+            ExpectedDevices {
+                gpus: Some(8),
+                neuron_devices: None
+            }
+        );
+        assert!(trouble.is_empty());
+        assert_eq!(ExpectedDevices::of(None).0, ExpectedDevices::default());
+        let bad: BTreeMap<String, String> =
+            [(ACCELERATOR_COUNT_LABEL.to_string(), "sixteen".to_string())].into();
+        let (expected, trouble) = ExpectedDevices::of(Some(&bad));
+        assert_eq!(expected.neuron_devices, None, "ignored, never guessed");
+        assert!(trouble[0].contains(ACCELERATOR_COUNT_LABEL), "{trouble:?}");
+    }
 }

@@ -1803,3 +1803,34 @@ fn a_repair_condition_another_writer_owns_is_never_taken_over() {
     );
     assert!(agent.log().contains("does not take it over"));
 }
+
+/// A p5.48xlarge that Karpenter labelled with its instance type's 8 GPUs, with 7 on the bus and no
+/// `nvml.expected_gpus`: the label speaks, and `AcceleratorHealthy` names it.
+#[test]
+fn the_nodes_instance_type_label_says_how_many_gpus_it_has() {
+    let scenario = Scenario::new(7);
+    let mut node = common::kube::gpu_node("test-node");
+    node["metadata"]["labels"]["karpenter.k8s.aws/instance-gpu-count"] = json!("8");
+    let api = common::kube::FakeApiServer::start(node);
+    let agent = Agent::start_with_env(
+        &format!(
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nreadiness:\n  enabled: true\n  interval: 200ms\n",
+            fake_nvml().display().to_string(),
+            scenario.pci_devices().display().to_string(),
+        ),
+        &[
+            ("FAKE_NVML_SCENARIO", &scenario.path()),
+            ("KUBECONFIG", &api.kubeconfig()),
+        ],
+    );
+    let condition = wait_condition(&agent, &api, "one GPU short", |c| {
+        c["reason"] == "GPUCountMismatch"
+    });
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("8 GPU(s) expected (karpenter.k8s.aws/instance-gpu-count), 7 on the PCI bus"),
+        "{condition}"
+    );
+}

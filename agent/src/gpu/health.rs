@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::FabricReading;
-use crate::health::{Carried, DeviceKind, HealthSource, Problem, Report};
+use crate::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
 
 /// `nvmlDeviceGpuRecoveryAction_t` (nvml.h 13.3: NONE 0 to RECOVER_IMEX_DOMAIN 5; NVML's change log
 /// for v615 adds BUS_RESET 6 and SYSTEM_REBOOT 7): the value, the series' `action` label, the gate's
@@ -130,15 +130,15 @@ pub struct GpuHealth {
 }
 
 impl HealthSource for GpuHealth {
-    fn report(&mut self, carried: &Carried, now: Instant) -> Report {
+    fn report(&mut self, from_node: &FromNode, now: Instant) -> Report {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        assess(&state, &self.policy, carried, now)
+        assess(&state, &self.policy, from_node, now)
     }
 }
 
 /// The health facts of every GPU: the problems (none: healthy), and the XIDs that hold each GPU
 /// (by UUID), which the readiness controller writes down so that a restarted agent keeps them.
-pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Instant) -> Report {
+pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: Instant) -> Report {
     let mut assessment = Report::new(DeviceKind::Gpu);
     assessment.devices = state.gpus.len();
     let problems = &mut assessment.problems;
@@ -158,22 +158,22 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Inst
             ),
         ));
     }
-    problems.extend(count_mismatch(state));
+    problems.extend(count_mismatch(state, from_node.expected.gpus));
     let mut listed = BTreeSet::new();
     for (index, entry) in &state.gpus {
         let uuid = entry.identity.as_ref().map(|id| id.uuid.as_str());
         listed.extend(uuid);
-        let (gpu_problems, held) = assess_gpu(*index, entry, policy, state, carried);
+        let (gpu_problems, held) = assess_gpu(*index, entry, policy, state, from_node);
         problems.extend(gpu_problems);
         if let (Some(uuid), false) = (uuid, held.is_empty()) {
             assessment.held.insert(uuid.to_string(), held);
         }
     }
     // A GPU a previous agent held that NVML does not list now still holds the node.
-    let cleared = carried
+    let cleared = from_node
         .since
-        .is_some_and(|since| !carried.outlives_clearing(since));
-    for (uuid, xids) in carried
+        .is_some_and(|since| !from_node.outlives_clearing(since));
+    for (uuid, xids) in from_node
         .faults
         .iter()
         .filter(|(u, _)| !listed.contains(u.as_str()))
@@ -191,14 +191,14 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, carried: &Carried, now: Inst
         ));
         assessment
             .held
-            .insert(uuid.clone(), carried.faults[uuid].clone());
+            .insert(uuid.clone(), from_node.faults[uuid].clone());
     }
     assessment
 }
 
 /// NVIDIA GPUs on the PCI bus that NVML does not list (by address), and fewer on the bus than
-/// `nvml.expected_gpus`.
-fn count_mismatch(state: &GpuState) -> Option<Problem> {
+/// `nvml.expected_gpus`, or else than the node's instance type has (`labelled`).
+fn count_mismatch(state: &GpuState, labelled: Option<u32>) -> Option<Problem> {
     let bus = state.pci.as_ref()?;
     let listed: BTreeSet<String> = state
         .gpus
@@ -221,12 +221,15 @@ fn count_mismatch(state: &GpuState) -> Option<Problem> {
             missing.join(", ")
         ));
     }
-    if let Some(expected) = state
-        .expected_gpus
-        .filter(|&e| (bus.devices.len() as u64) < u64::from(e))
+    let expected = match state.expected_gpus {
+        Some(configured) => Some((configured, "nvml.expected_gpus")),
+        None => labelled.map(|n| (n, crate::health::GPU_COUNT_LABEL)),
+    };
+    if let Some((expected, from)) =
+        expected.filter(|&(e, _)| (bus.devices.len() as u64) < u64::from(e))
     {
         said.push(format!(
-            "{expected} GPU(s) expected (nvml.expected_gpus), {} on the PCI bus",
+            "{expected} GPU(s) expected ({from}), {} on the PCI bus",
             bus.devices.len()
         ));
     }
@@ -238,7 +241,7 @@ fn assess_gpu(
     entry: &GpuEntry,
     policy: &XidPolicy,
     state: &GpuState,
-    carried: &Carried,
+    from_node: &FromNode,
 ) -> (Vec<Problem>, BTreeSet<u64>) {
     let name = match &entry.identity {
         Some(id) => format!("GPU {index} ({}, {})", id.uuid, id.pci_bus_id),
@@ -303,15 +306,15 @@ fn assess_gpu(
     // This agent's own sightings, and what a previous agent on this boot held, as seen when this
     // one started; the later sighting counts.
     let mut seen: BTreeMap<u64, Instant> = entry.xid_last_seen.clone();
-    if let (Some(uuid), Some(since)) = (entry.identity.as_ref().map(|i| &i.uuid), carried.since) {
-        for &xid in carried.faults.get(uuid).into_iter().flatten() {
+    if let (Some(uuid), Some(since)) = (entry.identity.as_ref().map(|i| &i.uuid), from_node.since) {
+        for &xid in from_node.faults.get(uuid).into_iter().flatten() {
             seen.entry(xid).or_insert(since);
         }
     }
     let held: BTreeSet<u64> = seen
         .iter()
         .filter(|(&xid, &at)| {
-            policy.holds(xid) && !cleared_by_driver(xid, at) && carried.outlives_clearing(at)
+            policy.holds(xid) && !cleared_by_driver(xid, at) && from_node.outlives_clearing(at)
         })
         .map(|(&xid, _)| xid)
         .collect();
@@ -418,7 +421,7 @@ mod tests {
     }
 
     fn reasons(state: &GpuState, now: Instant) -> Vec<String> {
-        assess(state, &XidPolicy::default(), &Carried::default(), now)
+        assess(state, &XidPolicy::default(), &FromNode::default(), now)
             .problems
             .into_iter()
             .map(|p| p.reason)
@@ -438,7 +441,7 @@ mod tests {
             (9, "UnknownRecoveryAction"),
         ] {
             state.apply(0, gpu(Some(value)), 1.0, t0);
-            let problems = assess(&state, &XidPolicy::default(), &Carried::default(), t0).problems;
+            let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
             assert_eq!(problems.len(), 1);
             assert_eq!(problems[0].reason, reason);
             assert!(
@@ -478,7 +481,7 @@ mod tests {
 
         state.record_xid(0, 46, None, xid_at);
         state.apply(0, gpu(Some(0)), 1.0, xid_at + Duration::from_secs(60));
-        let problems = assess(&state, &XidPolicy::default(), &Carried::default(), xid_at).problems;
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), xid_at).problems;
         assert_eq!(problems.len(), 1);
         assert!(
             problems[0]
@@ -563,7 +566,7 @@ mod tests {
             .unwrap()
             .devices
             .push("0000:2a:00.0".into());
-        let problems = assess(&state, &XidPolicy::default(), &Carried::default(), t0).problems;
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
         assert_eq!(problems[0].reason, "GPUCountMismatch");
         assert!(
             problems[0].message.contains("not listed 0000:2a:00.0"),
@@ -572,13 +575,36 @@ mod tests {
         );
         state.pci.as_mut().unwrap().devices.pop();
         state.expected_gpus = Some(8);
-        let problems = assess(&state, &XidPolicy::default(), &Carried::default(), t0).problems;
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
         assert_eq!(problems[0].reason, "GPUCountMismatch");
         assert!(
-            problems[0].message.contains("8 GPU(s) expected"),
+            problems[0]
+                .message
+                .contains("8 GPU(s) expected (nvml.expected_gpus)"),
             "{}",
             problems[0].message
         );
+        // Unconfigured, the node's instance-type label speaks; the setting wins over it.
+        state.expected_gpus = None;
+        let labelled = FromNode {
+            expected: crate::health::ExpectedDevices {
+                gpus: Some(8),
+                neuron_devices: None,
+            },
+            ..FromNode::default()
+        };
+        let problems = assess(&state, &XidPolicy::default(), &labelled, t0).problems;
+        assert!(
+            problems[0].message.contains(
+                "8 GPU(s) expected (karpenter.k8s.aws/instance-gpu-count), 1 on the PCI bus"
+            ),
+            "{}",
+            problems[0].message
+        );
+        state.expected_gpus = Some(1);
+        assert!(assess(&state, &XidPolicy::default(), &labelled, t0)
+            .problems
+            .is_empty());
     }
 
     /// XIDs a previous agent held on this boot hold the GPU for this one, even through the
@@ -589,17 +615,17 @@ mod tests {
     fn carried_faults_hold_until_cleared() {
         let t0 = Instant::now();
         let mut state = state(t0);
-        let mut carried = Carried {
+        let mut from_node = FromNode {
             since: Some(t0),
             faults: [
                 ("GPU-aaaa".to_string(), [46].into()),
                 ("GPU-gone".to_string(), [79].into()),
             ]
             .into(),
-            cleared_before: None,
+            ..FromNode::default()
         };
         state.apply(0, gpu(Some(0)), 1.0, t0 + Duration::from_secs(30));
-        let assessment = assess(&state, &XidPolicy::default(), &carried, t0);
+        let assessment = assess(&state, &XidPolicy::default(), &from_node, t0);
         let reasons: Vec<&str> = assessment
             .problems
             .iter()
@@ -610,13 +636,13 @@ mod tests {
             .message
             .contains("GPU-gone, not listed by NVML now"));
         assert_eq!(
-            assessment.held, carried.faults,
+            assessment.held, from_node.faults,
             "carried on to the next agent"
         );
 
         state.record_xid(0, 79, None, t0 + Duration::from_secs(40));
-        carried.cleared_before = Some(t0 + Duration::from_secs(35));
-        let assessment = assess(&state, &XidPolicy::default(), &carried, t0);
+        from_node.cleared_before = Some(t0 + Duration::from_secs(35));
+        let assessment = assess(&state, &XidPolicy::default(), &from_node, t0);
         assert_eq!(
             assessment.held,
             [("GPU-aaaa".to_string(), [79].into())].into(),
@@ -636,7 +662,7 @@ mod tests {
         let stalled = assess(
             &state,
             &XidPolicy::default(),
-            &Carried::default(),
+            &FromNode::default(),
             t0 + Duration::from_secs(4),
         )
         .problems;

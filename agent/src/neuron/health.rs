@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::counters::Rises;
-use crate::health::{Carried, DeviceKind, HealthSource, Problem, Report};
+use crate::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
 
 /// The firmware's counts that mean data was lost. Repairable included: a pending HBM repair needs
 /// a reboot to apply.
@@ -36,12 +36,16 @@ impl NeuronHealth {
 }
 
 impl HealthSource for NeuronHealth {
-    fn report(&mut self, _carried: &Carried, _now: Instant) -> Report {
+    fn report(&mut self, from_node: &FromNode, _now: Instant) -> Report {
         let hardware = super::sysfs::read_ecc(&self.root);
         let on_bus = crate::pci::scan(&self.pci_devices, crate::pci::is_neuron_device)
             .ok()
             .map(|bus| bus.devices.len());
-        assess(&hardware, on_bus, &mut self.ecc)
+        let mut report = assess(&hardware, on_bus, &mut self.ecc);
+        report
+            .problems
+            .extend(missing_from_bus(on_bus, from_node.expected.neuron_devices));
+        report
     }
 }
 
@@ -78,6 +82,20 @@ pub fn assess(
         }
     }
     report
+}
+
+/// Fewer devices on the bus than the node's instance type has: one gone from the bus itself.
+pub fn missing_from_bus(on_bus: Option<usize>, expected: Option<u32>) -> Option<Problem> {
+    let (on_bus, expected) = (on_bus?, expected?);
+    ((on_bus as u64) < u64::from(expected)).then(|| {
+        Problem::new(
+            "NeuronDeviceCountMismatch",
+            format!(
+                "{expected} Neuron device(s) expected ({}), {on_bus} on the PCI bus",
+                crate::health::ACCELERATOR_COUNT_LABEL
+            ),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -138,5 +156,17 @@ mod tests {
         assert!(assess(&listed, None, &mut Rises::default())
             .problems
             .is_empty());
+    }
+
+    /// A trn2.48xlarge labelled with 16 devices and 15 on the bus misses one; an unlabelled node
+    /// or an unreadable bus says nothing.
+    #[test]
+    fn a_device_gone_from_the_bus_is_missed_against_the_instance_type() {
+        let problem = missing_from_bus(Some(15), Some(16)).unwrap();
+        assert_eq!(problem.reason, "NeuronDeviceCountMismatch");
+        assert!(problem.message.contains("16 Neuron device(s) expected (karpenter.k8s.aws/instance-accelerator-count), 15 on the PCI bus"));
+        assert_eq!(missing_from_bus(Some(16), Some(16)), None);
+        assert_eq!(missing_from_bus(Some(15), None), None);
+        assert_eq!(missing_from_bus(None, Some(16)), None);
     }
 }

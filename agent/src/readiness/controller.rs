@@ -21,7 +21,7 @@ use super::node::{
 use super::plan::Planner;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::ReadinessSettings;
-use crate::health::{Carried, HealthSource};
+use crate::health::{FromNode, HealthSource};
 use crate::metrics::{AgentMetrics, Collector};
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
@@ -55,7 +55,7 @@ impl ReadinessMetrics {
         )?;
         let memory_errors = prometheus::IntCounter::new(
             "mlnode_readiness_memory_errors_total",
-            "Reads of the node whose remembered faults (AcceleratorHealthy's message) or clearing annotation could not be parsed; the live facts decide then.",
+            "Reads of the node whose remembered faults (AcceleratorHealthy's message), clearing annotation or device-count labels could not be parsed; the live facts decide then.",
         )?;
         let repair_refused = prometheus::IntGauge::new(
             "mlnode_readiness_repair_condition_refused",
@@ -114,7 +114,7 @@ struct Memory {
     conditions: BTreeMap<String, NodeCondition>,
     /// What a previous agent held on this boot (taken back at the first read of the node, which
     /// sets `since`), and the operator's clearing time.
-    carried: Carried,
+    from_node: FromNode,
     /// The last trouble reading the node's memory, said once.
     memory_trouble: String,
     /// Who else writes the repair condition, as the node last showed it, and as last said.
@@ -153,7 +153,7 @@ impl Controller {
                 self.taint.as_ref().map(|_| self.settings.taint_mode),
             ),
             conditions: BTreeMap::new(),
-            carried: Carried::default(),
+            from_node: FromNode::default(),
             memory_trouble: String::new(),
             repair_writer: None,
             repair_writer_said: None,
@@ -222,7 +222,7 @@ impl Controller {
             .sources
             .health
             .iter_mut()
-            .map(|source| source.report(&memory.carried, now))
+            .map(|source| source.report(&memory.from_node, now))
             .collect();
         let held: crate::health::HeldFaults = reports.iter().flat_map(|r| r.held.clone()).collect();
         let missing = &self.sources.missing_collectors;
@@ -334,18 +334,20 @@ impl Controller {
     /// clearing time. What cannot be read is said once and leaves the live facts to decide.
     fn take_memory(&self, memory: &mut Memory, node: &Node) {
         let now = (Instant::now(), std::time::SystemTime::now());
-        let mut trouble = Vec::new();
+        let (expected, mut trouble) =
+            crate::health::ExpectedDevices::of(node.metadata.labels.as_ref());
+        memory.from_node.expected = expected;
         match memory::cleared_at(node.metadata.annotations.as_ref()) {
             Ok(cleared) => {
-                memory.carried.cleared_before = cleared.map(|at| {
+                memory.from_node.cleared_before = cleared.map(|at| {
                     let ago = now.1.duration_since(at).unwrap_or_default();
                     now.0.checked_sub(ago).unwrap_or(now.0)
                 })
             }
             Err(e) => trouble.push(e),
         }
-        if memory.carried.since.is_none() {
-            memory.carried.since = Some(now.0);
+        if memory.from_node.since.is_none() {
+            memory.from_node.since = Some(now.0);
             let message = memory
                 .conditions
                 .get(ACCELERATOR_HEALTHY)
@@ -354,7 +356,7 @@ impl Controller {
             match memory::parse(message) {
                 Ok(Some((boot, held))) if boot == self.boot_id => {
                     tracing::warn!(node = %self.node_name, held = ?held, "keeping the XIDs the previous agent held on this boot: the GPUs stay unhealthy until the driver clears them, the node reboots, or an operator clears them");
-                    memory.carried.faults = held;
+                    memory.from_node.faults = held;
                 }
                 Ok(Some((boot, _))) => {
                     tracing::info!(node = %self.node_name, previous_boot = %boot, "the held XIDs in AcceleratorHealthy are from an earlier boot: the reboot cleared them");
