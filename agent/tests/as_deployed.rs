@@ -29,20 +29,6 @@ const POD: &str = "mlnode-agent-x7k2p";
 /// namespace; here it is the host's, so the runs take turns.
 static PORT_9400: Mutex<()> = Mutex::new(());
 
-/// Skips (with the reason on stderr) where the manifests cannot be rendered or a container
-/// cannot be emulated; everything else is a failure.
-macro_rules! or_skip {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(reason) => {
-                eprintln!("SKIPPED: {reason}");
-                return;
-            }
-        }
-    };
-}
-
 fn pod_template(objects: &[Value]) -> (&Value, &Value) {
     let ds = find(objects, "DaemonSet", "mlnode-agent");
     let template = &ds["spec"]["template"];
@@ -314,7 +300,7 @@ fn every_rendered_pod_is_admitted_by_its_namespace() {
         ),
     ];
     for (overlay, components, baseline, restricted) in cases {
-        let objects = or_skip!(kustomize::render_with(overlay, components));
+        let objects = common::needs!(kustomize::render_with(overlay, components));
         let (metadata, spec) = pod_template(&objects);
         let ds = find(&objects, "DaemonSet", "mlnode-agent");
         let namespace = ds["metadata"]["namespace"].as_str().unwrap();
@@ -377,8 +363,8 @@ fn every_kind_of_accelerator_node_gets_an_agent() {
                 })
         })
     };
-    let gpu = or_skip!(kustomize::render_with("overlays/gpu", &[]));
-    let neuron = or_skip!(kustomize::render_with("overlays/neuron", &[]));
+    let gpu = common::needs!(kustomize::render_with("overlays/gpu", &[]));
+    let neuron = common::needs!(kustomize::render_with("overlays/neuron", &[]));
     let gpu_nodes = [
         json!({"nvidia.com/gpu.present": "true"}),
         json!({"feature.node.kubernetes.io/pci-10de.present": "true"}),
@@ -917,7 +903,7 @@ fn the_gpu_overlay_with_the_startup_taint_runs_as_deployed() {
         vllm_gpu,
         _kubelet,
         _dirs,
-    } = or_skip!(gpu_node_with(&["components/startup-taint"], 0));
+    } = common::needs!(gpu_node_with(&["components/startup-taint"], 0));
 
     agent.wait("own startup taint removed", Duration::from_secs(60), |_| {
         api.node()["spec"]["taints"]
@@ -1018,7 +1004,7 @@ fn the_non_root_component_runs_without_pod_labels_and_says_why() {
         _kubelet,
         _dirs,
         ..
-    } = or_skip!(gpu_node_with(&["components/non-root"], 65532));
+    } = common::needs!(gpu_node_with(&["components/non-root"], 65532));
     agent.wait(
         "the pod-resources refusal logged",
         Duration::from_secs(30),
@@ -1036,8 +1022,8 @@ fn the_non_root_component_runs_without_pod_labels_and_says_why() {
 
 #[test]
 fn the_neuron_overlay_runs_as_deployed_and_requires_the_driver() {
-    let objects = or_skip!(kustomize::render_with("overlays/neuron", &[]));
-    or_skip!(container::supported());
+    let objects = common::needs!(kustomize::render_with("overlays/neuron", &[]));
+    common::needs!(container::supported());
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
     let mut node = gpu_node(NODE);
     node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = json!("inf2.48xlarge");
@@ -1193,14 +1179,14 @@ fn pod_monitor_job(monitor: &Value, pod_labels: &Value, namespace: &str, target:
 #[test]
 fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
-    let objects = or_skip!(kustomize::render_with("overlays/gpu", &[]));
+    let objects = common::needs!(kustomize::render_with("overlays/gpu", &[]));
     let GpuNode {
         mut agent,
         vllm_gpu,
         _kubelet,
         _dirs,
         ..
-    } = or_skip!(gpu_node_with(&[], 0));
+    } = common::needs!(gpu_node_with(&[], 0));
     agent.wait("GPU series with pod labels", Duration::from_secs(30), |a| {
         a.metrics().is_some_and(|m| m.contains("pod=\"vllm-0\""))
     });

@@ -252,26 +252,19 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
 }
 
 /// Runs tests/dashboards-schema/check.mjs (Grafana's @grafana/schema types, through tsc) on
-/// `files`; None when Node.js or the package is not installed (scripts/test.sh installs both).
-fn grafana_schema_check(files: &[PathBuf]) -> Option<std::process::Output> {
+/// `files`; Err when Node.js or the package is not installed (scripts/test.sh installs both).
+fn grafana_schema_check(files: &[PathBuf]) -> Result<std::process::Output, String> {
     let dir = repo().join("tests/dashboards-schema");
     if !dir.join("node_modules/@grafana/schema").is_dir() {
-        eprintln!(
-            "SKIPPED: @grafana/schema is not installed (npm ci --prefix tests/dashboards-schema)"
+        return Err(
+            "@grafana/schema is not installed (cd tests/dashboards-schema && npm ci)".into(),
         );
-        return None;
     }
-    match std::process::Command::new("node")
+    std::process::Command::new("node")
         .arg(dir.join("check.mjs"))
         .args(files)
         .output()
-    {
-        Ok(output) => Some(output),
-        Err(e) => {
-            eprintln!("SKIPPED: cannot run node: {e}");
-            None
-        }
-    }
+        .map_err(|e| format!("cannot run node (Node.js): {e}"))
 }
 
 #[test]
@@ -280,9 +273,7 @@ fn dashboards_match_grafanas_own_schema_and_a_misplaced_option_does_not() {
         .iter()
         .map(|(name, _)| repo().join("dashboards").join(name))
         .collect();
-    let Some(output) = grafana_schema_check(&files) else {
-        return;
-    };
+    let output = common::needs!(grafana_schema_check(&files));
     assert!(
         output.status.success(),
         "{}{}",

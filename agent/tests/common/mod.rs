@@ -21,6 +21,32 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
+/// What a test needs from the machine (a tool, a kernel feature), or the test stops: under
+/// `CI=true` it fails naming what is missing, since a CI run must never pass a test it did not run;
+/// on a developer's machine it says SKIPPED with the reason and returns.
+#[allow(unused_macros)] // each test binary uses a different part of this module
+macro_rules! needs {
+    ($result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(reason) => {
+                $crate::common::missing(&reason);
+                return;
+            }
+        }
+    };
+}
+#[allow(unused_imports)] // each test binary uses a different part of this module
+pub(crate) use needs;
+
+/// Fails under `CI=true`, else says SKIPPED: see [`needs!`].
+pub fn missing(reason: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true and this test cannot run: {reason}");
+    }
+    eprintln!("SKIPPED: {reason}");
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }

@@ -14,11 +14,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use aws_lc_rs::signature::{self as ecdsa, UnparsedPublicKey, VerificationAlgorithm};
 use base64::Engine;
-use p256::ecdsa::signature::Verifier;
-use p256::pkcs8::{DecodePublicKey, EncodePublicKey, LineEnding};
 use serde::Deserialize;
 use sha2::Digest as _;
+use x509_cert::der::asn1::ObjectIdentifier;
+use x509_cert::der::pem::LineEnding;
+use x509_cert::der::{Decode, EncodePem};
+use x509_cert::spki::SubjectPublicKeyInfoOwned;
 
 use super::{
     parse_json, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256, Shard,
@@ -426,28 +429,61 @@ fn verify_envelope(
 
 /// A public key model_signing signs with: ECDSA on P-256, P-384 or P-521, each with the hash
 /// model_signing pairs with it (SHA-256, SHA-384, SHA-512: `get_ec_key_hash` in its
-/// `_signing/sign_ec_key.py`), which is each curve's own ECDSA digest here.
-enum SignerKey {
-    P256(p256::PublicKey),
-    P384(p384::PublicKey),
-    P521(p521::PublicKey),
+/// `_signing/sign_ec_key.py`), which is each curve's own ECDSA digest here. Kept as its
+/// SubjectPublicKeyInfo and the verification algorithm its curve names.
+struct SignerKey {
+    spki: SubjectPublicKeyInfoOwned,
+    algorithm: &'static dyn VerificationAlgorithm,
 }
+
+/// id-ecPublicKey (RFC 5480 section 2.1.1).
+const EC_PUBLIC_KEY: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
+
+/// The named curves (RFC 5480 section 2.1.1.1) and their ECDSA verification with ASN.1 (DER)
+/// signatures, as model_signing writes them.
+const CURVES: [(ObjectIdentifier, &ecdsa::EcdsaVerificationAlgorithm); 3] = [
+    (
+        ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7"),
+        &ecdsa::ECDSA_P256_SHA256_ASN1,
+    ),
+    (
+        ObjectIdentifier::new_unwrap("1.3.132.0.34"),
+        &ecdsa::ECDSA_P384_SHA384_ASN1,
+    ),
+    (
+        ObjectIdentifier::new_unwrap("1.3.132.0.35"),
+        &ecdsa::ECDSA_P521_SHA512_ASN1,
+    ),
+];
 
 impl SignerKey {
     /// From a certificate's SubjectPublicKeyInfo (DER).
     fn from_spki_der(der: &[u8]) -> Result<SignerKey, String> {
-        if let Ok(key) = p256::PublicKey::from_public_key_der(der) {
-            return Ok(SignerKey::P256(key));
+        let not_ours = || {
+            "its key is not ECDSA on P-256, P-384 or P-521, the keys model_signing signs with"
+                .to_string()
+        };
+        let spki = SubjectPublicKeyInfoOwned::from_der(der).map_err(|_| not_ours())?;
+        let curve = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .filter(|_| spki.algorithm.oid == EC_PUBLIC_KEY)
+            .and_then(|p| p.decode_as::<ObjectIdentifier>().ok())
+            .ok_or_else(not_ours)?;
+        let (_, algorithm) = CURVES
+            .iter()
+            .find(|(oid, _)| *oid == curve)
+            .ok_or_else(not_ours)?;
+        // An uncompressed point (SEC 1, 0x04), as model_signing and every X.509 library write
+        // it: the canonical PEM of the hint is this encoding.
+        if spki.subject_public_key.raw_bytes().first() != Some(&0x04) {
+            return Err("its EC point is not in the uncompressed form model_signing writes".into());
         }
-        if let Ok(key) = p384::PublicKey::from_public_key_der(der) {
-            return Ok(SignerKey::P384(key));
-        }
-        p521::PublicKey::from_public_key_der(der)
-            .map(SignerKey::P521)
-            .map_err(|_| {
-                "its key is not ECDSA on P-256, P-384 or P-521, the keys model_signing signs with"
-                    .to_string()
-            })
+        Ok(SignerKey {
+            spki,
+            algorithm: *algorithm,
+        })
     }
 
     fn from_pem(pem: &str) -> Result<SignerKey, String> {
@@ -455,7 +491,7 @@ impl SignerKey {
             format!("not a PEM ECDSA public key on P-256, P-384 or P-521 (\"-----BEGIN PUBLIC KEY-----\"): {e}")
         };
         let (label, der) =
-            p256::pkcs8::der::pem::decode_vec(pem.as_bytes()).map_err(|e| not_pem(&e))?;
+            x509_cert::der::pem::decode_vec(pem.as_bytes()).map_err(|e| not_pem(&e))?;
         if label != "PUBLIC KEY" {
             return Err(not_pem(&format!("its label is {label:?}")));
         }
@@ -464,38 +500,14 @@ impl SignerKey {
 
     /// The key as model_signing writes it for its hint: SubjectPublicKeyInfo PEM, LF line ends.
     fn canonical_pem(&self) -> Result<String, String> {
-        match self {
-            SignerKey::P256(key) => key.to_public_key_pem(LineEnding::LF),
-            SignerKey::P384(key) => key.to_public_key_pem(LineEnding::LF),
-            SignerKey::P521(key) => key.to_public_key_pem(LineEnding::LF),
-        }
-        .map_err(|e| e.to_string())
+        self.spki.to_pem(LineEnding::LF).map_err(|e| e.to_string())
     }
 
     /// Verifies a DER-encoded signature over `message`.
     fn verify(&self, message: &[u8], der: &[u8]) -> Result<(), String> {
-        let not_der = |e: p256::ecdsa::Error| format!("not a DER ECDSA signature: {e}");
-        let failed = |_| "ECDSA verification failed".to_string();
-        match self {
-            SignerKey::P256(key) => p256::ecdsa::VerifyingKey::from(key)
-                .verify(
-                    message,
-                    &p256::ecdsa::DerSignature::try_from(der).map_err(not_der)?,
-                )
-                .map_err(failed),
-            SignerKey::P384(key) => p384::ecdsa::VerifyingKey::from(key)
-                .verify(
-                    message,
-                    &p384::ecdsa::DerSignature::try_from(der).map_err(not_der)?,
-                )
-                .map_err(failed),
-            SignerKey::P521(key) => p521::ecdsa::VerifyingKey::from(key)
-                .verify(
-                    message,
-                    &p521::ecdsa::DerSignature::try_from(der).map_err(not_der)?,
-                )
-                .map_err(failed),
-        }
+        UnparsedPublicKey::new(self.algorithm, self.spki.subject_public_key.raw_bytes())
+            .verify(message, der)
+            .map_err(|_| "ECDSA verification failed (or the signature is not DER)".to_string())
     }
 }
 
