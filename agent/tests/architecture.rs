@@ -1,7 +1,8 @@
 //! The layout shows the architecture only if dependencies run one way: no two source files of the
 //! library may depend on each other, directly or around a circle. A dependency is any path a file
-//! names into another module (`use crate::a::b`, `super::x`, `crate::a::b::f()` inline), resolved
-//! to the file that defines that module.
+//! names into another module (`use crate::a::b`, `use crate::{a, b::c}`, `super::x`,
+//! `crate::a::b::f()` inline), resolved to the file that defines that module. Files are parsed
+//! with syn, not read as text.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -22,55 +23,112 @@ fn module_of(src: &Path, file: &Path) -> String {
     parts.join("::")
 }
 
-/// The module paths a file names, absolute (`crate::` and `super::` resolved).
+/// The module paths a file's library code names, absolute (`crate::` and `super::` resolved):
+/// every `use` tree, grouped ones (`use crate::{a::b, c}`) expanded, and every path in the code
+/// (`crate::a::b::f()` inline). Parsed with syn, so comments, strings and `#[cfg(test)]` items
+/// (tests may reach anywhere) never count.
 fn references(module: &str, is_mod_file: bool, text: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
     // The parent of a file module; a mod.rs is its own directory's module.
-    let parent: Vec<&str> = {
-        let mut parts: Vec<&str> = module.split("::").filter(|p| !p.is_empty()).collect();
-        if !is_mod_file {
-            parts.pop();
+    let mut parent: Vec<String> = module
+        .split("::")
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect();
+    if !is_mod_file {
+        parent.pop();
+    }
+    let file = syn::parse_file(text).unwrap_or_else(|e| panic!("{module}: {e}"));
+    let mut paths = Paths::default();
+    syn::visit::visit_file(&mut paths, &file);
+    paths
+        .found
+        .into_iter()
+        .filter_map(|segments| absolute(&parent, &segments))
+        .collect()
+}
+
+/// `crate::a::b` → `a::b`; `super::super::c` from `x::y` → `c`; None for paths of other roots.
+fn absolute(parent: &[String], segments: &[String]) -> Option<String> {
+    let (mut base, rest) = match segments.first().map(String::as_str) {
+        Some("crate") => (Vec::new(), &segments[1..]),
+        Some("super") => {
+            let ups = segments.iter().take_while(|s| *s == "super").count();
+            let mut base = parent.to_vec();
+            base.truncate(parent.len().saturating_sub(ups - 1));
+            (base, &segments[ups..])
         }
-        parts
+        _ => return None,
     };
-    let code: String = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let bytes = code.as_bytes();
-    for (start, _) in code
-        .match_indices("crate::")
-        .chain(code.match_indices("super::"))
-    {
-        if start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_') {
-            continue;
-        }
-        let path: String = code[start..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
-            .collect();
-        let mut segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
-        let mut base: Vec<&str> = Vec::new();
-        match segments.first() {
-            Some(&"crate") => {
-                segments.remove(0);
+    base.extend(rest.iter().cloned());
+    Some(base.join("::"))
+}
+
+/// Every path the library code names, as segments.
+#[derive(Default)]
+struct Paths {
+    found: Vec<Vec<String>>,
+}
+
+impl Paths {
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(path) => {
+                prefix.push(path.ident.to_string());
+                self.use_tree(prefix, &path.tree);
+                prefix.pop();
             }
-            Some(&"super") => {
-                base = parent.clone();
-                while segments.first() == Some(&"super") {
-                    segments.remove(0);
-                    if segments.first() == Some(&"super") {
-                        base.pop();
-                    }
+            syn::UseTree::Name(name) => self.leaf(prefix, &name.ident),
+            syn::UseTree::Rename(rename) => self.leaf(prefix, &rename.ident),
+            syn::UseTree::Glob(_) => self.found.push(prefix.clone()),
+            syn::UseTree::Group(group) => {
+                for item in &group.items {
+                    self.use_tree(prefix, item);
                 }
             }
-            _ => continue,
         }
-        base.extend(segments);
-        found.insert(base.join("::"));
     }
-    found
+
+    /// `use a::b::{self}` names `a::b`.
+    fn leaf(&mut self, prefix: &[String], ident: &syn::Ident) {
+        let mut path = prefix.to_vec();
+        if ident != "self" {
+            path.push(ident.to_string());
+        }
+        self.found.push(path);
+    }
+}
+
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.parse_args::<syn::Meta>()
+                .is_ok_and(|m| m.path().is_ident("test"))
+    })
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Paths {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs = match item {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            _ => return syn::visit::visit_item(self, item),
+        };
+        if !is_test_only(attrs) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &item.tree);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        self.found
+            .push(path.segments.iter().map(|s| s.ident.to_string()).collect());
+        syn::visit::visit_path(self, path);
+    }
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -103,8 +161,6 @@ fn no_two_modules_depend_on_each_other() {
         let is_mod_file = file
             .file_name()
             .is_some_and(|n| n == "mod.rs" || n == "lib.rs");
-        // Tests may reach anywhere; only the code the library runs is layered.
-        let text = text.split("#[cfg(test)]").next().unwrap_or(text);
         for reference in references(module, is_mod_file, text) {
             // The longest prefix that is a module with a file of its own.
             let mut target = reference.as_str();
@@ -163,4 +219,32 @@ fn no_two_modules_depend_on_each_other() {
         "import circles (each file on it depends on the next):\n{}",
         circles.join("\n")
     );
+}
+
+/// The forms the text scan missed: grouped and nested `use` trees, `self` in a group, `super`
+/// chains, inline paths; and what never counts: comments, strings, other crates, test-only items.
+#[test]
+fn every_form_of_path_is_found_and_nothing_else() {
+    let text = r#"
+        use crate::{cache::state::ModelState, gpu::{health, state::GpuState}};
+        use super::super::plan::{self, Planner};
+        use std::sync::Arc;
+        // crate::not::this
+        fn f() -> u32 { let _ = "crate::nor::this"; crate::pci::scan_count() }
+        #[cfg(test)]
+        mod tests { use crate::readiness::gates; }
+    "#;
+    let found = references("readiness::controller::inner", false, text);
+    let expected: BTreeSet<String> = [
+        "cache::state::ModelState",
+        "gpu::health",
+        "gpu::state::GpuState",
+        "readiness::plan",
+        "readiness::plan::Planner",
+        "pci::scan_count",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(found, expected);
 }
