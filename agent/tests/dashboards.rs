@@ -188,7 +188,7 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
     // docs/metrics.md instead.
     let documented = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
 
-    let prometheus = start_prometheus(&[("mlnode", agent.port), ("vllm", vllm_port)]);
+    let prometheus = start_prometheus(&[("mlnode", agent.port()), ("vllm", vllm_port)]);
     common::prometheus::wait_query(prometheus.port, "up{job=\"vllm\"} == 1");
     common::prometheus::wait_query(
         prometheus.port,

@@ -28,7 +28,7 @@ fn nvidias_dcgm_exporter_dashboard_has_data_on_every_panel() {
         m.matches("\nDCGM_FI_PROF_PIPE_TENSOR_ACTIVE{").count() == 2
             && sample(m, "mlnode_gpu_count", &[]) == Some(2.0)
     });
-    let prometheus = start_prometheus(&[("dcgm", agent.port)]);
+    let prometheus = start_prometheus(&[("dcgm", agent.port())]);
     wait_query(prometheus.port, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE");
     // The dashboard's variables at "All": label_values(DCGM_FI_DEV_GPU_TEMP, instance|gpu).
     let resolve = |expr: &str| expr.replace("$instance", ".*").replace("$gpu", ".*");

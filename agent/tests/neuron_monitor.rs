@@ -176,7 +176,7 @@ fn awss_neuron_dashboard_runs_unchanged_against_the_agent() {
         sample(m, "neuron_hardware_info", &[]).is_some()
     });
     advance_cycles(&tree);
-    let prometheus = start_prometheus(&[("neuron-monitor", agent.port)]);
+    let prometheus = start_prometheus(&[("neuron-monitor", agent.port())]);
     // A panel's data is there once Prometheus has two scrapes with an interval behind them.
     wait_query(prometheus.port, "count(neuroncore_utilization_ratio > 0)");
     wait_query(prometheus.port, "system_vcpu_usage_ratio");

@@ -12,7 +12,7 @@ fn prometheus_scrapes_the_agent() {
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let agent = Agent::start(&model_config("llama-3.1-8b", model.root(), &manifest));
-    let prometheus = start_prometheus(&[("mlnode", agent.port)]);
+    let prometheus = start_prometheus(&[("mlnode", agent.port())]);
 
     let up = wait_query(prometheus.port, "up{job=\"mlnode\"} == 1");
     assert_eq!(up[0]["value"][1], "1");

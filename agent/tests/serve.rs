@@ -332,7 +332,7 @@ fn sigterm_during_hashing_cancels_it_and_exits_promptly() {
     let started = std::time::Instant::now();
     loop {
         // Connection refused until the agent listens.
-        let (status, body) = common::agent::http_get(agent.port, "/readyz").unwrap_or_default();
+        let (status, body) = common::agent::http_get(agent.port(), "/readyz").unwrap_or_default();
         if status == 503
             && body.contains("first verification in progress")
             && started.elapsed() > Duration::from_millis(500)
@@ -414,7 +414,7 @@ fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
     agent.wait_for("serving", Duration::from_secs(20), |m| {
         m.contains("mlnode_build_info")
     });
-    let address = format!("127.0.0.1:{}", agent.port);
+    let address = format!("127.0.0.1:{}", agent.port());
     let mut held: Vec<std::net::TcpStream> = (0..1100)
         .map(|i| {
             let mut stream = std::net::TcpStream::connect(&address).unwrap();
@@ -485,7 +485,7 @@ fn clients_that_never_read_their_replies_are_dropped() {
     agent.wait_for("serving", Duration::from_secs(20), |m| {
         m.contains("mlnode_model_cache_verified")
     });
-    let address = format!("127.0.0.1:{}", agent.port);
+    let address = format!("127.0.0.1:{}", agent.port());
     let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(300);
     let held: Vec<std::net::TcpStream> = (0..300)
         .filter_map(|_| {
@@ -496,13 +496,15 @@ fn clients_that_never_read_their_replies_are_dropped() {
         })
         .collect();
     assert!(held.len() > 128, "{} connections", held.len());
-    let answered = (0..600).find_map(|_| match common::agent::http_get(agent.port, "/metrics") {
-        Ok((200, body)) => Some(body),
-        _ => {
-            std::thread::sleep(Duration::from_millis(100));
-            None
-        }
-    });
+    let answered = (0..600).find_map(
+        |_| match common::agent::http_get(agent.port(), "/metrics") {
+            Ok((200, body)) => Some(body),
+            _ => {
+                std::thread::sleep(Duration::from_millis(100));
+                None
+            }
+        },
+    );
     let body = answered.unwrap_or_else(|| {
         panic!(
             "/metrics never answered while the readers were held\n{}",

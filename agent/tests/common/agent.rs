@@ -12,7 +12,9 @@ pub const EXIT_BOUND: Duration = Duration::from_secs(5);
 
 pub struct Agent {
     child: Child,
-    pub port: u16,
+    /// The port the agent bound: it listens on port 0 and logs what the kernel gave it, so no other
+    /// process can take a port between the test choosing it and the agent binding it.
+    port: std::sync::OnceLock<u16>,
     _log_dir: tempfile::TempDir,
     log: PathBuf,
 }
@@ -30,10 +32,9 @@ impl Agent {
     pub fn start_wrapped(config_yaml: &str, env: &[(&str, &Path)], wrapper: &[&str]) -> Agent {
         let log_dir = tempfile::tempdir().unwrap();
         let config = log_dir.path().join("config.yaml");
-        let port = free_port();
         std::fs::write(
             &config,
-            format!("listen: 127.0.0.1:{port}\nnode_name: test-node\n{config_yaml}"),
+            format!("listen: 127.0.0.1:0\nnode_name: test-node\n{config_yaml}"),
         )
         .unwrap();
         let log = log_dir.path().join("agent.log");
@@ -58,14 +59,26 @@ impl Agent {
             .unwrap();
         Agent {
             child,
-            port,
+            port: std::sync::OnceLock::new(),
             _log_dir: log_dir,
             log,
         }
     }
 
+    /// The port the agent serves on, from its "mlnode-agent serving" line (text or JSON logs);
+    /// waits for the line, which comes right after the bind, before any collector starts.
+    pub fn port(&self) -> u16 {
+        *self.port.get_or_init(|| {
+            logged_port(
+                || self.log(),
+                "mlnode-agent serving",
+                &["listen=", "\"listen\":\""],
+            )
+        })
+    }
+
     pub fn get(&self, path: &str) -> (u16, String) {
-        http_get(self.port, path)
+        http_get(self.port(), path)
             .unwrap_or_else(|e| panic!("GET {path}: {e}\nagent log:\n{}", self.log()))
     }
 
@@ -86,7 +99,7 @@ impl Agent {
     pub fn wait_for(&self, what: &str, limit: Duration, check: impl Fn(&str) -> bool) -> Duration {
         let started = Instant::now();
         loop {
-            if let Ok((200, body)) = http_get(self.port, "/metrics") {
+            if let Ok((200, body)) = http_get(self.port(), "/metrics") {
                 if check(&body) {
                     return started.elapsed();
                 }
@@ -148,12 +161,34 @@ impl Drop for Agent {
     }
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The port a server that bound port 0 logged: on the first line holding `marker`, the
+/// `host:port` after any of `keys`. Waits up to 30 s for the line (the bind comes first).
+pub fn logged_port(log: impl Fn() -> String, marker: &str, keys: &[&str]) -> u16 {
+    let started = Instant::now();
+    loop {
+        let text = log();
+        let bound = text
+            .lines()
+            .filter(|l| l.contains(marker))
+            .find_map(|line| {
+                let at = keys
+                    .iter()
+                    .find_map(|key| line.find(key).map(|i| i + key.len()))?;
+                let address = &line[at..];
+                let end = address
+                    .find(|c: char| c.is_whitespace() || c == '"')
+                    .unwrap_or(address.len());
+                address[..end].rsplit_once(':')?.1.parse().ok()
+            });
+        if let Some(port) = bound {
+            return port;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no {marker:?} line saying the port within 30 s\nlog:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {

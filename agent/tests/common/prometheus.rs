@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::agent::{free_port, http_get};
+use super::agent::{http_get, logged_port};
 
 pub struct Prometheus {
     child: Child,
@@ -39,18 +39,24 @@ pub fn start_with_scrape_configs(scrape_configs: &str) -> Prometheus {
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{scrape_configs}"
     );
     std::fs::write(&config, text).unwrap();
-    let port = free_port();
+    let log = dir.path().join("prometheus.log");
     let child = Command::new("prometheus")
         .arg(format!("--config.file={}", config.display()))
         .arg(format!(
             "--storage.tsdb.path={}",
             dir.path().join("data").display()
         ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        // Port 0, and the port it got from its log: nothing can take it between choosing and binding.
+        .arg("--web.listen-address=127.0.0.1:0")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("prometheus is installed by the test command (apt-get install prometheus)");
+    let port = logged_port(
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+        "msg=\"Listening on\"",
+        &["address="],
+    );
     Prometheus {
         child,
         port,
