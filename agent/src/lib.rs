@@ -7,7 +7,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
-pub mod files;
+pub use mlnode_verify::files;
 pub mod gpu;
 pub mod health;
 pub mod kubelet;

@@ -98,7 +98,7 @@ impl Digest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpectedFile {
     /// The path as the manifest spells it, relative to the model directory. It is not trusted yet:
-    /// [`crate::cache::verify`] checks it before touching the file system. Boxed: a million-file
+    /// [`crate::verify`] checks it before touching the file system. Boxed: a million-file
     /// manifest keeps a million of these, and a `String`'s capacity word is 8 MB of them.
     pub path: Box<str>,
     /// Known for sharded entries and native entries that give it: lets a truncated file be

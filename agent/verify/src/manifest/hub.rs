@@ -23,9 +23,9 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256};
-use crate::cache::layout::{self, Layout, PartialBlobs};
-use crate::cache::safe_open::Root;
-use crate::cache::walk;
+use crate::layout::{self, Layout, PartialBlobs};
+use crate::safe_open::Root;
+use crate::walk;
 
 pub fn from_blob_names(
     root_path: &Path,
