@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::cache::hasher::Control;
 use crate::cache::manifest::TrustChoice;
 use crate::cache::report::{FileStatus, Report};
-use crate::cache::{self, manifest, TrustPolicy, VerifyOptions};
+use crate::cache::{self, manifest, VerifyOptions};
 use crate::config::{self, LogFormat, Override};
 
 /// Exit codes: 0 verified, 1 verification failed (signature and trust policy included), 2 bad
@@ -110,34 +110,29 @@ pub struct VerifyArgs {
     pub revision: Option<String>,
     /// PEM public key (ECDSA P-256, P-384 or P-521) that must have signed a model_signing bundle
     /// (`model_signing verify key`); with any signer given, an unsigned manifest is refused.
-    #[arg(long, visible_alias = "public_key", group = "signer")]
+    #[arg(long, visible_alias = "public_key")]
     pub public_key: Option<PathBuf>,
     /// PEM certificates (a root, or intermediates you trust) the bundle's signing certificate must
     /// chain to (`model_signing verify certificate`); repeat for several files.
-    #[arg(long, visible_alias = "certificate_chain", group = "signer")]
+    #[arg(long, visible_alias = "certificate_chain")]
     pub certificate_chain: Vec<PathBuf>,
     /// Keyless (`model_signing verify sigstore`): the signer's identity in its certificate (an
     /// email, or a workload URI), matched exactly.
-    #[arg(long, group = "signer", requires = "identity_provider")]
+    #[arg(long)]
     pub identity: Option<String>,
     /// Keyless: the OpenID Connect issuer that vouched for the identity, matched exactly.
-    #[arg(long, visible_alias = "identity_provider", requires = "identity")]
+    #[arg(long, visible_alias = "identity_provider")]
     pub identity_provider: Option<String>,
     /// Keyless: a trusted_root.json for a private Sigstore deployment, or model_signing's
     /// --trust-config file holding one (default: the public-good instance's, built in; nothing is
     /// fetched).
-    #[arg(long, visible_aliases = ["trust_root", "trust-config"], requires = "identity")]
+    #[arg(long, visible_aliases = ["trust_root", "trust-config"])]
     pub trust_root: Option<PathBuf>,
     /// Keyless: a bundle signed with Sigstore's staging instance (its root is built in too).
-    #[arg(
-        long,
-        visible_alias = "use_staging",
-        requires = "identity",
-        conflicts_with = "trust_root"
-    )]
+    #[arg(long, visible_alias = "use_staging")]
     pub use_staging: bool,
     /// Trust a model_signing bundle's digests without checking its signature.
-    #[arg(long, conflicts_with = "signer")]
+    #[arg(long)]
     pub allow_unsigned: bool,
     /// Files or folders under ROOT that are neither checked nor extra, besides those a bundle's
     /// own ignore list names (model_signing's --ignore-paths); relative to ROOT, or a path inside it.
@@ -231,8 +226,31 @@ fn spawn_progress(
     (done, handle)
 }
 
+/// A trust conflict in `verify`'s words: each config key it names as the flag that sets it.
+fn as_flags(text: &str) -> String {
+    const KEYS: [&str; 7] = [
+        "public_key",
+        "certificate_chain",
+        "identity",
+        "identity_provider",
+        "trust_root",
+        "use_staging",
+        "allow_unsigned",
+    ];
+    text.split(' ')
+        .map(|word| {
+            let bare = word.trim_end_matches([':', ',']);
+            match KEYS.contains(&bare) {
+                true => format!("--{}{}", bare.replace('_', "-"), &word[bare.len()..]),
+                false => word.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn verify(args: VerifyArgs) -> ExitCode {
-    let trust = TrustPolicy::from_choice(&TrustChoice {
+    let choice = TrustChoice {
         public_key: args.public_key.as_deref(),
         certificate_chain: &args.certificate_chain,
         identity: args.identity.as_deref(),
@@ -240,7 +258,14 @@ fn verify(args: VerifyArgs) -> ExitCode {
         trust_root: args.trust_root.as_deref(),
         use_staging: args.use_staging,
         allow_unsigned: args.allow_unsigned,
-    });
+    };
+    let trust = match choice.policy() {
+        Ok(trust) => trust,
+        Err(conflict) => {
+            eprintln!("error: {}", as_flags(&conflict.to_string()));
+            return ExitCode::from(2);
+        }
+    };
     let loaded = match &args.manifest {
         Some(path) => manifest::load(path, &trust),
         None => manifest::hub::from_blob_names(&args.root, args.revision.as_deref()),

@@ -115,6 +115,22 @@ pub struct ModelConfig {
     pub pvc: Option<String>,
 }
 
+impl ModelConfig {
+    /// The signer fields, for the one check of what they mean together
+    /// ([`crate::cache::manifest::TrustChoice::policy`]).
+    pub fn trust_choice(&self) -> crate::cache::manifest::TrustChoice<'_> {
+        crate::cache::manifest::TrustChoice {
+            public_key: self.public_key.as_deref(),
+            certificate_chain: &self.certificate_chain,
+            identity: self.identity.as_deref(),
+            identity_provider: self.identity_provider.as_deref(),
+            trust_root: self.trust_root.as_deref(),
+            use_staging: self.use_staging,
+            allow_unsigned: self.allow_unsigned,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifySettings {
@@ -1038,48 +1054,8 @@ fn validate(config: &Config) -> Result<(), (String, String)> {
         if model.manifest.as_os_str().is_empty() {
             return Err((key("manifest"), "must name the manifest file".into()));
         }
-        let signers: Vec<&str> = [
-            ("public_key", model.public_key.is_some()),
-            ("certificate_chain", !model.certificate_chain.is_empty()),
-            ("identity", model.identity.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(name, given)| given.then_some(name))
-        .collect();
-        if let [first, second, ..] = signers[..] {
-            return Err((
-                key(second),
-                format!("contradicts {first}: a bundle has one signer, give one way to check it"),
-            ));
-        }
-        if model.identity.is_some() != model.identity_provider.is_some() {
-            return Err((
-                key(if model.identity.is_some() { "identity_provider" } else { "identity" }),
-                "keyless verification needs both identity and identity_provider (the OpenID issuer)".into(),
-            ));
-        }
-        for (name, given) in [
-            ("trust_root", model.trust_root.is_some()),
-            ("use_staging", model.use_staging),
-        ] {
-            if given && model.identity.is_none() {
-                return Err((
-                    key(name),
-                    "is for keyless verification: give identity and identity_provider too".into(),
-                ));
-            }
-        }
-        if model.trust_root.is_some() && model.use_staging {
-            return Err((
-                key("use_staging"),
-                "contradicts trust_root: one Sigstore instance vouches for the signer".into(),
-            ));
-        }
-        if let (Some(signer), true) = (signers.first(), model.allow_unsigned) {
-            return Err((
-                key("allow_unsigned"),
-                format!("contradicts {signer}: give one or the other"),
-            ));
+        if let Err(conflict) = model.trust_choice().policy() {
+            return Err((key(conflict.field), conflict.why));
         }
     }
     let verify = &config.verify;

@@ -542,6 +542,29 @@ fn config_shows_every_section_set_by_a_variable_with_its_origin() {
     }
 }
 
+/// Contradicting signer flags are refused before any file is read, by the same check a model's
+/// config goes through, in the flags' own names.
+#[test]
+fn contradicting_signer_flags_exit_2_naming_the_flags() {
+    for (args, says) in [
+        (
+            &["--public-key", "/k.pem", "--allow-unsigned"][..],
+            "--allow-unsigned: contradicts --public-key",
+        ),
+        (&["--identity", "ci@example.com"], "--identity-provider: keyless verification needs both --identity and --identity-provider"),
+        (&["--use-staging"], "--use-staging: is for keyless verification"),
+    ] {
+        let output = agent()
+            .args(["verify", "/nonexistent-root"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
 /// Untrusted or absurd input is refused at once with the reason: a thread count that would take
 /// minutes to spawn, a FIFO named as the manifest (which would block an open), a bundle whose
 /// envelope carries a flood of signatures (each an ECDSA verification).

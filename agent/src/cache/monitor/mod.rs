@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::events::{changes_content, Router, Work};
 use super::hasher::Control;
 use super::layout;
-use super::manifest::{self, Manifest, TrustChoice, TrustPolicy};
+use super::manifest::{self, Manifest};
 use super::metrics::{CacheMetrics, VerifyKind};
 use super::priority::{self, Hashers, Priority, Situation};
 use super::report::{FileStatus, Report};
@@ -108,19 +108,6 @@ impl Monitor {
             keep_ok_lines: false,
             ..VerifyOptions::default()
         }
-    }
-
-    fn trust(&self) -> TrustPolicy {
-        let model = &self.model;
-        TrustPolicy::from_choice(&TrustChoice {
-            public_key: model.public_key.as_deref(),
-            certificate_chain: &model.certificate_chain,
-            identity: model.identity.as_deref(),
-            identity_provider: model.identity_provider.as_deref(),
-            trust_root: model.trust_root.as_deref(),
-            use_staging: model.use_staging,
-            allow_unsigned: model.allow_unsigned,
-        })
     }
 
     fn timing(&self) -> Timing {
@@ -403,7 +390,12 @@ impl Monitor {
 
     async fn load_manifest(&self) -> Result<(Manifest, [u8; 32]), String> {
         let path = self.model.manifest.clone();
-        let trust = self.trust();
+        // Validated with the config at start; a contradiction here is said, never guessed past.
+        let trust = self
+            .model
+            .trust_choice()
+            .policy()
+            .map_err(|e| e.to_string())?;
         let ignored = self.model.ignore_paths.clone();
         tokio::task::spawn_blocking(move || {
             let (mut manifest, digest) =

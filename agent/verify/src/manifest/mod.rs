@@ -198,7 +198,7 @@ impl Manifest {
 
 /// What it takes for a model_signing bundle's digests to be trusted: the three ways
 /// `model_signing verify` checks a signer (`key`, `certificate`, `sigstore`), or none.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum TrustPolicy {
     /// The DSSE signature must verify with this PEM public key (ECDSA P-256, P-384 or P-521).
     PublicKey(PathBuf),
@@ -239,8 +239,9 @@ pub enum SigstoreRoot {
     File(PathBuf),
 }
 
-/// What the operator gave, from flags or a model's config, before it becomes a [`TrustPolicy`].
-/// The places that take it refuse contradicting choices, naming them; here the order only decides.
+/// What the operator gave, from `verify`'s flags or a model's config, before it becomes a
+/// [`TrustPolicy`]: the one place that decides what the fields mean together, and refuses
+/// contradicting ones ([`TrustChoice::policy`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TrustChoice<'a> {
     pub public_key: Option<&'a Path>,
@@ -252,32 +253,90 @@ pub struct TrustChoice<'a> {
     pub allow_unsigned: bool,
 }
 
-impl TrustPolicy {
-    pub fn from_choice(choice: &TrustChoice) -> TrustPolicy {
-        if let Some(key) = choice.public_key {
-            return TrustPolicy::PublicKey(key.to_path_buf());
+/// Fields of a [`TrustChoice`] that cannot be taken together: the field at fault (its config key;
+/// `verify`'s flag is the same with `-`) and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {why}")]
+pub struct TrustConflict {
+    pub field: &'static str,
+    pub why: String,
+}
+
+impl TrustChoice<'_> {
+    /// The policy the fields give, or the first contradiction among them.
+    pub fn policy(&self) -> Result<TrustPolicy, TrustConflict> {
+        let conflict = |field, why: String| Err(TrustConflict { field, why });
+        let signers: Vec<&'static str> = [
+            ("public_key", self.public_key.is_some()),
+            ("certificate_chain", !self.certificate_chain.is_empty()),
+            ("identity", self.identity.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect();
+        if let [first, second, ..] = signers[..] {
+            return conflict(
+                second,
+                format!("contradicts {first}: a bundle has one signer, give one way to check it"),
+            );
         }
-        if !choice.certificate_chain.is_empty() {
-            return TrustPolicy::CertificateChain(choice.certificate_chain.to_vec());
+        if self.identity.is_some() != self.identity_provider.is_some() {
+            return conflict(
+                if self.identity.is_some() {
+                    "identity_provider"
+                } else {
+                    "identity"
+                },
+                "keyless verification needs both identity and identity_provider (the OpenID issuer)"
+                    .into(),
+            );
         }
-        if let (Some(identity), Some(issuer)) = (choice.identity, choice.identity_provider) {
-            return TrustPolicy::Sigstore(SigstoreSigner {
+        for (name, given) in [
+            ("trust_root", self.trust_root.is_some()),
+            ("use_staging", self.use_staging),
+        ] {
+            if given && self.identity.is_none() {
+                return conflict(
+                    name,
+                    "is for keyless verification: give identity and identity_provider too".into(),
+                );
+            }
+        }
+        if self.trust_root.is_some() && self.use_staging {
+            return conflict(
+                "use_staging",
+                "contradicts trust_root: one Sigstore instance vouches for the signer".into(),
+            );
+        }
+        if let (Some(signer), true) = (signers.first(), self.allow_unsigned) {
+            return conflict(
+                "allow_unsigned",
+                format!("contradicts {signer}: give one or the other"),
+            );
+        }
+        Ok(if let Some(key) = self.public_key {
+            TrustPolicy::PublicKey(key.to_path_buf())
+        } else if !self.certificate_chain.is_empty() {
+            TrustPolicy::CertificateChain(self.certificate_chain.to_vec())
+        } else if let (Some(identity), Some(issuer)) = (self.identity, self.identity_provider) {
+            TrustPolicy::Sigstore(SigstoreSigner {
                 identity: identity.to_string(),
                 issuer: issuer.to_string(),
-                root: match (choice.trust_root, choice.use_staging) {
+                root: match (self.trust_root, self.use_staging) {
                     (Some(file), _) => SigstoreRoot::File(file.to_path_buf()),
                     (None, true) => SigstoreRoot::Staging,
                     (None, false) => SigstoreRoot::PublicGood,
                 },
-            });
-        }
-        if choice.allow_unsigned {
+            })
+        } else if self.allow_unsigned {
             TrustPolicy::AllowUnsigned
         } else {
             TrustPolicy::RequireKey
-        }
+        })
     }
+}
 
+impl TrustPolicy {
     /// The configured signer, in words; None when no signer is required.
     pub fn signer(&self) -> Option<String> {
         match self {
@@ -583,6 +642,48 @@ mod tests {
         assert_eq!(
             digest,
             <[u8; 32]>::from(sha2::Sha256::digest(native.as_bytes()))
+        );
+    }
+
+    /// What the fields mean together: one signer, and a keyless one's Sigstore instance; no
+    /// signer and no allowance requires one; a contradiction names the field at fault.
+    #[test]
+    fn a_trust_choice_gives_one_policy_or_names_the_conflict() {
+        let chain = [PathBuf::from("/pki/root.pem")];
+        let keyless = TrustChoice {
+            identity: Some("ci@example.com"),
+            identity_provider: Some("https://token.actions.githubusercontent.com"),
+            use_staging: true,
+            ..TrustChoice::default()
+        };
+        match keyless.policy().unwrap() {
+            TrustPolicy::Sigstore(signer) => assert_eq!(signer.root, SigstoreRoot::Staging),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            TrustChoice::default().policy().unwrap(),
+            TrustPolicy::RequireKey
+        );
+        assert_eq!(
+            TrustChoice {
+                certificate_chain: &chain,
+                ..TrustChoice::default()
+            }
+            .policy()
+            .unwrap(),
+            TrustPolicy::CertificateChain(chain.to_vec())
+        );
+        let conflict = TrustChoice {
+            public_key: Some(Path::new("/k.pem")),
+            allow_unsigned: true,
+            ..TrustChoice::default()
+        }
+        .policy()
+        .unwrap_err();
+        assert_eq!(conflict.field, "allow_unsigned");
+        assert_eq!(
+            conflict.to_string(),
+            "allow_unsigned: contradicts public_key: give one or the other"
         );
     }
 }
