@@ -656,19 +656,12 @@ fn a_bundle_padded_with_decoy_certificates_is_refused_at_the_bound() {
 /// Creates `depth` nested directories named `name` below `dir` without ever naming the whole path
 /// (it is longer than PATH_MAX), through directory descriptors.
 fn deep_chain(dir: &Path, name: &str, depth: usize) {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let c_name = std::ffi::CString::new(name).unwrap();
-    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: plain system calls on descriptors this function owns.
-    let mut fd = unsafe { OwnedFd::from_raw_fd(libc::open(c_dir.as_ptr(), libc::O_DIRECTORY)) };
+    use nix::fcntl::{open, openat, OFlag};
+    use nix::sys::stat::{mkdirat, Mode};
+    let mut fd = open(dir, OFlag::O_DIRECTORY, Mode::empty()).unwrap();
     for _ in 0..depth {
-        use std::os::fd::AsRawFd;
-        unsafe {
-            assert_eq!(libc::mkdirat(fd.as_raw_fd(), c_name.as_ptr(), 0o755), 0);
-            let next = libc::openat(fd.as_raw_fd(), c_name.as_ptr(), libc::O_DIRECTORY);
-            assert!(next >= 0);
-            fd = OwnedFd::from_raw_fd(next);
-        }
+        mkdirat(&fd, name, Mode::from_bits_truncate(0o755)).unwrap();
+        fd = openat(&fd, name, OFlag::O_DIRECTORY, Mode::empty()).unwrap();
     }
 }
 

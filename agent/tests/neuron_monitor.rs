@@ -133,9 +133,12 @@ fn neuron_monitor_series_come_from_sysfs_and_procfs() {
         "the rise since the agent's first read"
     );
     // procfs against the kernel's own answers through other calls.
+    // SAFETY: sysconf has no preconditions.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     assert_eq!(sample(&m, "system_vcpu_count", &[]), Some(online as f64));
+    // SAFETY: sysinfo is plain integers, for which all zeroes is a valid value.
     let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable sysinfo for the call to fill.
     assert_eq!(unsafe { libc::sysinfo(&mut info) }, 0);
     assert_eq!(
         sample(&m, "system_memory_total_bytes", &[]),

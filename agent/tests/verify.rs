@@ -17,6 +17,14 @@ use mlnode_agent::cache::{verify, VerifyOptions};
 
 const STRATEGIES: [Strategy; 2] = [Strategy::Auto, Strategy::Walk];
 
+/// A lock file held as huggingface_hub's filelock holds it for a whole download
+/// (`flock(LOCK_EX)`), until dropped.
+fn hold_lock(path: &Path) -> nix::fcntl::Flock<std::fs::File> {
+    let file = std::fs::File::create(path).unwrap();
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("flock {}: {e}", path.display()))
+}
+
 fn run_with(root: &Path, manifest_json: &str, options: VerifyOptions) -> Report {
     let manifest = manifest::parse(
         Path::new("test-manifest.json"),
@@ -495,9 +503,7 @@ fn hf_cache_lock_held_for_a_missing_blob_is_in_progress() {
     let locks = cache.hub.path().join(".locks/models--org--tiny");
     std::fs::create_dir_all(&locks).unwrap();
     // Held as huggingface_hub's filelock holds it for the whole download: flock(LOCK_EX).
-    let lock = std::fs::File::create(locks.join(format!("{blob}.lock"))).unwrap();
-    use std::os::fd::AsRawFd;
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let lock = hold_lock(&locks.join(format!("{blob}.lock")));
     let report = run(&cache.root(), &cache.manifest_json(COMMIT), Strategy::Auto);
     assert_eq!(status(&report, "config.json"), FileStatus::InProgress);
     // The download ends (or dies): its lock file stays, and no longer excuses anything.
@@ -1055,7 +1061,6 @@ fn hf_cache_tampered_entries_fail_without_a_manifest_as_with_one() {
 /// named by its blob, as the hub's links name blobs: `../../blobs/<sha256>`.
 #[test]
 fn hf_cache_unfinished_download_fails_without_a_manifest() {
-    use std::os::fd::AsRawFd;
     let cache = HfCache::new();
     let weights = sha256_hex(&cache.files["model.safetensors"]);
     // The download started: no blob and no link yet, only its partial file.
@@ -1075,8 +1080,7 @@ fn hf_cache_unfinished_download_fails_without_a_manifest() {
 
     let locks = cache.hub.path().join(".locks/models--org--tiny");
     std::fs::create_dir_all(&locks).unwrap();
-    let lock = std::fs::File::create(locks.join(format!("{weights}.lock"))).unwrap();
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let lock = hold_lock(&locks.join(format!("{weights}.lock")));
     let report = verify_without_manifest(&cache);
     assert_eq!(status(&report, &line), FileStatus::InProgress);
     assert!(error(&report, &line).contains(&partial), "{report:#?}");
@@ -1091,8 +1095,7 @@ fn hf_cache_unfinished_download_fails_without_a_manifest() {
     // A download just started (lock held, no partial file yet) fails too.
     std::fs::remove_file(cache.root().join("blobs").join(&partial)).unwrap();
     let config = sha256_hex(b"the next file");
-    let next = std::fs::File::create(locks.join(format!("{config}.lock"))).unwrap();
-    assert_eq!(unsafe { libc::flock(next.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let next = hold_lock(&locks.join(format!("{config}.lock")));
     let report = verify_without_manifest(&cache);
     assert_eq!(
         status(&report, &format!("../../blobs/{config}")),

@@ -193,8 +193,9 @@ mod tests {
         let hashers = Hashers::new(1, None).unwrap();
         let policy = |priority| {
             hashers.pool(priority).install(|| {
-                // SAFETY: querying the calling thread's policy and I/O priority.
+                // SAFETY: querying the calling thread's policy (pid 0: the caller).
                 let sched = unsafe { libc::sched_getscheduler(0) };
+                // SAFETY: ioprio_get takes two integers; who 0 is the calling thread.
                 let io = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
                 (sched, io >> IOPRIO_CLASS_SHIFT)
             })

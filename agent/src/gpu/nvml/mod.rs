@@ -249,6 +249,8 @@ impl NvmlSource {
                 // `device` lives.
                 let mut info: nvmlGpuFabricInfo_v3_t = unsafe { std::mem::zeroed() };
                 info.version = version;
+                // SAFETY: as above: `info` is a zeroed v3 buffer carrying its version word, and
+                // the handle is valid while `device` lives.
                 match nvml_try(unsafe { sym(device.handle(), &mut info) }) {
                     Ok(()) => {
                         return Ok(FabricReading {
@@ -265,6 +267,7 @@ impl NvmlSource {
         let sym = symbol(&lib.nvmlDeviceGetGpuFabricInfo)?;
         // SAFETY: a zeroed struct of plain integers for the driver to fill; the handle is valid.
         let mut v1: nvmlGpuFabricInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `v1` is the unversioned struct this call fills; the handle is valid.
         nvml_try(unsafe { sym(device.handle(), &mut v1) })?;
         Ok(FabricReading {
             state: v1.state,
