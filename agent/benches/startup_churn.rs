@@ -10,6 +10,9 @@ mod admission;
 #[allow(dead_code)]
 #[path = "../tests/common/kube.rs"]
 mod kube;
+#[path = "../tests/common/wait.rs"]
+mod wait;
+use wait::wait_until;
 #[allow(dead_code)]
 #[path = "../tests/common/pods.rs"]
 mod pods;

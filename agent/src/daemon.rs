@@ -17,7 +17,7 @@ use crate::gpu::GpuRuntime;
 use crate::health::HealthSource;
 use crate::kubelet::dra::DraSlices;
 use crate::kubelet::pod_resources::{self, SharedAssignments};
-use crate::metrics::{AgentMetrics, Collector};
+use crate::metrics::{AgentMetrics, Subsystem};
 use crate::neuron;
 use crate::neuron::health::NeuronHealth;
 use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
@@ -61,7 +61,7 @@ async fn kube_for(enabled: Toggle, key: &str) -> Result<kube::Client, String> {
 /// The one way a collector that did not start says so (its config section is named like it): an
 /// error where the operator required it (`enabled: true`), information where it was optional, and
 /// `mlnode_collector_up` 0.
-fn not_started(up: &AgentMetrics, collector: Collector, what: &str, enabled: Toggle, reason: &str) {
+fn not_started(up: &AgentMetrics, collector: Subsystem, what: &str, enabled: Toggle, reason: &str) {
     if enabled == Toggle::On {
         let section = collector.as_str();
         tracing::error!(reason = %reason, "no {what} ({section}.enabled: true)");
@@ -92,11 +92,11 @@ async fn start_startup_tracker(
                 config.startup.clone(),
             );
             tasks.spawn(tracker.run(shutdown.child_token()));
-            agent_metrics.set_up(Collector::Startup, true);
+            agent_metrics.set_up(Subsystem::Startup, true);
         }
         Err(reason) => not_started(
             agent_metrics,
-            Collector::Startup,
+            Subsystem::Startup,
             "pod startup phases",
             config.startup.enabled,
             &reason,
@@ -191,7 +191,7 @@ async fn start_readiness(
             let what = "node readiness gates";
             not_started(
                 agent_metrics,
-                Collector::Readiness,
+                Subsystem::Readiness,
                 what,
                 settings.enabled,
                 &reason,
@@ -275,7 +275,7 @@ async fn start_gpu(
         Ok(gpu) => Some(gpu),
         Err(reason) => {
             let what = "NVIDIA GPU collector";
-            not_started(up, Collector::Nvml, what, config.nvml.enabled, &reason);
+            not_started(up, Subsystem::Nvml, what, config.nvml.enabled, &reason);
             None
         }
     }
@@ -323,7 +323,7 @@ async fn run_collectors(
     );
     match &neuron {
         Ok(_) => {
-            agent_metrics.set_up(Collector::Neuron, true);
+            agent_metrics.set_up(Subsystem::Neuron, true);
             if let Some((path, runtimes)) = monitor_input {
                 tasks.spawn(neuron::monitor_input::read(
                     path,
@@ -351,7 +351,7 @@ async fn run_collectors(
         }
         Err(reason) => not_started(
             &agent_metrics,
-            Collector::Neuron,
+            Subsystem::Neuron,
             "Neuron collector",
             config.neuron.enabled,
             reason,
@@ -505,11 +505,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         );
         tasks.spawn(monitor.run(shutdown.child_token()));
     }
-    agent_metrics.set_up(Collector::ModelCache, true);
+    agent_metrics.set_up(Subsystem::ModelCache, true);
     // Until their start-up says otherwise, the other collectors are not up.
-    for collector in Collector::ALL
+    for collector in Subsystem::ALL
         .into_iter()
-        .filter(|c| *c != Collector::ModelCache)
+        .filter(|c| *c != Subsystem::ModelCache)
     {
         agent_metrics.set_up(collector, false);
     }

@@ -1375,19 +1375,14 @@ fn wait_condition_of(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
-    let started = std::time::Instant::now();
-    loop {
+    common::wait_until(what, Duration::from_secs(20), || {
         let condition = api.condition(kind);
         if check(&condition) {
-            return condition;
+            Ok(condition)
+        } else {
+            Err(format!("{kind} is {condition}\n{}", agent.log()))
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{what}: {kind} is {condition}\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 /// The driver's verdict first: a recovery action other than NONE (nvml.h's values) turns

@@ -133,7 +133,7 @@ fn exposition() -> String {
     let registry = mlnode_agent::metrics::registry("doc-test");
     mlnode_agent::metrics::AgentMetrics::register(&registry)
         .unwrap()
-        .set_up(mlnode_agent::metrics::Collector::ModelCache, true);
+        .set_up(mlnode_agent::metrics::Subsystem::ModelCache, true);
     let cache = mlnode_agent::cache::metrics::CacheMetrics::register(&registry).unwrap();
     // Give every labelled family one child, or the encoder leaves it out.
     let report = mlnode_agent::cache::Report {

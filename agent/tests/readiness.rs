@@ -32,11 +32,9 @@ fn start(api: &FakeApiServer, model: &PlainModel, manifest: &Path, extra: &str) 
 }
 
 fn wait_until(what: &str, limit: Duration, check: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(what, limit, || {
+        check().then_some(()).ok_or_else(String::new)
+    })
 }
 
 /// Readiness rounds the agent has finished (written, skipped or failed): the controller's own

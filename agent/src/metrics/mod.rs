@@ -15,9 +15,11 @@ pub fn registry(node_name: &str) -> Registry {
     Registry::new_custom(None, Some(labels)).expect("a constant label set is valid")
 }
 
-/// The collectors `mlnode_collector_up` reports on; each is also its config section's name.
+/// The subsystems `mlnode_collector_up{collector}` reports on (named apart from
+/// `prometheus::core::Collector`, which the collectors implement); each is also its config
+/// section's name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Collector {
+pub enum Subsystem {
     ModelCache,
     Nvml,
     Neuron,
@@ -25,22 +27,22 @@ pub enum Collector {
     Startup,
 }
 
-impl Collector {
-    pub const ALL: [Collector; 5] = [
-        Collector::ModelCache,
-        Collector::Nvml,
-        Collector::Neuron,
-        Collector::Readiness,
-        Collector::Startup,
+impl Subsystem {
+    pub const ALL: [Subsystem; 5] = [
+        Subsystem::ModelCache,
+        Subsystem::Nvml,
+        Subsystem::Neuron,
+        Subsystem::Readiness,
+        Subsystem::Startup,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Collector::ModelCache => "model_cache",
-            Collector::Nvml => "nvml",
-            Collector::Neuron => "neuron",
-            Collector::Readiness => "readiness",
-            Collector::Startup => "startup",
+            Subsystem::ModelCache => "model_cache",
+            Subsystem::Nvml => "nvml",
+            Subsystem::Neuron => "neuron",
+            Subsystem::Readiness => "readiness",
+            Subsystem::Startup => "startup",
         }
     }
 }
@@ -75,7 +77,7 @@ impl AgentMetrics {
         Ok(AgentMetrics { collector_up })
     }
 
-    pub fn set_up(&self, collector: Collector, up: bool) {
+    pub fn set_up(&self, collector: Subsystem, up: bool) {
         self.collector_up
             .with_label_values(&[collector.as_str()])
             .set(i64::from(up));

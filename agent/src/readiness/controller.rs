@@ -22,7 +22,7 @@ use super::plan::Planner;
 use crate::cache::state::{ModelState, NodeTaint};
 use crate::config::ReadinessSettings;
 use crate::health::{FromNode, HealthSource};
-use crate::metrics::{AgentMetrics, Collector};
+use crate::metrics::{AgentMetrics, Subsystem};
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
 /// Retries of the taint's test-and-replace when the list changed between read and write.
@@ -175,14 +175,14 @@ impl Controller {
             let wait = memory.planner.round_done(synced.is_ok());
             match synced {
                 Ok(()) => {
-                    self.up.set_up(Collector::Readiness, true);
+                    self.up.set_up(Subsystem::Readiness, true);
                     if !last_error.is_empty() {
                         tracing::info!(node = %self.node_name, "API server reachable again; node conditions in sync");
                         last_error.clear();
                     }
                 }
                 Err(e) => {
-                    self.up.set_up(Collector::Readiness, false);
+                    self.up.set_up(Subsystem::Readiness, false);
                     self.metrics.updates.with_label_values(&["error"]).inc();
                     let message = e.to_string();
                     if message != last_error {

@@ -98,40 +98,28 @@ impl Agent {
     /// Polls /metrics until `check` holds; panics with the last scrape after `limit`.
     pub fn wait_for(&self, what: &str, limit: Duration, check: impl Fn(&str) -> bool) -> Duration {
         let started = Instant::now();
-        loop {
-            if let Ok((200, body)) = http_get(self.port(), "/metrics") {
-                if check(&body) {
-                    return started.elapsed();
-                }
-                if started.elapsed() > limit {
-                    panic!(
-                        "{what}: not within {limit:?}\n{body}\nagent log:\n{}",
-                        self.log()
-                    );
-                }
-            } else if started.elapsed() > limit {
-                panic!(
-                    "{what}: agent not answering within {limit:?}\nagent log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        super::wait_until(what, limit, || match http_get(self.port(), "/metrics") {
+            Ok((200, body)) if check(&body) => Ok(()),
+            Ok((_, body)) => Err(format!("{body}\nagent log:\n{}", self.log())),
+            Err(e) => Err(format!(
+                "agent not answering: {e}\nagent log:\n{}",
+                self.log()
+            )),
+        });
+        started.elapsed()
     }
 
     /// Polls the agent's log until `check` holds; panics with the log after `limit`.
     #[allow(dead_code)] // not every test binary that shares this module waits on the log
     pub fn wait_for_log(&self, what: &str, limit: Duration, check: impl Fn(&str) -> bool) {
-        let started = Instant::now();
-        while !check(&self.log()) {
-            if started.elapsed() > limit {
-                panic!(
-                    "{what}: not logged within {limit:?}\nagent log:\n{}",
-                    self.log()
-                );
+        super::wait_until(what, limit, || {
+            let log = self.log();
+            if check(&log) {
+                Ok(())
+            } else {
+                Err(format!("agent log:\n{log}"))
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 
     pub fn terminate(&mut self) -> (Option<i32>, Duration) {
@@ -164,31 +152,26 @@ impl Drop for Agent {
 /// The port a server that bound port 0 logged: on the first line holding `marker`, the
 /// `host:port` after any of `keys`. Waits up to 30 s for the line (the bind comes first).
 pub fn logged_port(log: impl Fn() -> String, marker: &str, keys: &[&str]) -> u16 {
-    let started = Instant::now();
-    loop {
-        let text = log();
-        let bound = text
-            .lines()
-            .filter(|l| l.contains(marker))
-            .find_map(|line| {
-                let at = keys
-                    .iter()
-                    .find_map(|key| line.find(key).map(|i| i + key.len()))?;
-                let address = &line[at..];
-                let end = address
-                    .find(|c: char| c.is_whitespace() || c == '"')
-                    .unwrap_or(address.len());
-                address[..end].rsplit_once(':')?.1.parse().ok()
-            });
-        if let Some(port) = bound {
-            return port;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no {marker:?} line saying the port within 30 s\nlog:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    super::wait_until(
+        &format!("a {marker:?} line saying the port"),
+        Duration::from_secs(30),
+        || {
+            let text = log();
+            text.lines()
+                .filter(|l| l.contains(marker))
+                .find_map(|line| {
+                    let at = keys
+                        .iter()
+                        .find_map(|key| line.find(key).map(|i| i + key.len()))?;
+                    let address = &line[at..];
+                    let end = address
+                        .find(|c: char| c.is_whitespace() || c == '"')
+                        .unwrap_or(address.len());
+                    address[..end].rsplit_once(':')?.1.parse().ok()
+                })
+                .ok_or(format!("log:\n{text}"))
+        },
+    )
 }
 
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {

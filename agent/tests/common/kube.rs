@@ -832,12 +832,7 @@ impl FakeApiServer {
 
 /// Polls `check` until it holds; panics after `limit`.
 pub fn wait(check: impl Fn() -> bool, limit: std::time::Duration) {
-    let started = std::time::Instant::now();
-    while !check() {
-        assert!(
-            started.elapsed() < limit,
-            "condition not met within {limit:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    super::wait_until("the fake API server's condition", limit, || {
+        check().then_some(()).ok_or_else(String::new)
+    })
 }

@@ -14,6 +14,9 @@ pub mod pod_security;
 pub mod pods;
 pub mod prometheus;
 pub mod rbac;
+pub mod wait;
+
+pub use wait::wait_until;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

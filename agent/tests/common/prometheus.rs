@@ -2,7 +2,7 @@
 //! given targets every second, and its query API.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::agent::{http_get, logged_port};
 
@@ -98,17 +98,11 @@ pub fn query(port: u16, promql: &str) -> Option<serde_json::Value> {
 }
 
 pub fn wait_query(port: u16, promql: &str) -> serde_json::Value {
-    let started = Instant::now();
-    loop {
-        if let Some(result) = query(port, promql) {
-            return result;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no result for {promql} within 30s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    super::wait_until(
+        &format!("a result for {promql}"),
+        Duration::from_secs(30),
+        || query(port, promql).ok_or_else(|| "no result yet".to_string()),
+    )
 }
 
 /// Serves tests/fixtures/vllm-metrics.txt on a loopback port, as vLLM's /metrics.

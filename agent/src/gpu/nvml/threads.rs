@@ -15,7 +15,7 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::{symbol, GpmSamples, NvmlSource};
 use crate::gpu::state::{DeviceRead, GpuFailure, GpuState};
-use crate::metrics::{AgentMetrics, Collector};
+use crate::metrics::{AgentMetrics, Subsystem};
 
 /// How long one XID wait blocks before checking for shutdown.
 const XID_WAIT_MS: u32 = 500;
@@ -121,7 +121,7 @@ fn sample_loop(
                     tracing::warn!(took = ?stalled, "reading the GPUs took longer than the stall limit: an NVML call was hanging");
                 }
                 state.last_round = Some(Instant::now());
-                up.set_up(Collector::Nvml, true);
+                up.set_up(Subsystem::Nvml, true);
             }
             Err(reason) => {
                 let mut state = lock(state);
@@ -129,7 +129,7 @@ fn sample_loop(
                     tracing::error!(error = %reason, "NVML stopped answering; GPU readings are dropped until it answers again");
                 }
                 state.fail(reason);
-                up.set_up(Collector::Nvml, false);
+                up.set_up(Subsystem::Nvml, false);
             }
         }
         if stop.wait(interval) {
