@@ -41,16 +41,18 @@ impl HealthSource for NeuronHealth {
         let on_bus = crate::pci::scan(&self.pci_devices, crate::pci::is_neuron_device)
             .ok()
             .map(|bus| bus.devices.len());
-        let mut report = assess(&hardware, on_bus, &mut self.ecc);
-        report
-            .problems
-            .extend(missing_from_bus(on_bus, from_node.expected.neuron_devices));
-        report
+        assess(
+            &hardware,
+            on_bus,
+            from_node.expected.neuron_devices,
+            &mut self.ecc,
+        )
     }
 }
 
-/// The report from each device's `stats/hardware` counts (by device index) and the number of
-/// Inferentia/Trainium devices on the PCI bus (None: the bus could not be read). The counts are
+/// The report from each device's `stats/hardware` counts (by device index), the number of
+/// Inferentia/Trainium devices on the PCI bus (None: the bus could not be read) and the number the
+/// node's instance type has (None: no label says). The counts are
 /// register snapshots, not counters: on Trn2 errors move between the repairable and unrepairable
 /// counts as the HBM repair state changes, and a count can go down. `ecc` sums the rises since the
 /// agent started; a fall lowers the baseline, never the errors already seen, and errors from before
@@ -58,19 +60,14 @@ impl HealthSource for NeuronHealth {
 pub fn assess(
     hardware: &BTreeMap<u32, BTreeMap<String, u64>>,
     on_bus: Option<usize>,
+    expected: Option<u32>,
     ecc: &mut Rises<u32>,
 ) -> Report {
     let mut report = Report::new(DeviceKind::Neuron);
     report.devices = hardware.len();
-    if let Some(on_bus) = on_bus.filter(|&n| n > hardware.len()) {
-        report.problems.push(Problem::new(
-            "NeuronDeviceCountMismatch",
-            format!(
-                "the PCI bus has {on_bus} Inferentia/Trainium device(s) and the Neuron driver lists {}",
-                hardware.len()
-            ),
-        ));
-    }
+    report
+        .problems
+        .extend(count_mismatch(hardware.len(), on_bus, expected));
     for (&device, counts) in hardware {
         let now: u64 = UNCORRECTED.iter().filter_map(|e| counts.get(*e)).sum();
         let since_start = ecc.observe(device, now);
@@ -84,18 +81,23 @@ pub fn assess(
     report
 }
 
-/// Fewer devices on the bus than the node's instance type has: one gone from the bus itself.
-pub fn missing_from_bus(on_bus: Option<usize>, expected: Option<u32>) -> Option<Problem> {
-    let (on_bus, expected) = (on_bus?, expected?);
-    ((on_bus as u64) < u64::from(expected)).then(|| {
-        Problem::new(
-            "NeuronDeviceCountMismatch",
-            format!(
-                "{expected} Neuron device(s) expected ({}), {on_bus} on the PCI bus",
-                crate::health::ACCELERATOR_COUNT_LABEL
-            ),
-        )
-    })
+/// Devices on the bus the driver did not bring up, and fewer on the bus than the node's instance
+/// type has (one gone from the bus itself): one problem saying each.
+fn count_mismatch(listed: usize, on_bus: Option<usize>, expected: Option<u32>) -> Option<Problem> {
+    let on_bus = on_bus?;
+    let mut said = Vec::new();
+    if on_bus > listed {
+        said.push(format!(
+            "the PCI bus has {on_bus} Inferentia/Trainium device(s) and the Neuron driver lists {listed}"
+        ));
+    }
+    if let Some(expected) = expected.filter(|&e| (on_bus as u64) < u64::from(e)) {
+        said.push(format!(
+            "{expected} Neuron device(s) expected ({}), {on_bus} on the PCI bus",
+            crate::health::ACCELERATOR_COUNT_LABEL
+        ));
+    }
+    (!said.is_empty()).then(|| Problem::new("NeuronDeviceCountMismatch", said.join("; ")))
 }
 
 #[cfg(test)]
@@ -124,16 +126,16 @@ mod tests {
     #[test]
     fn only_uncorrected_rises_after_the_start_count() {
         let mut ecc = Rises::default();
-        let first = assess(&devices(&[(0, 5), (1, 0)]), Some(2), &mut ecc);
+        let first = assess(&devices(&[(0, 5), (1, 0)]), Some(2), None, &mut ecc);
         assert_eq!((first.devices, reasons(&first).len()), (2, 0));
-        let report = assess(&devices(&[(0, 6), (1, 0)]), Some(2), &mut ecc);
+        let report = assess(&devices(&[(0, 6), (1, 0)]), Some(2), None, &mut ecc);
         assert_eq!(reasons(&report), ["NeuronUncorrectedECC"]);
         assert_eq!(
             report.problems[0].message,
             "Neuron device 0: 1 uncorrected ECC error(s)"
         );
-        assess(&devices(&[(0, 2), (1, 0)]), Some(2), &mut ecc);
-        let report = assess(&devices(&[(0, 4), (1, 0)]), Some(2), &mut ecc);
+        assess(&devices(&[(0, 2), (1, 0)]), Some(2), None, &mut ecc);
+        let report = assess(&devices(&[(0, 4), (1, 0)]), Some(2), None, &mut ecc);
         assert_eq!(
             report.problems[0].message,
             "Neuron device 0: 3 uncorrected ECC error(s)"
@@ -145,15 +147,15 @@ mod tests {
     #[test]
     fn a_device_the_driver_does_not_list_is_missed() {
         let listed = devices(&(0..15).map(|d| (d, 0)).collect::<Vec<_>>());
-        let report = assess(&listed, Some(16), &mut Rises::default());
+        let report = assess(&listed, Some(16), None, &mut Rises::default());
         assert_eq!(reasons(&report), ["NeuronDeviceCountMismatch"]);
         assert!(report.problems[0]
             .message
             .contains("16 Inferentia/Trainium device(s) and the Neuron driver lists 15"));
-        assert!(assess(&listed, Some(15), &mut Rises::default())
+        assert!(assess(&listed, Some(15), None, &mut Rises::default())
             .problems
             .is_empty());
-        assert!(assess(&listed, None, &mut Rises::default())
+        assert!(assess(&listed, None, None, &mut Rises::default())
             .problems
             .is_empty());
     }
@@ -162,11 +164,19 @@ mod tests {
     /// or an unreadable bus says nothing.
     #[test]
     fn a_device_gone_from_the_bus_is_missed_against_the_instance_type() {
-        let problem = missing_from_bus(Some(15), Some(16)).unwrap();
-        assert_eq!(problem.reason, "NeuronDeviceCountMismatch");
-        assert!(problem.message.contains("16 Neuron device(s) expected (karpenter.k8s.aws/instance-accelerator-count), 15 on the PCI bus"));
-        assert_eq!(missing_from_bus(Some(16), Some(16)), None);
-        assert_eq!(missing_from_bus(Some(15), None), None);
-        assert_eq!(missing_from_bus(None, Some(16)), None);
+        let listed = devices(&(0..15).map(|d| (d, 0)).collect::<Vec<_>>());
+        let check = |on_bus, expected| assess(&listed, on_bus, expected, &mut Rises::default());
+        let report = check(Some(15), Some(16));
+        assert_eq!(reasons(&report), ["NeuronDeviceCountMismatch"]);
+        assert!(report.problems[0].message.contains("16 Neuron device(s) expected (karpenter.k8s.aws/instance-accelerator-count), 15 on the PCI bus"));
+        let as_expected = check(Some(16), Some(16));
+        assert!(
+            !as_expected.problems[0].message.contains("expected"),
+            "16 on the bus as the label says; only the unlisted one is said: {:?}",
+            as_expected.problems
+        );
+        assert!(check(Some(15), Some(15)).problems.is_empty());
+        assert!(check(Some(15), None).problems.is_empty());
+        assert!(check(None, Some(16)).problems.is_empty());
     }
 }
