@@ -12,9 +12,9 @@ mod tree;
 
 use std::time::Instant;
 
-use mlnode_agent::config::NeuronSettings;
 use mlnode_agent::kubelet::pod_resources::SharedAssignments;
 use mlnode_agent::neuron::collector::NeuronCollector;
+use mlnode_agent::neuron::settings::NeuronSettings;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

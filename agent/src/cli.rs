@@ -11,10 +11,12 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::cache::hasher::Control;
-use crate::cache::manifest::TrustChoice;
+use crate::cache::manifest::{SignerField, SignerFields, TrustPolicy};
 use crate::cache::report::{FileStatus, Report};
+use crate::cache::settings::Threads;
 use crate::cache::{self, manifest, VerifyOptions};
 use crate::config::{self, LogFormat, Override};
+use crate::settings::Within;
 
 /// Exit codes: 0 verified, 1 verification failed (signature and trust policy included), 2 bad
 /// usage or a manifest that cannot be used at all.
@@ -80,21 +82,8 @@ pub struct ServeArgs {
 #[derive(Args, Debug)]
 pub struct HashingArgs {
     /// Hashing threads (0: one per core; at most 256).
-    #[arg(long, default_value_t = 0, value_parser = thread_count)]
-    pub threads: usize,
-}
-
-fn thread_count(text: &str) -> Result<usize, String> {
-    let n: usize = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of threads"))?;
-    if n > config::MAX_THREADS {
-        return Err(format!(
-            "{n} is out of bounds: at most {} hashing threads (0: one per core)",
-            config::MAX_THREADS
-        ));
-    }
-    Ok(n)
+    #[arg(long, default_value = "0")]
+    pub threads: Within<Threads>,
 }
 
 #[derive(Args, Debug)]
@@ -108,32 +97,8 @@ pub struct VerifyArgs {
     /// Expected revision: a commit, or a ref name such as `main` in a Hugging Face cache.
     #[arg(long)]
     pub revision: Option<String>,
-    /// PEM public key (ECDSA P-256, P-384 or P-521) that must have signed a model_signing bundle
-    /// (`model_signing verify key`); with any signer given, an unsigned manifest is refused.
-    #[arg(long, visible_alias = "public_key")]
-    pub public_key: Option<PathBuf>,
-    /// PEM certificates (a root, or intermediates you trust) the bundle's signing certificate must
-    /// chain to (`model_signing verify certificate`); repeat for several files.
-    #[arg(long, visible_alias = "certificate_chain")]
-    pub certificate_chain: Vec<PathBuf>,
-    /// Keyless (`model_signing verify sigstore`): the signer's identity in its certificate (an
-    /// email, or a workload URI), matched exactly.
-    #[arg(long)]
-    pub identity: Option<String>,
-    /// Keyless: the OpenID Connect issuer that vouched for the identity, matched exactly.
-    #[arg(long, visible_alias = "identity_provider")]
-    pub identity_provider: Option<String>,
-    /// Keyless: a trusted_root.json for a private Sigstore deployment, or model_signing's
-    /// --trust-config file holding one (default: the public-good instance's, built in; nothing is
-    /// fetched).
-    #[arg(long, visible_aliases = ["trust_root", "trust-config"])]
-    pub trust_root: Option<PathBuf>,
-    /// Keyless: a bundle signed with Sigstore's staging instance (its root is built in too).
-    #[arg(long, visible_alias = "use_staging")]
-    pub use_staging: bool,
-    /// Trust a model_signing bundle's digests without checking its signature.
-    #[arg(long)]
-    pub allow_unsigned: bool,
+    #[command(flatten)]
+    pub signer: SignerFields,
     /// Files or folders under ROOT that are neither checked nor extra, besides those a bundle's
     /// own ignore list names (model_signing's --ignore-paths); relative to ROOT, or a path inside it.
     #[arg(long, visible_alias = "ignore_paths")]
@@ -226,43 +191,16 @@ fn spawn_progress(
     (done, handle)
 }
 
-/// A trust conflict in `verify`'s words: each config key it names as the flag that sets it.
-fn as_flags(text: &str) -> String {
-    const KEYS: [&str; 7] = [
-        "public_key",
-        "certificate_chain",
-        "identity",
-        "identity_provider",
-        "trust_root",
-        "use_staging",
-        "allow_unsigned",
-    ];
-    text.split(' ')
-        .map(|word| {
-            let bare = word.trim_end_matches([':', ',']);
-            match KEYS.contains(&bare) {
-                true => format!("--{}{}", bare.replace('_', "-"), &word[bare.len()..]),
-                false => word.to_string(),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+/// A signer field as `verify` takes it: the flag that sets it.
+fn flag(field: SignerField) -> String {
+    format!("--{}", field.key().replace('_', "-"))
 }
 
 fn verify(args: VerifyArgs) -> ExitCode {
-    let choice = TrustChoice {
-        public_key: args.public_key.as_deref(),
-        certificate_chain: &args.certificate_chain,
-        identity: args.identity.as_deref(),
-        identity_provider: args.identity_provider.as_deref(),
-        trust_root: args.trust_root.as_deref(),
-        use_staging: args.use_staging,
-        allow_unsigned: args.allow_unsigned,
-    };
-    let trust = match choice.policy() {
+    let trust = match TrustPolicy::try_from(args.signer.clone()) {
         Ok(trust) => trust,
         Err(conflict) => {
-            eprintln!("error: {}", as_flags(&conflict.to_string()));
+            eprintln!("error: {}", conflict.explain(flag));
             return ExitCode::from(2);
         }
     };
@@ -274,8 +212,11 @@ fn verify(args: VerifyArgs) -> ExitCode {
         Ok(manifest) => manifest,
         // A signature or policy check that ran and failed is a failed verification, not bad usage.
         Err(e) => match e.failed_stage() {
-            Some(stage) => return early_failure(args.json, stage, &e.to_string()),
-            None => return usage_error(e),
+            Some(stage) => return early_failure(args.json, stage, &e.explain(flag)),
+            None if matches!(e, manifest::ManifestError::NoManifest { .. }) => {
+                return usage_error(format!("{e} (give one with --manifest)"))
+            }
+            None => return usage_error(e.explain(flag)),
         },
     };
     for path in &args.ignore_paths {
@@ -293,7 +234,7 @@ fn verify(args: VerifyArgs) -> ExitCode {
         keep_ok_lines: args.json,
         ..VerifyOptions::default()
     };
-    let outcome = with_pool(args.hashing.threads, |control| {
+    let outcome = with_pool(args.hashing.threads.get(), |control| {
         cache::verify(&args.root, &manifest, &options, control)
     });
     let report = match outcome {
@@ -431,7 +372,7 @@ fn print_summary(root: &std::path::Path, report: &Report) -> std::io::Result<()>
 }
 
 fn write_manifest(args: ManifestArgs) -> ExitCode {
-    let outcome = with_pool(args.hashing.threads, |control| {
+    let outcome = with_pool(args.hashing.threads.get(), |control| {
         cache::generate::generate(&args.root, args.revision.as_deref(), control)
     });
     let manifest = match outcome {

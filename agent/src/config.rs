@@ -8,10 +8,16 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+pub use crate::cache::settings::{ModelConfig, VerifySettings};
+use crate::gpu::settings::NvmlSettings;
+use crate::kubelet::settings::KubeletSettings;
+use crate::neuron::settings::NeuronSettings;
+use crate::readiness::settings::ReadinessSettings;
+use crate::startup::settings::StartupSettings;
 
 /// Used when `serve` is started without a config: the example model shipped in the repository,
 /// on loopback, so `cargo run -- serve` shows the whole loop on a laptop.
@@ -32,6 +38,7 @@ pub struct Config {
     /// The node's name, exported as the `Hostname` label. Empty: `$NODE_NAME`, else the hostname.
     pub node_name: String,
     pub log_format: LogFormat,
+    #[serde(deserialize_with = "crate::cache::settings::unique_names")]
     pub models: Vec<ModelConfig>,
     pub verify: VerifySettings,
     pub nvml: NvmlSettings,
@@ -65,650 +72,6 @@ pub enum LogFormat {
     Auto,
     Json,
     Text,
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    /// The served model name (vLLM's `--served-model-name`), exported as `model_name`.
-    pub name: String,
-    /// A plain model directory or a Hugging Face repo cache folder.
-    pub root: PathBuf,
-    /// Native manifest or model_signing bundle.
-    pub manifest: PathBuf,
-    #[serde(default)]
-    pub revision: Option<String>,
-    /// PEM key that must have signed a model_signing bundle (`model_signing verify key`).
-    #[serde(default)]
-    pub public_key: Option<PathBuf>,
-    /// PEM certificates the bundle's signing certificate must chain to (`verify certificate`).
-    #[serde(default)]
-    pub certificate_chain: Vec<PathBuf>,
-    /// Keyless (`verify sigstore`): the signer's certificate identity, and its OpenID issuer.
-    #[serde(default)]
-    pub identity: Option<String>,
-    #[serde(default)]
-    pub identity_provider: Option<String>,
-    /// Keyless: a private Sigstore deployment's trusted_root.json.
-    #[serde(default)]
-    pub trust_root: Option<PathBuf>,
-    /// Keyless: signed with Sigstore's staging instance.
-    #[serde(default)]
-    pub use_staging: bool,
-    #[serde(default)]
-    pub allow_unsigned: bool,
-    /// Paths under `root` (files or folders) neither checked nor extra, besides a bundle's own list.
-    #[serde(default)]
-    pub ignore_paths: Vec<String>,
-    #[serde(default)]
-    pub fail_on_extra: bool,
-    /// With a signed bundle, files it does not list pass (model_signing's
-    /// `--ignore_unsigned_files`); by default they fail, as model_signing fails them.
-    #[serde(default)]
-    pub ignore_unsigned_files: bool,
-    /// Where the cache is on the node, when the agent sees it at another path (`root` is the path
-    /// inside the agent's container): how pods mounting it by hostPath are matched to the model.
-    #[serde(default)]
-    pub host_path: Option<PathBuf>,
-    /// The PersistentVolumeClaim pods mount the cache from, if they do.
-    #[serde(default)]
-    pub pvc: Option<String>,
-}
-
-impl ModelConfig {
-    /// The signer fields, for the one check of what they mean together
-    /// ([`crate::cache::manifest::TrustChoice::policy`]).
-    pub fn trust_choice(&self) -> crate::cache::manifest::TrustChoice<'_> {
-        crate::cache::manifest::TrustChoice {
-            public_key: self.public_key.as_deref(),
-            certificate_chain: &self.certificate_chain,
-            identity: self.identity.as_deref(),
-            identity_provider: self.identity_provider.as_deref(),
-            trust_root: self.trust_root.as_deref(),
-            use_staging: self.use_staging,
-            allow_unsigned: self.allow_unsigned,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct VerifySettings {
-    /// Hashing threads shared by all models; 0 = one per core.
-    pub threads: usize,
-    /// Full re-verification, for what no file event reports (bit rot, a missed event).
-    #[serde(with = "duration_text")]
-    pub full_rescan_interval: Duration,
-    /// How long file events are collected before the files they name are re-verified.
-    #[serde(with = "duration_text")]
-    pub debounce: Duration,
-    /// A verification whose hashed byte count does not move for this long makes /healthz fail.
-    #[serde(with = "duration_text")]
-    pub stall_timeout: Duration,
-    /// CPU and I/O priority of `serve`'s hashing (docs/cache-verification.md, "Priority").
-    pub priority: PrioritySetting,
-    /// The most bytes per second `serve` reads from all model caches together, for network file
-    /// systems where a full re-read costs money and bandwidth; unset: no limit.
-    pub max_bytes_per_second: Option<ByteRate>,
-}
-
-/// A read rate in bytes per second: a number (`104857600`) or a size with a unit (`100MiB`,
-/// `1.5 GB`; `Mi`/`MiB` are powers of 1,024, `M`/`MB` of 1,000, as in Kubernetes quantities).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ByteRate(pub u64);
-
-impl Serialize for ByteRate {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u64(self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteRate {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match NumberOrText::deserialize(deserializer)? {
-            NumberOrText::Number(n) => Ok(ByteRate(n)),
-            NumberOrText::Text(text) => {
-                let size = text.trim().trim_end_matches("/s");
-                size.parse::<bytesize::ByteSize>()
-                    .map(|size| ByteRate(size.as_u64()))
-                    .map_err(|e| {
-                        serde::de::Error::custom(format!(
-                            "{text:?} is not a byte rate such as 104857600, \"100MiB\" or \"1GB\": {e}"
-                        ))
-                    })
-            }
-        }
-    }
-}
-
-/// `auto`: full speed while the node is held for this agent (its startup taint is on the node, or a
-/// model's first verification before any pod has opened its weights), the kernel's idle classes
-/// otherwise. `idle` and `normal` force one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PrioritySetting {
-    Auto,
-    Idle,
-    Normal,
-}
-
-impl Default for VerifySettings {
-    fn default() -> Self {
-        VerifySettings {
-            threads: 0,
-            full_rescan_interval: Duration::from_secs(24 * 3600),
-            debounce: Duration::from_millis(500),
-            stall_timeout: Duration::from_secs(300),
-            priority: PrioritySetting::Auto,
-            max_bytes_per_second: None,
-        }
-    }
-}
-
-/// `auto` (use it where it is present), `true` (use it; its absence is logged as an error), `false`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Toggle {
-    Auto,
-    On,
-    Off,
-}
-
-/// A setting written as a number or as text (`100MiB`, `auto`).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum NumberOrText {
-    Number(u64),
-    Text(String),
-}
-
-/// `neuron.logical_nc_config`: `auto`, 1 or 2 (the only values the Neuron runtime accepts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogicalNcConfig {
-    Auto,
-    Fixed(u32),
-}
-
-impl Serialize for LogicalNcConfig {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            LogicalNcConfig::Auto => serializer.serialize_str("auto"),
-            LogicalNcConfig::Fixed(n) => serializer.serialize_u32(*n),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for LogicalNcConfig {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = match NumberOrText::deserialize(deserializer)? {
-            NumberOrText::Number(n) => n.to_string(),
-            NumberOrText::Text(text) => text,
-        };
-        match value.trim() {
-            "auto" => Ok(LogicalNcConfig::Auto),
-            "1" => Ok(LogicalNcConfig::Fixed(1)),
-            "2" => Ok(LogicalNcConfig::Fixed(2)),
-            other => Err(serde::de::Error::custom(format!(
-                "{other:?} is not a logical NeuronCore config: use auto, 1 or 2 (the values NEURON_LOGICAL_NC_CONFIG takes)"
-            ))),
-        }
-    }
-}
-
-impl Serialize for Toggle {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Toggle::Auto => serializer.serialize_str("auto"),
-            Toggle::On => serializer.serialize_bool(true),
-            Toggle::Off => serializer.serialize_bool(false),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Toggle {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Bool(bool),
-            Text(String),
-        }
-        match Raw::deserialize(deserializer)? {
-            Raw::Bool(true) => Ok(Toggle::On),
-            Raw::Bool(false) => Ok(Toggle::Off),
-            Raw::Text(t) if t == "auto" => Ok(Toggle::Auto),
-            Raw::Text(t) => Err(serde::de::Error::custom(format!(
-                "{t:?}: expected auto, true or false"
-            ))),
-        }
-    }
-}
-
-/// The spelling of the node label on GPU series, after dcgm-exporter's releases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-pub enum HostnameLabel {
-    /// `Hostname` only (dcgm-exporter 3.x and before; every series has it from the registry).
-    Hostname,
-    /// `hostname` as well (newer dcgm-exporter releases).
-    #[serde(rename = "hostname")]
-    Lowercase,
-}
-
-/// The names of the labels that say which container holds a GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PodLabels {
-    /// `pod`, `namespace`, `container`.
-    Current,
-    /// `pod_name`, `pod_namespace`, `container_name` (dcgm-exporter before 2.x).
-    Legacy,
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NvmlSettings {
-    pub enabled: Toggle,
-    /// The NVML library: a name the dynamic loader finds, or a path.
-    pub library: PathBuf,
-    /// How often every GPU is read (also the resolution of the clock-event-reason seconds).
-    #[serde(with = "duration_text")]
-    pub sample_interval: Duration,
-    /// Also export dcgm-exporter's DCGM_FI_* series, for nodes that run no dcgm-exporter.
-    pub dcgm_names: bool,
-    /// `Hostname` (dcgm-exporter 3.x and before) or `hostname` (its newer releases): with
-    /// `hostname`, GPU series carry both.
-    pub hostname_label: HostnameLabel,
-    /// `current` (`pod`, `namespace`, `container`) or `legacy` (`pod_name`, `pod_namespace`,
-    /// `container_name`, dcgm-exporter before 2.x).
-    pub pod_labels: PodLabels,
-    /// Where the kernel lists PCI devices: NVML's GPUs are checked against the NVIDIA GPUs there.
-    pub pci_devices: PathBuf,
-    /// The GPUs this node should have (8 on a p5.48xlarge): fewer on the PCI bus fails
-    /// `AcceleratorHealthy`, which catches a GPU gone from the bus itself. Unset: not checked.
-    pub expected_gpus: Option<u32>,
-    /// How far back `DCGM_EXP_XID_ERRORS_COUNT` counts XIDs (dcgm-exporter's
-    /// `--xid-count-window-size`, 5 minutes by default there too).
-    #[serde(with = "duration_text")]
-    pub xid_count_window: Duration,
-}
-
-impl Default for NvmlSettings {
-    fn default() -> Self {
-        NvmlSettings {
-            enabled: Toggle::Auto,
-            library: PathBuf::from("libnvidia-ml.so.1"),
-            sample_interval: Duration::from_secs(1),
-            dcgm_names: false,
-            hostname_label: HostnameLabel::Hostname,
-            pod_labels: PodLabels::Current,
-            pci_devices: PathBuf::from("/sys/bus/pci/devices"),
-            expected_gpus: None,
-            xid_count_window: Duration::from_secs(300),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NeuronSettings {
-    /// `auto`: on where `sysfs_root` exists.
-    pub enabled: Toggle,
-    pub sysfs_root: PathBuf,
-    /// The driver's class directory, where UltraServer nodes say their node id (`node_id_4`).
-    pub class_root: PathBuf,
-    /// Physical NeuronCores per logical NeuronCore, as the runtime's `NEURON_LOGICAL_NC_CONFIG`
-    /// sets it on this node's pods: `auto` (2 on Trn2, 1 elsewhere, the runtime's default), 1 or 2.
-    pub logical_nc_config: LogicalNcConfig,
-    /// The `instance_type` label (the EC2 type); empty: the Node's
-    /// `node.kubernetes.io/instance-type` label, read through the API server when the agent runs
-    /// in a cluster. The agent never asks the instance metadata service.
-    pub instance_type: String,
-    /// The `availability_zone` label; empty: the Node's `topology.kubernetes.io/zone`, read
-    /// through the API server in a cluster.
-    pub availability_zone: String,
-    /// Also export the series neuron-monitor-prometheus exports, with its names and labels, for
-    /// what sysfs and procfs can feed (docs/neuron.md), so its dashboards run unchanged.
-    pub monitor_names: bool,
-    /// A FIFO a neuron-monitor sidecar writes its reports to (created when absent); its runtime
-    /// data is exported under neuron-monitor's names. Needs `monitor_names: true`.
-    pub monitor_input: Option<PathBuf>,
-    /// Where the kernel lists PCI devices: the driver's devices are checked against the
-    /// Inferentia/Trainium devices there.
-    pub pci_devices: PathBuf,
-}
-
-impl Default for NeuronSettings {
-    fn default() -> Self {
-        NeuronSettings {
-            enabled: Toggle::Auto,
-            sysfs_root: PathBuf::from("/sys/devices/virtual/neuron_device"),
-            class_root: PathBuf::from("/sys/class/neuron_device"),
-            logical_nc_config: LogicalNcConfig::Auto,
-            instance_type: String::new(),
-            availability_zone: String::new(),
-            monitor_names: false,
-            monitor_input: None,
-            pci_devices: PathBuf::from("/sys/bus/pci/devices"),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubeletSettings {
-    /// The kubelet pod-resources API (read-only), for the pod/namespace/container of each device.
-    pub pod_resources_socket: PathBuf,
-    /// Extended resource names whose devices are NVIDIA GPUs or MIG devices (device ids are GPU or
-    /// MIG UUIDs); a trailing `*` matches by prefix.
-    pub gpu_resource_names: Vec<String>,
-    /// DRA drivers whose devices are NVIDIA GPUs or MIG devices: a container's claimed device
-    /// (driver, pool, device) is resolved to its UUID through the driver's ResourceSlices. Empty
-    /// turns DRA attribution off.
-    pub gpu_dra_drivers: Vec<String>,
-    /// Extended resources whose device ids are Neuron device indexes.
-    pub neuron_device_resource_names: Vec<String>,
-    /// Extended resources whose device ids are global NeuronCore indexes.
-    pub neuron_core_resource_names: Vec<String>,
-    /// How often the assignments are listed again.
-    #[serde(with = "duration_text")]
-    pub pod_resources_interval: Duration,
-}
-
-impl Default for KubeletSettings {
-    fn default() -> Self {
-        KubeletSettings {
-            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
-            gpu_resource_names: vec!["nvidia.com/gpu".into(), "nvidia.com/mig-*".into()],
-            gpu_dra_drivers: vec!["gpu.nvidia.com".into()],
-            neuron_device_resource_names: vec![
-                "aws.amazon.com/neuron".into(),
-                "aws.amazon.com/neurondevice".into(),
-            ],
-            neuron_core_resource_names: vec!["aws.amazon.com/neuroncore".into()],
-            pod_resources_interval: Duration::from_secs(10),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TaintMode {
-    /// Remove the taint once, the first time every gate passes; never add it back.
-    BootstrapOnly,
-    /// Keep the taint exactly while a gate fails (a corrupted cache drains new pods away).
-    Continuous,
-}
-
-/// A node taint as kubectl and `--register-with-taints` write it: `key[=value]:Effect`. Parsed once
-/// here; the readiness controller only turns it into the API's type.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TaintSpec {
-    pub key: String,
-    pub value: Option<String>,
-    pub effect: TaintEffect,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TaintEffect {
-    NoSchedule,
-    PreferNoSchedule,
-    NoExecute,
-}
-
-impl TaintEffect {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaintEffect::NoSchedule => "NoSchedule",
-            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
-            TaintEffect::NoExecute => "NoExecute",
-        }
-    }
-}
-
-impl std::str::FromStr for TaintSpec {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<TaintSpec, String> {
-        let (key_value, effect) = text.rsplit_once(':').ok_or_else(|| {
-            format!(
-                "{text:?}: expected key[=value]:Effect, such as mlnode.dev/not-ready:NoSchedule"
-            )
-        })?;
-        let effect = match effect {
-            "NoSchedule" => TaintEffect::NoSchedule,
-            "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
-            "NoExecute" => TaintEffect::NoExecute,
-            _ => {
-                return Err(format!(
-                    "{text:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
-                ))
-            }
-        };
-        let (key, value) = match key_value.split_once('=') {
-            Some((key, value)) => (key, Some(value.to_string())),
-            None => (key_value, None),
-        };
-        if key.is_empty() {
-            return Err(format!("{text:?}: the taint key is empty"));
-        }
-        Ok(TaintSpec {
-            key: key.to_string(),
-            value,
-            effect,
-        })
-    }
-}
-
-impl std::fmt::Display for TaintSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.value {
-            Some(value) => write!(f, "{}={value}:{}", self.key, self.effect.as_str()),
-            None => write!(f, "{}:{}", self.key, self.effect.as_str()),
-        }
-    }
-}
-
-/// A taint as its text; the empty string is no taint.
-mod taint_text {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use super::TaintSpec;
-
-    pub fn serialize<S: Serializer>(value: &Option<TaintSpec>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&value.as_ref().map(ToString::to_string).unwrap_or_default())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TaintSpec>, D::Error> {
-        let text = String::deserialize(d)?;
-        if text.is_empty() {
-            return Ok(None);
-        }
-        text.parse().map(Some).map_err(serde::de::Error::custom)
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ReadinessSettings {
-    /// `auto`: on where a Kubernetes config is found (in-cluster or KUBECONFIG).
-    pub enabled: Toggle,
-    /// `key[=value]:Effect` of a taint to remove when every gate first passes; empty: none.
-    #[serde(with = "taint_text")]
-    pub startup_taint: Option<TaintSpec>,
-    pub taint_mode: TaintMode,
-    /// Changes to NVIDIA's XID catalog for `AcceleratorHealthy`: by default the XIDs whose
-    /// immediate action is a GPU reset or a machine restart hold the node.
-    pub fatal_xids: XidOverride,
-    /// How often the gates are evaluated.
-    #[serde(with = "duration_text")]
-    pub interval: Duration,
-    /// Conditions are rewritten at least this often even when unchanged.
-    #[serde(with = "duration_text")]
-    pub heartbeat: Duration,
-    /// The kernel's boot id: held XIDs written into `AcceleratorHealthy` are kept by a restarted
-    /// agent on the same boot, and cleared by a new one.
-    pub boot_id_file: PathBuf,
-    /// Also write the condition a node-repair engine acts on; off by default.
-    pub repair_condition: Option<RepairCondition>,
-}
-
-/// `readiness.repair_condition`: a condition type that node-repair engines replace or reboot a
-/// node on, written beside `AcceleratorHealthy` with the engine's polarity (False: repair).
-/// Karpenter's AWS provider (`RepairPolicies`, False for 10 min) and EKS node auto repair (Replace
-/// or Reboot after 10 min) act on `AcceleratedHardwareReady`, the type eks-node-monitoring-agent
-/// writes; docs/readiness.md has the sources.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-pub enum RepairCondition {
-    AcceleratedHardwareReady,
-}
-
-impl RepairCondition {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RepairCondition::AcceleratedHardwareReady => "AcceleratedHardwareReady",
-        }
-    }
-}
-
-impl Default for ReadinessSettings {
-    fn default() -> Self {
-        ReadinessSettings {
-            enabled: Toggle::Auto,
-            startup_taint: None,
-            taint_mode: TaintMode::BootstrapOnly,
-            fatal_xids: XidOverride::default(),
-            interval: Duration::from_secs(10),
-            heartbeat: Duration::from_secs(300),
-            boot_id_file: PathBuf::from("/proc/sys/kernel/random/boot_id"),
-            repair_condition: None,
-        }
-    }
-}
-
-/// `readiness.fatal_xids`: XIDs that also hold the node (`add`), and XIDs that never do (`remove`),
-/// on top of NVIDIA's catalog.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct XidOverride {
-    pub add: Vec<u64>,
-    pub remove: Vec<u64>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct XidOverrideFields {
-    add: Vec<u64>,
-    remove: Vec<u64>,
-}
-
-/// A map of the two lists; the plain list this key held before the catalog is refused saying what
-/// to write instead, not read as something else.
-impl<'de> Deserialize<'de> for XidOverride {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Form;
-        impl<'de> serde::de::Visitor<'de> for Form {
-            type Value = XidOverride;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a map {add: [XID, ...], remove: [XID, ...]} of changes to NVIDIA's XID catalog")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> Result<XidOverride, A::Error> {
-                let fields = XidOverrideFields::deserialize(
-                    serde::de::value::MapAccessDeserializer::new(map),
-                )?;
-                Ok(XidOverride {
-                    add: fields.add,
-                    remove: fields.remove,
-                })
-            }
-
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                _: A,
-            ) -> Result<XidOverride, A::Error> {
-                Err(serde::de::Error::custom(
-                    "a plain list of XIDs is the form before NVIDIA's catalog decided: write {add: [XID, ...]} for XIDs that should also hold the node and {remove: [XID, ...]} for ones that never should",
-                ))
-            }
-        }
-        deserializer.deserialize_any(Form)
-    }
-}
-
-/// XIDs are small numbers (the driver's newest is in the 170s; NVML reports 999 for one it cannot
-/// name): anything past this is a typo.
-const MAX_XID: u64 = 999;
-
-impl XidOverride {
-    fn check(&self) -> Result<(), (String, String)> {
-        for (list, xids) in [("add", &self.add), ("remove", &self.remove)] {
-            if let Some(bad) = xids.iter().find(|&&x| x == 0 || x > MAX_XID) {
-                return Err((
-                    format!("readiness.fatal_xids.{list}"),
-                    format!("{bad} is not an XID: XIDs are 1 to {MAX_XID}"),
-                ));
-            }
-        }
-        if let Some(both) = self.add.iter().find(|x| self.remove.contains(x)) {
-            return Err((
-                "readiness.fatal_xids".into(),
-                format!("XID {both} is both added and removed: keep it in one list"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The policy the GPU collector's health facts apply.
-    pub fn policy(&self) -> crate::gpu::health::XidPolicy {
-        crate::gpu::health::XidPolicy {
-            add: self.add.iter().copied().collect(),
-            remove: self.remove.iter().copied().collect(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct StartupSettings {
-    /// `auto`: only inside a cluster; `true`: also with a KUBECONFIG.
-    pub enabled: Toggle,
-    /// `mlnode_pod_startup_last_phase_seconds` keeps this many most recent pods...
-    pub recent_pods: usize,
-    /// ...and none older than this.
-    #[serde(with = "duration_text")]
-    pub recent_max_age: Duration,
-}
-
-impl Default for StartupSettings {
-    fn default() -> Self {
-        StartupSettings {
-            enabled: Toggle::Auto,
-            recent_pods: 100,
-            recent_max_age: Duration::from_secs(6 * 3600),
-        }
-    }
-}
-
-/// Durations as people write them in YAML: "500ms", "30s", "24h".
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&humantime::format_duration(*value).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "{text:?} is not a duration such as \"500ms\", \"30s\" or \"24h\": {e}"
-            ))
-        })
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -895,8 +258,13 @@ pub fn load_with_sources(
         sources.overrides.push((o.key.clone(), o.origin.clone()));
     }
     let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|e| {
-        let key = e.path().to_string();
-        let reason = e.into_inner().to_string();
+        let path = e.path().to_string();
+        let message = e.into_inner().to_string();
+        // A section that blames one of its fields names it after the section's own key.
+        let (key, reason) = match crate::settings::blamed_field(&message) {
+            Some((field, reason)) => (join_key(&path, field), reason.to_string()),
+            None => (path, message),
+        };
         ConfigError::Invalid {
             origin: sources.origin_of(&key, &reason),
             key,
@@ -908,12 +276,18 @@ pub fn load_with_sources(
         config.node_name = name;
         sources.node_name = Some(origin);
     }
-    validate(&config).map_err(|(key, reason)| ConfigError::Invalid {
-        origin: sources.origin_of(&key, &reason),
-        key,
-        reason,
-    })?;
     Ok((config, sources))
+}
+
+/// `models` and `[1].name` make `models[1].name`; `readiness` and `interval`,
+/// `readiness.interval`; the top level (`.`) adds nothing.
+fn join_key(path: &str, field: &str) -> String {
+    match (path, field) {
+        (".", field) => field.to_string(),
+        (path, "") => path.to_string(),
+        (path, field) if field.starts_with('[') => format!("{path}{field}"),
+        (path, field) => format!("{path}.{field}"),
+    }
 }
 
 /// A config file is small; a larger one is a mistake (or not a config file).
@@ -975,186 +349,6 @@ fn default_node_name() -> (String, String) {
     (host, "the host name".into())
 }
 
-/// Inclusive bounds of a duration setting, with the reason a user is told.
-fn check_duration(
-    key: &str,
-    value: Duration,
-    min: Duration,
-    max: Duration,
-) -> Result<(), (String, String)> {
-    if value < min || value > max {
-        return Err((
-            key.to_string(),
-            format!(
-                "{} is out of bounds: must be between {} and {}",
-                humantime::format_duration(value),
-                humantime::format_duration(min),
-                humantime::format_duration(max)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn check_count(key: &str, value: usize, min: usize, max: usize) -> Result<(), (String, String)> {
-    if value < min || value > max {
-        return Err((
-            key.to_string(),
-            format!("{value} is out of bounds: must be between {min} and {max}"),
-        ));
-    }
-    Ok(())
-}
-
-/// Below 1 MiB/s a 140 GB model takes 40 hours to re-read, longer than the daily rescan; above
-/// 100 GiB/s no storage a node has is limited.
-fn check_byte_rate(key: &str, rate: u64) -> Result<(), (String, String)> {
-    const MIN: u64 = 1 << 20;
-    const MAX: u64 = 100 << 30;
-    if !(MIN..=MAX).contains(&rate) {
-        return Err((
-            key.to_string(),
-            format!(
-                "{rate} bytes/s is out of bounds: must be between {MIN} (1 MiB/s) and {MAX} (100 GiB/s)"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Hashing threads beyond this only cost memory and start-up time: hashing is bound by cores and
-/// storage long before.
-pub const MAX_THREADS: usize = 256;
-
-const MS: Duration = Duration::from_millis(1);
-const SECOND: Duration = Duration::from_secs(1);
-const MINUTE: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
-const DAY: Duration = Duration::from_secs(24 * 3600);
-
-fn validate(config: &Config) -> Result<(), (String, String)> {
-    let mut names = std::collections::HashSet::new();
-    for (i, model) in config.models.iter().enumerate() {
-        let key = |field: &str| format!("models[{i}].{field}");
-        if model.name.trim().is_empty() {
-            return Err((
-                key("name"),
-                "must not be empty: it is the model_name label".into(),
-            ));
-        }
-        if !names.insert(model.name.as_str()) {
-            return Err((
-                key("name"),
-                format!("{:?} is used by two models", model.name),
-            ));
-        }
-        if model.root.as_os_str().is_empty() {
-            return Err((key("root"), "must name the model directory".into()));
-        }
-        if model.manifest.as_os_str().is_empty() {
-            return Err((key("manifest"), "must name the manifest file".into()));
-        }
-        if let Err(conflict) = model.trust_choice().policy() {
-            return Err((key(conflict.field), conflict.why));
-        }
-    }
-    let verify = &config.verify;
-    check_count("verify.threads", verify.threads, 0, MAX_THREADS)?;
-    // Past 30 days a "periodic" rescan is no rescan, and far beyond it the monitor's clock overflows.
-    check_duration(
-        "verify.full_rescan_interval",
-        verify.full_rescan_interval,
-        MINUTE,
-        30 * DAY,
-    )?;
-    check_duration(
-        "verify.debounce",
-        verify.debounce,
-        Duration::ZERO,
-        30 * SECOND,
-    )
-    .map_err(|(key, reason)| {
-        (
-            key,
-            format!("{reason}: a longer debounce leaves a corrupted file unreported for that long"),
-        )
-    })?;
-    check_duration(
-        "verify.stall_timeout",
-        verify.stall_timeout,
-        10 * SECOND,
-        DAY,
-    )?;
-    if let Some(ByteRate(rate)) = verify.max_bytes_per_second {
-        check_byte_rate("verify.max_bytes_per_second", rate)?;
-    }
-    if config.neuron.monitor_input.is_some() && !config.neuron.monitor_names {
-        return Err((
-            "neuron.monitor_input".into(),
-            "exports neuron-monitor's names: set neuron.monitor_names: true as well".into(),
-        ));
-    }
-    let readiness = &config.readiness;
-    readiness.fatal_xids.check()?;
-    check_duration("readiness.heartbeat", readiness.heartbeat, SECOND, HOUR)?;
-    check_duration(
-        "readiness.interval",
-        readiness.interval,
-        100 * MS,
-        readiness.heartbeat,
-    )?;
-    let nvml = &config.nvml;
-    check_duration(
-        "nvml.sample_interval",
-        nvml.sample_interval,
-        100 * MS,
-        MINUTE,
-    )?;
-    if let Some(expected) = nvml.expected_gpus {
-        check_count("nvml.expected_gpus", expected as usize, 1, 64)?;
-    }
-    check_duration("nvml.xid_count_window", nvml.xid_count_window, SECOND, DAY)?;
-    check_duration(
-        "kubelet.pod_resources_interval",
-        config.kubelet.pod_resources_interval,
-        100 * MS,
-        HOUR,
-    )?;
-    for (i, driver) in config.kubelet.gpu_dra_drivers.iter().enumerate() {
-        if !is_dns_subdomain(driver) {
-            return Err((
-                format!("kubelet.gpu_dra_drivers[{i}]"),
-                format!(
-                    "{driver:?} is not a DRA driver name (a DNS subdomain such as gpu.nvidia.com)"
-                ),
-            ));
-        }
-    }
-    let startup = &config.startup;
-    check_count("startup.recent_pods", startup.recent_pods, 1, 10_000)?;
-    check_duration(
-        "startup.recent_max_age",
-        startup.recent_max_age,
-        MINUTE,
-        7 * DAY,
-    )?;
-    Ok(())
-}
-
-/// What the API server accepts as a DRA driver name (RFC 1123 subdomain: lowercase labels of
-/// letters, digits and inner hyphens, dot-separated, at most 253 characters).
-fn is_dns_subdomain(name: &str) -> bool {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    name.len() <= 253 && name.split('.').all(label_ok)
-}
-
 /// What `mlnode-agent config` prints: the effective configuration as YAML, then every value that
 /// differs from the built-in default with where it came from.
 pub fn describe(config: &Config, sources: &Sources) -> String {
@@ -1199,7 +393,14 @@ fn changed_leaves(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::cache::manifest::{SigstoreRoot, TrustPolicy};
+    use crate::cache::settings::ByteRate;
+    use crate::neuron::settings::LogicalNcConfig;
+    use crate::readiness::settings::RepairCondition;
+    use crate::settings::Toggle;
 
     fn from_yaml(yaml: &str, overrides: &[Override]) -> Result<Config, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
@@ -1218,10 +419,10 @@ mod tests {
         assert_eq!(config.node_name, "gpu-1");
         assert_eq!(config.models[0].name, "llama");
         assert_eq!(
-            config.verify.full_rescan_interval,
+            *config.verify.full_rescan_interval,
             Duration::from_secs(12 * 3600)
         );
-        assert_eq!(config.verify.threads, 0);
+        assert_eq!(*config.verify.threads, 0);
     }
 
     #[test]
@@ -1232,7 +433,7 @@ mod tests {
             Override::from_flag("node_name=123").unwrap(),
         ];
         let config = from_yaml(ONE_MODEL, &overrides).unwrap();
-        assert_eq!(config.verify.threads, 3);
+        assert_eq!(*config.verify.threads, 3);
         assert_eq!(config.models.len(), 1);
         assert_eq!(config.models[0].root, PathBuf::from("/a"));
         assert_eq!(
@@ -1333,7 +534,7 @@ mod tests {
         assert_eq!(config.node_name, "gpu-7");
         assert_eq!(config.log_format, LogFormat::Json);
         assert_eq!(config.models[0].name, "a");
-        assert_eq!(config.verify.threads, 3);
+        assert_eq!(*config.verify.threads, 3);
         assert_eq!(config.nvml.enabled, Toggle::Off);
         assert_eq!(config.neuron.enabled, Toggle::On);
         assert_eq!(config.kubelet.gpu_resource_names, ["example.com/gpu"]);
@@ -1341,7 +542,7 @@ mod tests {
             config.readiness.startup_taint,
             Some("mlnode.dev/not-ready:NoSchedule".parse().unwrap())
         );
-        assert_eq!(config.startup.recent_pods, 10);
+        assert_eq!(*config.startup.recent_pods, 10);
     }
 
     #[test]
@@ -1426,7 +627,7 @@ mod tests {
             )
         };
         let config = with("{add: [13], remove: [74]}").unwrap();
-        let policy = config.readiness.fatal_xids.policy();
+        let policy = config.readiness.fatal_xids;
         assert!(policy.holds(13) && !policy.holds(74) && policy.holds(79));
         for (xids, says) in [
             (
@@ -1525,10 +726,19 @@ mod tests {
                 .map_err(|e| e.to_string())
         };
         let keyless = model("    identity: ci@example.com\n    identity_provider: https://token.actions.githubusercontent.com\n    trust_root: /etc/sigstore/root.json\n").unwrap();
-        assert_eq!(keyless.identity.as_deref(), Some("ci@example.com"));
+        match keyless.signer {
+            TrustPolicy::Sigstore(signer) => {
+                assert_eq!(signer.identity, "ci@example.com");
+                assert_eq!(
+                    signer.root,
+                    SigstoreRoot::File("/etc/sigstore/root.json".into())
+                );
+            }
+            other => panic!("{other:?}"),
+        }
         let chain =
             model("    certificate_chain: [/pki/root.pem, /pki/intermediate.pem]\n").unwrap();
-        assert_eq!(chain.certificate_chain.len(), 2);
+        assert!(matches!(chain.signer, TrustPolicy::CertificateChain(files) if files.len() == 2));
         for (extra, key, reason) in [
             ("    public_key: /k.pem\n    certificate_chain: [/c.pem]\n", "certificate_chain", "contradicts public_key"),
             ("    certificate_chain: [/c.pem]\n    identity: a@b.c\n    identity_provider: https://x\n", "identity", "contradicts certificate_chain"),
@@ -1554,7 +764,10 @@ mod tests {
                 &format!("{ONE_MODEL}kubelet:\n  gpu_dra_drivers: {list}\n"),
                 &[],
             )
-            .map(|c| c.kubelet.gpu_dra_drivers)
+            .map(|c| {
+                let drivers = c.kubelet.gpu_dra_drivers.iter();
+                drivers.map(|d| d.as_str().to_string()).collect::<Vec<_>>()
+            })
             .map_err(|e| e.to_string())
         };
         assert_eq!(
@@ -1606,11 +819,14 @@ mod tests {
                 .verify
                 .max_bytes_per_second
         };
-        assert_eq!(rate("2000000"), Some(ByteRate(2_000_000)));
-        assert_eq!(rate("100MiB"), Some(ByteRate(100 << 20)));
-        assert_eq!(rate("100Mi"), Some(ByteRate(100 << 20)));
-        assert_eq!(rate("100M"), Some(ByteRate(100_000_000)));
-        assert_eq!(rate("1.5 GB/s"), Some(ByteRate(1_500_000_000)));
+        assert_eq!(rate("2000000"), Some(ByteRate::new(2_000_000).unwrap()));
+        assert_eq!(rate("100MiB"), Some(ByteRate::new(100 << 20).unwrap()));
+        assert_eq!(rate("100Mi"), Some(ByteRate::new(100 << 20).unwrap()));
+        assert_eq!(rate("100M"), Some(ByteRate::new(100_000_000).unwrap()));
+        assert_eq!(
+            rate("1.5 GB/s"),
+            Some(ByteRate::new(1_500_000_000).unwrap())
+        );
         assert_eq!(
             from_yaml(ONE_MODEL, &[])
                 .unwrap()

@@ -11,7 +11,7 @@ use crate::cache::monitor::{self, Monitor};
 use crate::cache::priority::Hashers;
 use crate::cache::state::{ModelState, NodeFacts, NodeTaint};
 use crate::cache::watch::FileWatch;
-use crate::config::{Config, Toggle};
+use crate::config::Config;
 use crate::gpu::health::GpuHealth;
 use crate::gpu::GpuRuntime;
 use crate::health::HealthSource;
@@ -22,6 +22,7 @@ use crate::neuron;
 use crate::neuron::health::NeuronHealth;
 use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::server::{self, AppState};
+use crate::settings::Toggle;
 use crate::startup::loads::LoadActivity;
 use crate::startup::tracker::{StartupMetrics, Tracker};
 
@@ -156,7 +157,7 @@ fn health_sources(
     if let Some(gpu) = gpu {
         sources.push(Box::new(GpuHealth {
             state: gpu.state.clone(),
-            policy: config.readiness.fatal_xids.policy(),
+            policy: config.readiness.fatal_xids.clone(),
         }));
     }
     if neuron_running {
@@ -246,11 +247,15 @@ async fn start_gpu(
         assignments.clone(),
     );
     // DRA devices are looked up under their driver's name (kubelet::dra).
-    let resources = [
-        &config.kubelet.gpu_resource_names[..],
-        &config.kubelet.gpu_dra_drivers[..],
-    ]
-    .concat();
+    let resources: Vec<String> = (config.kubelet.gpu_resource_names.iter().cloned())
+        .chain(
+            config
+                .kubelet
+                .gpu_dra_drivers
+                .iter()
+                .map(|d| d.as_str().to_string()),
+        )
+        .collect();
     let sampler_up = up.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
@@ -401,7 +406,11 @@ async fn run_collectors(
             Ok(client) => Some(DraSlices::spawn(
                 client,
                 &config.node_name,
-                kubelet.gpu_dra_drivers.clone(),
+                kubelet
+                    .gpu_dra_drivers
+                    .iter()
+                    .map(|d| d.as_str().to_string())
+                    .collect(),
                 &mut tasks,
                 shutdown.child_token(),
             )),
@@ -418,7 +427,7 @@ async fn run_collectors(
             kubelet.pod_resources_socket.clone(),
             resource_names,
             dra,
-            kubelet.pod_resources_interval,
+            kubelet.pod_resources_interval.get(),
             pod_resources::Published {
                 assignments: assignments.clone(),
                 workload: node.workload.clone(),
@@ -457,8 +466,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let agent_metrics = AgentMetrics::register(&registry)?;
     let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
 
-    let threads = config.verify.threads;
-    let max_rate = config.verify.max_bytes_per_second.map(|rate| rate.0);
+    let threads = config.verify.threads.get();
+    let max_rate = config
+        .verify
+        .max_bytes_per_second
+        .map(|rate| rate.bytes_per_second());
     let hashers = Arc::new(
         Hashers::new(threads, max_rate).map_err(|e| DaemonError::Pool {
             threads,

@@ -16,4 +16,5 @@ pub mod neuron;
 pub mod pci;
 pub mod readiness;
 pub mod server;
+pub mod settings;
 pub mod startup;

@@ -336,7 +336,7 @@ fn register_startup(registry: &prometheus::Registry) {
 }
 
 fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::NeuronTree) {
-    let settings = mlnode_agent::config::NeuronSettings {
+    let settings = mlnode_agent::neuron::settings::NeuronSettings {
         sysfs_root: tree.root().to_path_buf(),
         class_root: tree.class_root().to_path_buf(),
         monitor_names: true,

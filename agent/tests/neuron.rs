@@ -14,9 +14,9 @@ use common::neuron::{
     write, Driver, NeuronTree, DRIVER_STATUS_NAMES, INF1_24XLARGE, INF2_48XLARGE, INF2_XLARGE,
     TRN1_32XLARGE, TRN2_48XLARGE,
 };
-use mlnode_agent::config::{LogicalNcConfig, NeuronSettings};
 use mlnode_agent::kubelet::pod_resources::SharedAssignments;
 use mlnode_agent::neuron::collector::NeuronCollector;
+use mlnode_agent::neuron::settings::{LogicalNcConfig, NeuronSettings};
 
 /// A registry with only the Neuron collector on `tree`, configured with the instance's EC2 type
 /// (as the Node label gives it in a cluster); each call of the closure is one scrape.

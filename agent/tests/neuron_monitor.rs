@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::agent::{sample, Agent};
 use common::neuron::{NeuronTree, TRN2_48XLARGE};
 use common::prometheus::{dashboard_panels, panels_with_data, start_prometheus, wait_query};
-use mlnode_agent::config::NeuronSettings;
 use mlnode_agent::neuron::collector::NeuronCollector;
+use mlnode_agent::neuron::settings::NeuronSettings;
 use mlnode_agent::neuron::NodeLabels;
 
 /// 4M cycles on every physical core; logical core 0 (device 0, physical 4 and 5) half busy.

@@ -14,6 +14,7 @@ pub mod events;
 pub mod metrics;
 pub mod monitor;
 pub mod priority;
+pub mod settings;
 pub mod state;
 pub mod watch;
 

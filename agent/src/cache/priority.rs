@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use super::hasher::Control;
+use super::settings::PrioritySetting;
 use super::state::Workload;
 use super::throttle::Throttle;
-use crate::config::PrioritySetting;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Priority {

@@ -106,8 +106,8 @@ pub fn immediate_action(xid: u64) -> &'static str {
 }
 
 /// Which XIDs hold the node: the catalog's, with the operator's additions and removals
-/// (`readiness.fatal_xids`), removals winning.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// (`readiness.fatal_xids`, read in [`super::settings`]), removals winning.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct XidPolicy {
     pub add: BTreeSet<u64>,
     pub remove: BTreeSet<u64>,

@@ -7,6 +7,7 @@
 pub mod collector;
 pub mod health;
 pub mod nvml;
+pub mod settings;
 pub mod state;
 
 /// NVML's clock event (formerly "throttle") reasons: bit and series label, as nvml.h defines them.
@@ -168,8 +169,9 @@ pub struct GpmReading {
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::{HostnameLabel, NvmlSettings, PodLabels, Toggle};
 use crate::kubelet::pod_resources::SharedAssignments;
+use crate::settings::Toggle;
+use settings::{HostnameLabel, NvmlSettings, PodLabels};
 
 /// Five sampling rounds, at least 3 s: a round slower than that has a call hanging in the driver.
 pub fn stall_after(sample_interval: std::time::Duration) -> std::time::Duration {
@@ -199,9 +201,9 @@ impl GpuRuntime {
         let source = nvml::NvmlSource::open(&settings.library)?;
         let count = source.device_count()?;
         let state = Arc::new(Mutex::new(state::GpuState {
-            stall_after: stall_after(settings.sample_interval),
-            expected_gpus: settings.expected_gpus,
-            xid_count_window: settings.xid_count_window,
+            stall_after: stall_after(settings.sample_interval.get()),
+            expected_gpus: settings.expected_gpus.map(|n| n.get()),
+            xid_count_window: settings.xid_count_window.get(),
             ..state::GpuState::default()
         }));
         let style = collector::LabelStyle {
@@ -224,7 +226,7 @@ impl GpuRuntime {
         nvml::spawn(
             source,
             state.clone(),
-            settings.sample_interval,
+            settings.sample_interval.get(),
             settings.pci_devices.clone(),
             stop.clone(),
             up,

@@ -4,3 +4,4 @@
 
 pub mod dra;
 pub mod pod_resources;
+pub mod settings;

@@ -15,10 +15,10 @@ use super::cores::{Family, Layout};
 use super::counters::{MonotonicCounters, Rises};
 use super::monitor_input::{self, SharedRuntimes};
 use super::monitor_names::{self, SystemReader};
+use super::settings::{LogicalNcConfig, NeuronSettings};
 use super::sysfs::{self, CoreSnapshot, DeviceSnapshot, MemoryStat};
 use super::utilization::Utilization;
 use super::SharedNodeLabels;
-use crate::config::{LogicalNcConfig, NeuronSettings};
 use crate::kubelet::pod_resources::{Assignments, SharedAssignments};
 use crate::metrics::family::{descs, with_label, Families, FamilySpec, Labels};
 

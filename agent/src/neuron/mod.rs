@@ -13,6 +13,7 @@ pub mod counters;
 pub mod health;
 pub mod monitor_input;
 pub mod monitor_names;
+pub mod settings;
 pub mod sysfs;
 pub mod utilization;
 
@@ -20,8 +21,10 @@ use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::config::{KubeletSettings, NeuronSettings, Toggle};
 use crate::kubelet::pod_resources::SharedAssignments;
+use crate::kubelet::settings::KubeletSettings;
+use crate::settings::Toggle;
+use settings::NeuronSettings;
 
 /// The EC2 instance type and zone of this node, as its Node object's well-known labels say;
 /// empty until read (or outside a cluster). Config values take precedence.

@@ -19,8 +19,8 @@ use super::node::{
     conditions_patch, differs, has_taint, other_writer, own_conditions, taint_patch, FIELD_MANAGER,
 };
 use super::plan::Planner;
+use super::settings::ReadinessSettings;
 use crate::cache::state::{ModelState, NodeTaint};
-use crate::config::ReadinessSettings;
 use crate::health::{FromNode, HealthSource};
 use crate::metrics::{AgentMetrics, Subsystem};
 
@@ -148,8 +148,8 @@ impl Controller {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut memory = Memory {
             planner: Planner::new(
-                self.settings.interval,
-                self.settings.heartbeat,
+                self.settings.interval.get(),
+                self.settings.heartbeat.get(),
                 self.taint.as_ref().map(|_| self.settings.taint_mode),
             ),
             conditions: BTreeMap::new(),

@@ -12,3 +12,4 @@ pub mod gates;
 pub mod memory;
 pub mod node;
 pub mod plan;
+pub mod settings;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use serde_json::{json, Value};
 
 use super::gates::Gate;
-use crate::config::TaintSpec;
+use super::settings::TaintSpec;
 
 /// The name the API server records the agent's writes under (`fieldManager`).
 pub const FIELD_MANAGER: &str = "mlnode-agent";

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::TaintMode;
+use super::settings::TaintMode;
 
 /// The longest wait after repeated API errors.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);

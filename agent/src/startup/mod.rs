@@ -8,4 +8,5 @@
 pub mod loads;
 pub mod phases;
 pub mod report;
+pub mod settings;
 pub mod tracker;

@@ -6,7 +6,7 @@ use kube::api::{Api, ListParams};
 
 use super::phases::{compute, Phase, Startup};
 use super::tracker::model_of;
-use crate::config::ModelConfig;
+use crate::cache::settings::ModelConfig;
 
 /// Lists the node's pods (or the one named) and their events, and computes each startup.
 pub async fn collect(

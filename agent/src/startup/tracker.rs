@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::loads::{unix_now, LoadActivity};
 use super::phases::{self, Phase, Startup};
-use crate::config::{ModelConfig, StartupSettings};
+use super::settings::StartupSettings;
+use crate::cache::settings::ModelConfig;
 
 /// kubelet's `kubelet_pod_start_sli_duration_seconds` buckets, so the two line up.
 pub const POD_START_BUCKETS: [f64; 25] = [
@@ -266,7 +267,7 @@ impl Tracker {
         let now = unix_now();
         recent.push_back((now, startup.namespace.clone(), startup.pod.clone()));
         // Bound the per-pod series: the oldest go first, by count and by age.
-        while recent.len() > self.settings.recent_pods
+        while recent.len() > *self.settings.recent_pods
             || recent
                 .front()
                 .is_some_and(|(t, _, _)| now - t > self.settings.recent_max_age.as_secs_f64())

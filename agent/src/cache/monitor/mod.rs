@@ -22,10 +22,10 @@ use super::manifest::{self, Manifest};
 use super::metrics::{CacheMetrics, VerifyKind};
 use super::priority::{self, Hashers, Priority, Situation};
 use super::report::{FileStatus, Report};
+use super::settings::{ModelConfig, PrioritySetting, VerifySettings};
 use super::state::{ModelState, NodeFacts, Readiness};
 use super::verify::{verify, VerifyOptions};
 use super::watch::{FileWatch, Subscription, WatchError, WatchedPath};
-use crate::config::{ModelConfig, PrioritySetting, VerifySettings};
 use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
 use plan::{Action, Input, Outcome, Planner, Progress, Timing, Todo};
 
@@ -112,8 +112,8 @@ impl Monitor {
 
     fn timing(&self) -> Timing {
         Timing {
-            debounce: self.settings.debounce,
-            full_rescan_interval: self.settings.full_rescan_interval,
+            debounce: *self.settings.debounce,
+            full_rescan_interval: *self.settings.full_rescan_interval,
             unwatched_rescan_interval: UNWATCHED_RESCAN,
             watch_retry: WATCH_RETRY,
             manifest_retry: TICK,
@@ -151,7 +151,7 @@ impl Monitor {
                                     if limit {
                                         self.shared.metrics.watch_overflow(&name);
                                     }
-                                    tracing::warn!(model_name = %name, error = %reason, rescan_interval = ?UNWATCHED_RESCAN.min(self.settings.full_rescan_interval),
+                                    tracing::warn!(model_name = %name, error = %reason, rescan_interval = ?UNWATCHED_RESCAN.min(*self.settings.full_rescan_interval),
                                         "cannot watch the model cache: it is not continuously verified, only rescanned, until a retry succeeds");
                                     None
                                 }
@@ -284,9 +284,9 @@ impl Monitor {
         let bytes = job.control.hashed_bytes.load(Ordering::Relaxed);
         let stalled = job
             .progress
-            .stalled(bytes, Instant::now(), self.settings.stall_timeout);
+            .stalled(bytes, Instant::now(), *self.settings.stall_timeout);
         if stalled && !self.state.stalled.swap(true, Ordering::Relaxed) {
-            tracing::error!(model_name = %self.model.name, "verification made no progress for {:?}; is the storage hung?", self.settings.stall_timeout);
+            tracing::error!(model_name = %self.model.name, "verification made no progress for {:?}; is the storage hung?", *self.settings.stall_timeout);
         }
     }
 
@@ -390,16 +390,11 @@ impl Monitor {
 
     async fn load_manifest(&self) -> Result<(Manifest, [u8; 32]), String> {
         let path = self.model.manifest.clone();
-        // Validated with the config at start; a contradiction here is said, never guessed past.
-        let trust = self
-            .model
-            .trust_choice()
-            .policy()
-            .map_err(|e| e.to_string())?;
+        let trust = self.model.signer.clone();
         let ignored = self.model.ignore_paths.clone();
         tokio::task::spawn_blocking(move || {
-            let (mut manifest, digest) =
-                manifest::load_with_digest(&path, &trust).map_err(|e| e.to_string())?;
+            let (mut manifest, digest) = manifest::load_with_digest(&path, &trust)
+                .map_err(|e| e.explain(|field| field.key().to_string()))?;
             manifest.ignore_paths.extend(ignored);
             Ok((manifest, digest))
         })

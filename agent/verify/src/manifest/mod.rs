@@ -9,6 +9,9 @@ pub mod certificate;
 pub mod hub;
 pub mod model_signing;
 pub mod native;
+mod signer;
+
+pub use signer::{Conflict, SignerField, SignerFields, TrustConflict};
 
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -197,8 +200,11 @@ impl Manifest {
 }
 
 /// What it takes for a model_signing bundle's digests to be trusted: the three ways
-/// `model_signing verify` checks a signer (`key`, `certificate`, `sigstore`), or none.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// `model_signing verify` checks a signer (`key`, `certificate`, `sigstore`), or none. Read from
+/// the fields an operator writes ([`SignerFields`]), so a policy that exists is never a
+/// contradiction.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(try_from = "SignerFields", into = "SignerFields")]
 pub enum TrustPolicy {
     /// The DSSE signature must verify with this PEM public key (ECDSA P-256, P-384 or P-521).
     PublicKey(PathBuf),
@@ -237,103 +243,6 @@ pub enum SigstoreRoot {
     Staging,
     /// A private deployment's `trusted_root.json`, or model_signing's `--trust-config` file.
     File(PathBuf),
-}
-
-/// What the operator gave, from `verify`'s flags or a model's config, before it becomes a
-/// [`TrustPolicy`]: the one place that decides what the fields mean together, and refuses
-/// contradicting ones ([`TrustChoice::policy`]).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TrustChoice<'a> {
-    pub public_key: Option<&'a Path>,
-    pub certificate_chain: &'a [PathBuf],
-    pub identity: Option<&'a str>,
-    pub identity_provider: Option<&'a str>,
-    pub trust_root: Option<&'a Path>,
-    pub use_staging: bool,
-    pub allow_unsigned: bool,
-}
-
-/// Fields of a [`TrustChoice`] that cannot be taken together: the field at fault (its config key;
-/// `verify`'s flag is the same with `-`) and why.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {why}")]
-pub struct TrustConflict {
-    pub field: &'static str,
-    pub why: String,
-}
-
-impl TrustChoice<'_> {
-    /// The policy the fields give, or the first contradiction among them.
-    pub fn policy(&self) -> Result<TrustPolicy, TrustConflict> {
-        let conflict = |field, why: String| Err(TrustConflict { field, why });
-        let signers: Vec<&'static str> = [
-            ("public_key", self.public_key.is_some()),
-            ("certificate_chain", !self.certificate_chain.is_empty()),
-            ("identity", self.identity.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(name, given)| given.then_some(name))
-        .collect();
-        if let [first, second, ..] = signers[..] {
-            return conflict(
-                second,
-                format!("contradicts {first}: a bundle has one signer, give one way to check it"),
-            );
-        }
-        if self.identity.is_some() != self.identity_provider.is_some() {
-            return conflict(
-                if self.identity.is_some() {
-                    "identity_provider"
-                } else {
-                    "identity"
-                },
-                "keyless verification needs both identity and identity_provider (the OpenID issuer)"
-                    .into(),
-            );
-        }
-        for (name, given) in [
-            ("trust_root", self.trust_root.is_some()),
-            ("use_staging", self.use_staging),
-        ] {
-            if given && self.identity.is_none() {
-                return conflict(
-                    name,
-                    "is for keyless verification: give identity and identity_provider too".into(),
-                );
-            }
-        }
-        if self.trust_root.is_some() && self.use_staging {
-            return conflict(
-                "use_staging",
-                "contradicts trust_root: one Sigstore instance vouches for the signer".into(),
-            );
-        }
-        if let (Some(signer), true) = (signers.first(), self.allow_unsigned) {
-            return conflict(
-                "allow_unsigned",
-                format!("contradicts {signer}: give one or the other"),
-            );
-        }
-        Ok(if let Some(key) = self.public_key {
-            TrustPolicy::PublicKey(key.to_path_buf())
-        } else if !self.certificate_chain.is_empty() {
-            TrustPolicy::CertificateChain(self.certificate_chain.to_vec())
-        } else if let (Some(identity), Some(issuer)) = (self.identity, self.identity_provider) {
-            TrustPolicy::Sigstore(SigstoreSigner {
-                identity: identity.to_string(),
-                issuer: issuer.to_string(),
-                root: match (self.trust_root, self.use_staging) {
-                    (Some(file), _) => SigstoreRoot::File(file.to_path_buf()),
-                    (None, true) => SigstoreRoot::Staging,
-                    (None, false) => SigstoreRoot::PublicGood,
-                },
-            })
-        } else if self.allow_unsigned {
-            TrustPolicy::AllowUnsigned
-        } else {
-            TrustPolicy::RequireKey
-        })
-    }
 }
 
 impl TrustPolicy {
@@ -376,7 +285,7 @@ pub enum ManifestError {
     },
     #[error("manifest {path} is not a native manifest (keys \"revision\", \"files\") nor a model_signing bundle (keys \"mediaType\", \"dsseEnvelope\")")]
     UnknownFormat { path: PathBuf },
-    #[error("manifest {path} is a model_signing bundle, and its digests are only trusted once its signature is checked: say who signed it (--public-key PEM, --certificate-chain PEM, or --identity with --identity-provider; public_key, certificate_chain, identity and identity_provider in the model's config), or trust it unchecked (--allow-unsigned, or allow_unsigned)")]
+    #[error("manifest {path} is a model_signing bundle, and its digests are only trusted once its signature is checked: say who signed it (a public key, a certificate chain, or a keyless identity and its issuer), or trust it unchecked")]
     Unsigned { path: PathBuf },
     #[error("manifest {path}: the signature does not verify with {signer}: {reason}")]
     BadSignature {
@@ -394,7 +303,7 @@ pub enum ManifestError {
     Inconsistent { path: PathBuf, reason: String },
     #[error("manifest {path} is not a signed bundle, but a signer ({signer}) is configured: only a bundle that verifies with it is accepted (drop the signer to trust a native manifest by where it is kept)")]
     Downgrade { path: PathBuf, signer: String },
-    #[error("{path} cannot be verified without --manifest: {reason}")]
+    #[error("{path} cannot be verified without a manifest: {reason}")]
     NoManifest { path: PathBuf, reason: String },
     #[error("public key {path}: {reason}")]
     BadKey { path: PathBuf, reason: String },
@@ -419,6 +328,22 @@ impl ManifestError {
             ManifestError::Inconsistent { .. } => Some("digest"),
             ManifestError::Downgrade { .. } => Some("policy"),
             _ => None,
+        }
+    }
+
+    /// The error and, where a setting would mend it, which: each signer field named by `name`
+    /// in the front end's own words (a flag, a config key).
+    pub fn explain(&self, name: impl Fn(SignerField) -> String) -> String {
+        match self {
+            ManifestError::Unsigned { .. } => format!(
+                "{self}: give {} PEM, {} PEM, or {} with {}; or {}",
+                name(SignerField::PublicKey),
+                name(SignerField::CertificateChain),
+                name(SignerField::Identity),
+                name(SignerField::IdentityProvider),
+                name(SignerField::AllowUnsigned)
+            ),
+            _ => self.to_string(),
         }
     }
 
@@ -648,42 +573,50 @@ mod tests {
     /// What the fields mean together: one signer, and a keyless one's Sigstore instance; no
     /// signer and no allowance requires one; a contradiction names the field at fault.
     #[test]
-    fn a_trust_choice_gives_one_policy_or_names_the_conflict() {
-        let chain = [PathBuf::from("/pki/root.pem")];
-        let keyless = TrustChoice {
-            identity: Some("ci@example.com"),
-            identity_provider: Some("https://token.actions.githubusercontent.com"),
+    fn signer_fields_give_one_policy_or_name_the_conflict() {
+        let chain = vec![PathBuf::from("/pki/root.pem")];
+        let keyless = SignerFields {
+            identity: Some("ci@example.com".into()),
+            identity_provider: Some("https://token.actions.githubusercontent.com".into()),
             use_staging: true,
-            ..TrustChoice::default()
+            ..SignerFields::default()
         };
-        match keyless.policy().unwrap() {
+        match TrustPolicy::try_from(keyless.clone()).unwrap() {
             TrustPolicy::Sigstore(signer) => assert_eq!(signer.root, SigstoreRoot::Staging),
             other => panic!("{other:?}"),
         }
+        let round_trip = SignerFields::from(TrustPolicy::try_from(keyless.clone()).unwrap());
         assert_eq!(
-            TrustChoice::default().policy().unwrap(),
+            round_trip, keyless,
+            "a policy writes back the fields it was read from"
+        );
+        assert_eq!(
+            TrustPolicy::try_from(SignerFields::default()).unwrap(),
             TrustPolicy::RequireKey
         );
         assert_eq!(
-            TrustChoice {
-                certificate_chain: &chain,
-                ..TrustChoice::default()
-            }
-            .policy()
+            TrustPolicy::try_from(SignerFields {
+                certificate_chain: chain.clone(),
+                ..SignerFields::default()
+            })
             .unwrap(),
-            TrustPolicy::CertificateChain(chain.to_vec())
+            TrustPolicy::CertificateChain(chain)
         );
-        let conflict = TrustChoice {
-            public_key: Some(Path::new("/k.pem")),
+        let conflict = TrustPolicy::try_from(SignerFields {
+            public_key: Some("/k.pem".into()),
             allow_unsigned: true,
-            ..TrustChoice::default()
-        }
-        .policy()
+            ..SignerFields::default()
+        })
         .unwrap_err();
-        assert_eq!(conflict.field, "allow_unsigned");
+        assert_eq!(conflict.field, SignerField::AllowUnsigned);
         assert_eq!(
             conflict.to_string(),
             "allow_unsigned: contradicts public_key: give one or the other"
+        );
+        assert_eq!(
+            conflict.explain(|field| format!("--{}", field.key().replace('_', "-"))),
+            "--allow-unsigned: contradicts --public-key: give one or the other",
+            "a front end names the fields in its own words"
         );
     }
 }
