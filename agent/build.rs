@@ -1,8 +1,6 @@
-//! Build steps: the git commit for `mlnode_build_info{revision}` (a container build without `.git`
-//! passes it as BUILD_GIT_REVISION), and the kubelet pod-resources gRPC client from
-//! proto/podresources.proto, compiled with the protoc that the protoc-bin-vendored crate ships (no
-//! system protoc needed).
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! The git commit for `mlnode_build_info{revision}` (a container build without `.git` passes it as
+//! BUILD_GIT_REVISION).
+fn main() {
     let revision = std::env::var("BUILD_GIT_REVISION")
         .ok()
         .filter(|r| !r.is_empty())
@@ -27,11 +25,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed=../.git/{branch}");
         println!("cargo:rerun-if-changed=../.git/packed-refs");
     }
-
-    std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
-    // The client only: the tests' fake kubelet generates its server side (tests/fake-kubelet).
-    tonic_prost_build::configure()
-        .build_server(false)
-        .compile_protos(&["proto/podresources.proto"], &["proto"])?;
-    Ok(())
 }

@@ -12,7 +12,7 @@ mod tree;
 
 use std::time::Instant;
 
-use mlnode_agent::kubelet::pod_resources::SharedAssignments;
+use mlnode_agent::assignments::SharedAssignments;
 use mlnode_agent::neuron::collector::NeuronCollector;
 use mlnode_agent::neuron::settings::NeuronSettings;
 

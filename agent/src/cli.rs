@@ -489,7 +489,11 @@ fn startup_report(args: StartupReportArgs) -> ExitCode {
         &node,
         args.namespace.as_deref(),
         args.pod.as_deref(),
-        &config.models,
+        &config
+            .models
+            .iter()
+            .map(config::ModelConfig::mount)
+            .collect::<Vec<_>>(),
     ));
     match result {
         Ok(startups) => {

@@ -11,12 +11,12 @@ use crate::cache::monitor::{self, Monitor};
 use crate::cache::priority::Hashers;
 use crate::cache::state::{ModelState, NodeFacts, NodeTaint};
 use crate::cache::watch::FileWatch;
-use crate::config::Config;
+use crate::config::{Config, ModelConfig};
 use crate::gpu::health::GpuHealth;
 use crate::gpu::GpuRuntime;
 use crate::health::HealthSource;
 use crate::kubelet::dra::DraSlices;
-use crate::kubelet::pod_resources::{self, SharedAssignments};
+use crate::kubelet::pod_resources;
 use crate::metrics::{AgentMetrics, Subsystem};
 use crate::neuron;
 use crate::neuron::health::NeuronHealth;
@@ -25,6 +25,7 @@ use crate::server::{self, AppState};
 use crate::settings::Toggle;
 use crate::startup::loads::LoadActivity;
 use crate::startup::tracker::{StartupMetrics, Tracker};
+use mlnode_core::assignments::SharedAssignments;
 
 /// How long the monitors get to stop after the signal: in-flight hashing is cancelled, not awaited.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
@@ -87,7 +88,7 @@ async fn start_startup_tracker(
             let tracker = Tracker::new(
                 client,
                 config.node_name.clone(),
-                config.models.clone(),
+                config.models.iter().map(ModelConfig::mount).collect(),
                 loads.clone(),
                 metrics,
                 config.startup.clone(),
@@ -320,7 +321,10 @@ async fn run_collectors(
             });
     let neuron = neuron::start(
         &config.neuron,
-        &config.kubelet,
+        (
+            config.kubelet.neuron_device_resource_names.clone(),
+            config.kubelet.neuron_core_resource_names.clone(),
+        ),
         assignments.clone(),
         node_labels.clone(),
         monitor_input.as_ref().map(|(_, runtimes)| runtimes.clone()),
@@ -463,7 +467,7 @@ fn raise_open_file_limit() -> u64 {
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let max_connections = server::connection_cap(raise_open_file_limit());
     let registry = crate::metrics::registry(&config.node_name);
-    let agent_metrics = AgentMetrics::register(&registry)?;
+    let agent_metrics = AgentMetrics::register(&registry, crate::BUILD)?;
     let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
 
     let threads = config.verify.threads.get();

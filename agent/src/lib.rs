@@ -2,19 +2,28 @@
 //!
 //! The library holds everything the binary does, so that tests and benchmarks drive the same code
 //! paths as `mlnode-agent` itself. `main.rs` only parses the command line.
+//!
+//! The subsystems are crates of their own, re-exported here under their module names
+//! (docs/architecture.md): the verifier core (`mlnode-verify`: [`files`], and [`cache`]'s core),
+//! the shared contracts (`mlnode-core`: [`settings`], [`metrics`], [`health`], [`assignments`]),
+//! the accelerator collectors (`mlnode-accel`: [`gpu`], [`neuron`], [`pci`]) and the Kubernetes
+//! side (`mlnode-kube`: [`kubelet`], [`startup`], [`readiness`]). This crate is the binary's: the
+//! config, the daemon that starts every subsystem, the HTTP server, the command line, and the
+//! model monitors that keep each cache verified.
 
 pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
-pub use mlnode_verify::files;
-pub mod gpu;
-pub mod health;
-pub mod kubelet;
-pub mod metrics;
-pub mod neuron;
-pub mod pci;
-pub mod readiness;
 pub mod server;
-pub mod settings;
-pub mod startup;
+
+pub use mlnode_accel::{gpu, neuron, pci};
+pub use mlnode_core::{assignments, health, metrics, settings};
+pub use mlnode_kube::{kubelet, readiness, startup};
+pub use mlnode_verify::files;
+
+/// This binary's version, and the git commit build.rs recorded ("unknown" outside a checkout).
+pub const BUILD: metrics::Build = metrics::Build {
+    version: env!("CARGO_PKG_VERSION"),
+    revision: env!("BUILD_GIT_REVISION"),
+};

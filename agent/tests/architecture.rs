@@ -142,13 +142,96 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// In the agent and in the verifier core (whose independence of the agent Cargo itself keeps: it
-/// does not depend on the agent's crate).
+/// Within each crate of the workspace; between crates, Cargo itself keeps dependencies one way.
 #[test]
 fn no_two_modules_depend_on_each_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for src in [root.join("src"), root.join("verify/src")] {
-        assert_no_circles(&src);
+    for krate in ["", "core", "accel", "kube", "verify"] {
+        assert_no_circles(&root.join(krate).join("src"));
+    }
+}
+
+/// The packages `package` builds on (normal dependencies, not tests' or build scripts'), by
+/// name: its direct ones, or all of them.
+fn dependencies(package: &str, direct: bool) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command.args([
+        "tree",
+        "--offline",
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--format",
+        "{p}",
+    ]);
+    command.args(["-p", package]);
+    if direct {
+        command.args(["--depth", "1"]);
+    }
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != package)
+        .map(String::from)
+        .collect()
+}
+
+/// The cut of docs/architecture.md: the verifier core and the shared contracts build on no other
+/// crate of the workspace, the collectors on those two, the Kubernetes side on the collectors'
+/// verdicts, and only the binary on everything. The verifier core links no async runtime, API
+/// client, gRPC or metrics library, so it can be used alone.
+#[test]
+fn crates_build_on_each_other_one_way() {
+    let workspace = |package: &str| -> BTreeSet<String> {
+        dependencies(package, true)
+            .into_iter()
+            .filter(|name| name.starts_with("mlnode-"))
+            .collect()
+    };
+    let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(workspace("mlnode-verify"), set(&[]));
+    assert_eq!(workspace("mlnode-core"), set(&[]));
+    assert_eq!(
+        workspace("mlnode-accel"),
+        set(&["mlnode-core", "mlnode-verify"])
+    );
+    assert_eq!(
+        workspace("mlnode-kube"),
+        set(&["mlnode-accel", "mlnode-core", "mlnode-verify"])
+    );
+    assert_eq!(
+        workspace("mlnode-agent"),
+        set(&[
+            "mlnode-accel",
+            "mlnode-core",
+            "mlnode-kube",
+            "mlnode-verify"
+        ])
+    );
+    for (package, never) in [
+        (
+            "mlnode-verify",
+            &["tokio", "kube", "tonic", "prometheus", "clap"][..],
+        ),
+        (
+            "mlnode-core",
+            &["kube", "tonic", "nvml-wrapper", "k8s-openapi"],
+        ),
+        ("mlnode-accel", &["kube", "tonic"]),
+    ] {
+        let linked = dependencies(package, false);
+        for name in never {
+            assert!(!linked.contains(*name), "{package} links {name}");
+        }
     }
 }
 

@@ -131,7 +131,7 @@ fn exposed() -> BTreeMap<String, String> {
 /// The exposition of a registry with every collector registered, every family with a sample.
 fn exposition() -> String {
     let registry = mlnode_agent::metrics::registry("doc-test");
-    mlnode_agent::metrics::AgentMetrics::register(&registry)
+    mlnode_agent::metrics::AgentMetrics::register(&registry, mlnode_agent::BUILD)
         .unwrap()
         .set_up(mlnode_agent::metrics::Subsystem::ModelCache, true);
     let cache = mlnode_agent::cache::metrics::CacheMetrics::register(&registry).unwrap();

@@ -14,7 +14,7 @@ use common::neuron::{
     write, Driver, NeuronTree, DRIVER_STATUS_NAMES, INF1_24XLARGE, INF2_48XLARGE, INF2_XLARGE,
     TRN1_32XLARGE, TRN2_48XLARGE,
 };
-use mlnode_agent::kubelet::pod_resources::SharedAssignments;
+use mlnode_agent::assignments::SharedAssignments;
 use mlnode_agent::neuron::collector::NeuronCollector;
 use mlnode_agent::neuron::settings::{LogicalNcConfig, NeuronSettings};
 

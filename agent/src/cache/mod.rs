@@ -15,8 +15,9 @@ pub mod metrics;
 pub mod monitor;
 pub mod priority;
 pub mod settings;
-pub mod state;
 pub mod watch;
+
+pub use mlnode_core::state;
 
 pub use manifest::{Manifest, TrustPolicy};
 pub use report::{FileStatus, Report};

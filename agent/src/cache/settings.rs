@@ -10,6 +10,7 @@ use super::manifest::{SignerFields, TrustPolicy};
 use crate::settings::{
     bounds, days, invalid_field, millis, minutes, seconds, NumberOrText, Within,
 };
+use crate::startup::tracker::ModelMount;
 
 /// A model to keep verified. Read whole or refused: a model without a name, a root or a manifest,
 /// or with contradicting signers, is never built.
@@ -75,6 +76,17 @@ fn signer<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TrustPolicy, D::
             conflict.why(|field| field.key().to_string()),
         )
     })
+}
+
+impl ModelConfig {
+    /// Where pods mount this model's cache from.
+    pub fn mount(&self) -> ModelMount {
+        ModelMount {
+            name: self.name.clone(),
+            host_path: self.host_path.clone().unwrap_or_else(|| self.root.clone()),
+            pvc: self.pvc.clone(),
+        }
+    }
 }
 
 impl Serialize for ModelConfig {

@@ -1,0 +1,807 @@
+//! The GPU series, built at scrape time from [`GpuState`] (the node_exporter way: a scrape reads
+//! the latest samples, it never waits on the driver). Label sets follow dcgm-exporter exactly:
+//! `pod`, `namespace` and `container` appear only on a GPU assigned to a container, so a custom
+//! collector rather than fixed-label vectors.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{MetricFamily, MetricType};
+
+use super::health;
+use super::state::{GpuEntry, GpuFailure, GpuState};
+use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
+use mlnode_core::assignments::{Assignments, SharedAssignments};
+use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec};
+
+const MIB: u64 = 1 << 20;
+
+/// Label spellings of dcgm-exporter's releases.
+#[derive(Clone, Debug, Default)]
+pub struct LabelStyle {
+    /// Add a lower-case `hostname` label, as newer dcgm-exporter releases write it (every series
+    /// already carries `Hostname` from the registry).
+    pub lowercase_hostname: Option<String>,
+    /// `pod_name`/`pod_namespace`/`container_name`, as dcgm-exporter before 2.x.
+    pub legacy_pod_labels: bool,
+}
+
+pub struct GpuCollector {
+    state: Arc<Mutex<GpuState>>,
+    assignments: SharedAssignments,
+    /// Extended resources whose device ids are GPU UUIDs (`nvidia.com/gpu`).
+    resource_names: Vec<String>,
+    style: LabelStyle,
+    dcgm_names: bool,
+    descs: Vec<Desc>,
+}
+
+/// (name, help, type) of every family this collector can produce.
+const FAMILIES: [FamilySpec; 48] = [
+    ("mlnode_gpu_pci_devices", "NVIDIA GPUs (display and 3D controllers of vendor 0x10de) the kernel lists on the PCI bus; compare with mlnode_gpu_count, NVML's.", MetricType::GAUGE),
+    ("mlnode_gpu_fabric_state", "The GPU's NVLink fabric registration with Fabric Manager (nvmlGpuFabricState_t): 1 not started, 2 in progress, 3 completed; absent without a fabric (no NVSwitch).", MetricType::GAUGE),
+    ("mlnode_gpu_fabric_healthy", "1 when the GPU's fabric registration completed with success (CUDA can use it), else 0; absent without a fabric.", MetricType::GAUGE),
+    ("mlnode_gpu_fabric_health", "1 while a fabric health check of nvml.h's healthMask is bad (degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery), 0 while good; absent where the driver reports none.", MetricType::GAUGE),
+    ("mlnode_gpu_recovery_action", "The driver's GPU recovery action (NVML field 230, R565 drivers and later): 1 for the action it asks for now, 0 for the others; absent where the driver gives none.", MetricType::GAUGE),
+    ("mlnode_gpu_nvlink_bytes_total", "NVLink data bytes over every link since the driver loaded, per direction (tx, rx).", MetricType::COUNTER),
+    ("mlnode_gpu_mig_xid_errors_total", "Critical XID errors NVML placed in a MIG GPU instance since the agent started, per instance and XID (also counted in mlnode_gpu_xid_errors_total).", MetricType::COUNTER),
+    ("mlnode_gpu_mig_mode", "1 while Multi-Instance GPU mode is on, else 0; absent on GPUs without MIG. A MIG GPU reports no GPU-wide utilisation, and its memory only to a holder of the mig/monitor capability.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_instance_info", "A MIG device (GPU instance and compute instance) of the GPU, with its MIG UUID; always 1.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_memory_used_bytes", "Memory used in the MIG instance.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_graphics_engine_active_ratio", "Fraction of time any compute or graphics engine of the MIG GPU instance was active (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_mig_sm_active_ratio", "Fraction of time the MIG GPU instance's SMs had at least one warp assigned (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_mig_tensor_pipe_active_ratio", "Fraction of time the MIG GPU instance's SMs ran any tensor operation (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_mig_dram_active_ratio", "Fraction of the theoretical DRAM bandwidth used by the MIG GPU instance (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_mig_memory_free_bytes", "Memory free in the MIG instance.", MetricType::GAUGE),
+    ("mlnode_gpu_mig_memory_total_bytes", "Memory of the MIG instance.", MetricType::GAUGE),
+    ("mlnode_gpu_readings_age_seconds", "Time since the NVML sampler last finished reading every GPU; past five sample intervals (at least 3 s) the readings are dropped as not current.", MetricType::GAUGE),
+    ("mlnode_gpu_memory_copy_utilization_ratio", "Fraction of the last sample period the memory controller was busy.", MetricType::GAUGE),
+    ("mlnode_gpu_encoder_utilization_ratio", "Fraction of the last sample period the video encoder was busy.", MetricType::GAUGE),
+    ("mlnode_gpu_decoder_utilization_ratio", "Fraction of the last sample period the video decoder was busy.", MetricType::GAUGE),
+    ("mlnode_gpu_pcie_replays_total", "PCIe replays (retries after link errors) since the driver loaded.", MetricType::COUNTER),
+    ("mlnode_gpu_remapped_rows_total", "HBM rows remapped to spares, per cause (correctable, uncorrectable ECC errors).", MetricType::COUNTER),
+    ("mlnode_gpu_row_remap_pending", "1 while a row remapping waits for the next GPU reset, else 0.", MetricType::GAUGE),
+    ("mlnode_gpu_row_remap_failed", "1 when a row remapping has failed (no spare row left), else 0.", MetricType::GAUGE),
+    ("mlnode_gpu_memory_temperature_celsius", "HBM temperature.", MetricType::GAUGE),
+    ("mlnode_gpu_pcie_bytes_per_second", "PCIe throughput over NVML's last 20 ms sample, per direction (tx, rx).", MetricType::GAUGE),
+    ("mlnode_gpu_graphics_engine_active_ratio", "Fraction of time any compute or graphics engine was active (GPM, Hopper and later).", MetricType::GAUGE),
+    ("mlnode_gpu_sm_active_ratio", "Fraction of time the SMs had at least one warp assigned, averaged over SMs (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_tensor_pipe_active_ratio", "Fraction of time the SMs ran any tensor operation (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_dram_active_ratio", "Fraction of the theoretical DRAM bandwidth used (GPM).", MetricType::GAUGE),
+    ("mlnode_gpu_xid_info", "The most recent critical XID error and NVIDIA's description of it; always 1.", MetricType::GAUGE),
+    (
+        "mlnode_gpu_memory_free_bytes",
+        "Framebuffer memory free.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_used_bytes",
+        "Framebuffer memory used.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_reserved_bytes",
+        "Framebuffer memory reserved by the driver and firmware.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_total_bytes",
+        "Framebuffer memory installed.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_clock_event_reason_active",
+        "1 while the clock event (throttle) reason holds, else 0.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_clock_event_reason_seconds_total",
+        "Time the clock event reason was seen holding, sampled.",
+        MetricType::COUNTER,
+    ),
+    (
+        "mlnode_gpu_xid_errors_total",
+        "Critical XID errors reported by NVML since the agent started, per XID, with NVIDIA's catalog's immediate action for it.",
+        MetricType::COUNTER,
+    ),
+    (
+        "mlnode_gpu_last_xid",
+        "The most recent critical XID error since the agent started.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_sm_clock_hertz",
+        "SM clock frequency.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_memory_clock_hertz",
+        "Memory clock frequency.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_temperature_celsius",
+        "GPU temperature.",
+        MetricType::GAUGE,
+    ),
+    ("mlnode_gpu_power_watts", "Power draw.", MetricType::GAUGE),
+    (
+        "mlnode_gpu_utilization_ratio",
+        "Fraction of the last sample period in which a kernel ran on the GPU.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_energy_joules_total",
+        "Energy consumed since the driver was loaded.",
+        MetricType::COUNTER,
+    ),
+    (
+        "mlnode_gpu_lost",
+        "1 when NVML reports the GPU fell off the bus, else 0.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_failure",
+        "1 while NVML cannot read the GPU, with why (lost, reset_required, irq_issue, no_permission, unknown); absent while it can. Its readings are then absent, not stale.",
+        MetricType::GAUGE,
+    ),
+    (
+        "mlnode_gpu_count",
+        "GPUs NVML reports on the node.",
+        MetricType::GAUGE,
+    ),
+];
+
+/// dcgm-exporter's names, units and help texts (its default counters), for nodes without it.
+const DCGM_FAMILIES: [FamilySpec; 26] = [
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", MetricType::COUNTER),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", MetricType::GAUGE),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors", MetricType::COUNTER),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors", MetricType::COUNTER),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", MetricType::GAUGE),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", MetricType::GAUGE),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", MetricType::GAUGE),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "Frame buffer memory free (in MiB).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "Frame buffer memory used (in MiB).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_FB_RESERVED",
+        "Frame buffer memory reserved (in MiB).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "Value of the last XID error encountered.",
+        MetricType::GAUGE,
+    ),
+    // dcgm-exporter declares it a counter (etc/default-counters.csv) though a windowed count
+    // falls; a gauge says what it is, and PromQL written for dcgm-exporter reads it the same.
+    (
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_GPU_TEMP",
+        "GPU temperature (in C).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_POWER_USAGE",
+        "Power draw (in W).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_SM_CLOCK",
+        "SM clock frequency (in MHz).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "Memory clock frequency (in MHz).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "GPU utilization (in %).",
+        MetricType::GAUGE,
+    ),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ).",
+        MetricType::COUNTER,
+    ),
+];
+
+impl GpuCollector {
+    pub fn new(
+        state: Arc<Mutex<GpuState>>,
+        assignments: SharedAssignments,
+        resource_names: Vec<String>,
+        style: LabelStyle,
+        dcgm_names: bool,
+    ) -> prometheus::Result<GpuCollector> {
+        let families = FAMILIES.iter().chain(if dcgm_names {
+            DCGM_FAMILIES.iter()
+        } else {
+            [].iter()
+        });
+        let descs = descs(families)?;
+        Ok(GpuCollector {
+            state,
+            assignments,
+            resource_names,
+            style,
+            dcgm_names,
+            descs,
+        })
+    }
+
+    /// dcgm-exporter's label set for one GPU.
+    fn labels(
+        &self,
+        identity: &GpuIdentity,
+        driver: &str,
+        assignments: &Assignments,
+    ) -> Vec<(&'static str, String)> {
+        let mut labels = self.device_labels(identity, driver);
+        self.push_pod(&mut labels, assignments, &identity.uuid);
+        labels
+    }
+
+    /// A MIG device's labels as dcgm-exporter writes them: its parent GPU's, `GPU_I_ID`,
+    /// `GPU_I_PROFILE`, and the pod holding the MIG device (`MIG-<uuid>`).
+    fn instance_labels(
+        &self,
+        identity: &GpuIdentity,
+        driver: &str,
+        instance: &MigInstance,
+        assignments: &Assignments,
+    ) -> Vec<(&'static str, String)> {
+        let mut labels = self.device_labels(identity, driver);
+        labels.push(("GPU_I_ID", instance.gpu_instance_id.to_string()));
+        labels.push(("GPU_I_PROFILE", instance.profile.clone()));
+        self.push_pod(&mut labels, assignments, &instance.uuid);
+        labels
+    }
+
+    fn device_labels(&self, identity: &GpuIdentity, driver: &str) -> Vec<(&'static str, String)> {
+        let mut labels = vec![
+            ("gpu", identity.index.to_string()),
+            ("UUID", identity.uuid.clone()),
+            ("pci_bus_id", identity.pci_bus_id.clone()),
+            ("device", format!("nvidia{}", identity.index)),
+            ("modelName", identity.model_name.clone()),
+            ("DCGM_FI_DRIVER_VERSION", driver.to_string()),
+        ];
+        if let Some(hostname) = &self.style.lowercase_hostname {
+            labels.push(("hostname", hostname.clone()));
+        }
+        labels
+    }
+
+    fn push_pod(
+        &self,
+        labels: &mut Vec<(&'static str, String)>,
+        assignments: &Assignments,
+        device_id: &str,
+    ) {
+        if let Some(a) = assignments.find(&self.resource_names, device_id) {
+            let names = if self.style.legacy_pod_labels {
+                ["pod_name", "pod_namespace", "container_name"]
+            } else {
+                ["pod", "namespace", "container"]
+            };
+            labels.push((names[0], a.pod.clone()));
+            labels.push((names[1], a.namespace.clone()));
+            labels.push((names[2], a.container.clone()));
+        }
+    }
+}
+
+impl Collector for GpuCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let assignments = self
+            .assignments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut out = Families::default();
+        // While NVML cannot count them, there is no current count.
+        if state.failing.is_none() {
+            out.gauge("mlnode_gpu_count", &[], state.gpus.len() as f64);
+        }
+        if let Some(bus) = &state.pci {
+            out.gauge("mlnode_gpu_pci_devices", &[], bus.devices.len() as f64);
+        }
+        let now = Instant::now();
+        if let Some(last) = state.last_round {
+            out.gauge(
+                "mlnode_gpu_readings_age_seconds",
+                &[],
+                now.saturating_duration_since(last).as_secs_f64(),
+            );
+        }
+        let stalled = state.stalled_for(now).is_some();
+        for entry in state.gpus.values() {
+            let Some(identity) = &entry.identity else {
+                continue;
+            };
+            let labels = self.labels(identity, &state.driver_version, &assignments);
+            let lost = entry.failure == Some(GpuFailure::Lost);
+            out.gauge("mlnode_gpu_lost", &labels, f64::from(u8::from(lost)));
+            if let Some(failure) = entry.failure {
+                out.gauge(
+                    "mlnode_gpu_failure",
+                    &with_label(&labels, "reason", failure.as_str()),
+                    1.0,
+                );
+            }
+            self.collect_counters(entry, &labels, &mut out);
+            if self.dcgm_names {
+                collect_xid_window(entry, &labels, now, state.xid_count_window, &mut out);
+            }
+            // An instance's XIDs, labelled as that instance's series are where it is still known.
+            for ((gpu_instance, xid), count) in &entry.instance_xids {
+                let known = entry
+                    .reading
+                    .as_ref()
+                    .and_then(|r| r.mig.iter().find(|i| i.gpu_instance_id == *gpu_instance));
+                let instance_labels = match known {
+                    Some(instance) => self.instance_labels(
+                        identity,
+                        &state.driver_version,
+                        instance,
+                        &assignments,
+                    ),
+                    None => with_label(&labels, "GPU_I_ID", &gpu_instance.to_string()),
+                };
+                out.counter(
+                    "mlnode_gpu_mig_xid_errors_total",
+                    &with_label(&instance_labels, "xid", &xid.to_string()),
+                    *count as f64,
+                );
+            }
+            // A stalled sampler's readings are history, not the GPU now.
+            if let Some(reading) = entry.reading.as_ref().filter(|_| !stalled) {
+                self.collect_reading(reading, &labels, &mut out);
+                for instance in &reading.mig {
+                    let labels = self.instance_labels(
+                        identity,
+                        &state.driver_version,
+                        instance,
+                        &assignments,
+                    );
+                    self.collect_instance(instance, &labels, &mut out);
+                }
+            }
+        }
+        out.into_families(FAMILIES.iter().chain(if self.dcgm_names {
+            DCGM_FAMILIES.iter()
+        } else {
+            [].iter()
+        }))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum GpmScope {
+    Gpu,
+    MigInstance,
+}
+
+impl GpuCollector {
+    fn collect_instance(
+        &self,
+        instance: &MigInstance,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        out.gauge(
+            "mlnode_gpu_mig_instance_info",
+            &with_label(labels, "mig_uuid", &instance.uuid),
+            1.0,
+        );
+        if let Some(m) = instance.memory {
+            out.gauge("mlnode_gpu_mig_memory_used_bytes", labels, m.used as f64);
+            out.gauge("mlnode_gpu_mig_memory_free_bytes", labels, m.free as f64);
+            out.gauge("mlnode_gpu_mig_memory_total_bytes", labels, m.total as f64);
+            if self.dcgm_names {
+                out.gauge("DCGM_FI_DEV_FB_USED", labels, (m.used / MIB) as f64);
+                out.gauge("DCGM_FI_DEV_FB_FREE", labels, (m.free / MIB) as f64);
+            }
+        }
+        if let Some(gpm) = &instance.gpm {
+            self.collect_gpm(gpm, GpmScope::MigInstance, labels, out);
+        }
+    }
+
+    /// GPM ratios under their own names (per GPU, or `mlnode_gpu_mig_*` per GPU instance, so that
+    /// a sum over a GPU's series never adds the instances to the whole) and, with `dcgm_names`,
+    /// under DCGM's profiling names, which dcgm-exporter uses for both, told apart by `GPU_I_ID`.
+    fn collect_gpm(
+        &self,
+        gpm: &GpmReading,
+        scope: GpmScope,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        for (gpu, instance, dcgm, value) in [
+            (
+                "mlnode_gpu_graphics_engine_active_ratio",
+                "mlnode_gpu_mig_graphics_engine_active_ratio",
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                gpm.graphics_active,
+            ),
+            (
+                "mlnode_gpu_sm_active_ratio",
+                "mlnode_gpu_mig_sm_active_ratio",
+                "DCGM_FI_PROF_SM_ACTIVE",
+                gpm.sm_active,
+            ),
+            (
+                "mlnode_gpu_tensor_pipe_active_ratio",
+                "mlnode_gpu_mig_tensor_pipe_active_ratio",
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                gpm.tensor_active,
+            ),
+            (
+                "mlnode_gpu_dram_active_ratio",
+                "mlnode_gpu_mig_dram_active_ratio",
+                "DCGM_FI_PROF_DRAM_ACTIVE",
+                gpm.dram_active,
+            ),
+        ] {
+            let Some(value) = value else { continue };
+            let ours = match scope {
+                GpmScope::Gpu => gpu,
+                GpmScope::MigInstance => instance,
+            };
+            out.gauge(ours, labels, value);
+            if self.dcgm_names {
+                out.gauge(dcgm, labels, value);
+            }
+        }
+    }
+
+    /// Counters live on even while a GPU is lost: an XID just before it fell off is the clue.
+    fn collect_counters(
+        &self,
+        entry: &GpuEntry,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        for (xid, count) in &entry.xids {
+            let mut xid_labels = with_label(labels, "xid", &xid.to_string());
+            xid_labels.push((
+                "immediate_action",
+                health::immediate_action(*xid).to_string(),
+            ));
+            out.counter("mlnode_gpu_xid_errors_total", &xid_labels, *count as f64);
+        }
+        if let Some(xid) = entry.last_xid {
+            out.gauge("mlnode_gpu_last_xid", labels, xid as f64);
+            let mut info = with_label(labels, "xid", &xid.to_string());
+            info.push(("message", xid_message(xid).to_string()));
+            out.gauge("mlnode_gpu_xid_info", &info, 1.0);
+        }
+        if self.dcgm_names && entry.failure != Some(GpuFailure::Lost) {
+            // dcgm-exporter labels the value with err_code and NVIDIA's text for it
+            // (internal/pkg/collector/gpu_collector.go:324-331).
+            let xid = entry.last_xid.unwrap_or(0);
+            let mut with_err = with_label(labels, "err_code", &xid.to_string());
+            with_err.push(("err_msg", xid_message(xid).to_string()));
+            out.gauge("DCGM_FI_DEV_XID_ERRORS", &with_err, xid as f64);
+        }
+        if entry
+            .reading
+            .as_ref()
+            .is_some_and(|r| r.clock_event_reasons.is_some())
+        {
+            for (seconds, (_, reason)) in entry.reason_seconds.iter().zip(CLOCK_EVENT_REASONS) {
+                out.counter(
+                    "mlnode_gpu_clock_event_reason_seconds_total",
+                    &with_label(labels, "reason", reason),
+                    *seconds,
+                );
+            }
+        }
+    }
+
+    fn collect_reading(
+        &self,
+        reading: &super::GpuReading,
+        labels: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        if let Some(m) = reading.memory {
+            out.gauge("mlnode_gpu_memory_free_bytes", labels, m.free as f64);
+            out.gauge("mlnode_gpu_memory_used_bytes", labels, m.used as f64);
+            out.gauge("mlnode_gpu_memory_total_bytes", labels, m.total as f64);
+            if let Some(reserved) = m.reserved {
+                out.gauge("mlnode_gpu_memory_reserved_bytes", labels, reserved as f64);
+            }
+            if self.dcgm_names {
+                // DCGM reports whole MiB, truncated.
+                out.gauge("DCGM_FI_DEV_FB_FREE", labels, (m.free / MIB) as f64);
+                out.gauge("DCGM_FI_DEV_FB_USED", labels, (m.used / MIB) as f64);
+                if let Some(reserved) = m.reserved {
+                    out.gauge("DCGM_FI_DEV_FB_RESERVED", labels, (reserved / MIB) as f64);
+                }
+            }
+        }
+        if let Some(mask) = reading.clock_event_reasons {
+            for (bit, reason) in CLOCK_EVENT_REASONS {
+                out.gauge(
+                    "mlnode_gpu_clock_event_reason_active",
+                    &with_label(labels, "reason", reason),
+                    f64::from(u8::from(mask & bit != 0)),
+                );
+            }
+            if self.dcgm_names {
+                out.gauge("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", labels, mask as f64);
+            }
+        }
+        if let Some(fabric) = reading.fabric {
+            out.gauge("mlnode_gpu_fabric_state", labels, f64::from(fabric.state));
+            out.gauge(
+                "mlnode_gpu_fabric_healthy",
+                labels,
+                f64::from(u8::from(fabric.is_ready())),
+            );
+            for (check, bad) in fabric.health_checks() {
+                out.gauge(
+                    "mlnode_gpu_fabric_health",
+                    &with_label(labels, "check", check),
+                    f64::from(u8::from(bad)),
+                );
+            }
+        }
+        if let Some(action) = reading.recovery_action {
+            let known = health::RECOVERY_ACTIONS.iter().any(|(v, ..)| *v == action);
+            for (value, label, ..) in health::RECOVERY_ACTIONS {
+                out.gauge(
+                    "mlnode_gpu_recovery_action",
+                    &with_label(labels, "action", label),
+                    f64::from(u8::from(value == action)),
+                );
+            }
+            if !known {
+                out.gauge(
+                    "mlnode_gpu_recovery_action",
+                    &with_label(labels, "action", "unknown"),
+                    1.0,
+                );
+            }
+        }
+        let scalar = |out: &mut Families,
+                      ours: &'static str,
+                      ours_value: Option<f64>,
+                      dcgm: &'static str,
+                      dcgm_value: Option<f64>| {
+            if let Some(v) = ours_value {
+                out.gauge(ours, labels, v);
+            }
+            if let (true, Some(v)) = (self.dcgm_names, dcgm_value) {
+                out.gauge(dcgm, labels, v);
+            }
+        };
+        let as_f64 = |v: Option<u32>| v.map(f64::from);
+        if let Some(on) = reading.mig_mode {
+            out.gauge("mlnode_gpu_mig_mode", labels, f64::from(u8::from(on)));
+        }
+        scalar(
+            out,
+            "mlnode_gpu_sm_clock_hertz",
+            reading.sm_clock_mhz.map(|v| f64::from(v) * 1e6),
+            "DCGM_FI_DEV_SM_CLOCK",
+            as_f64(reading.sm_clock_mhz),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_memory_clock_hertz",
+            reading.mem_clock_mhz.map(|v| f64::from(v) * 1e6),
+            "DCGM_FI_DEV_MEM_CLOCK",
+            as_f64(reading.mem_clock_mhz),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_temperature_celsius",
+            as_f64(reading.temperature_c),
+            "DCGM_FI_DEV_GPU_TEMP",
+            as_f64(reading.temperature_c),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_power_watts",
+            reading.power_mw.map(|v| f64::from(v) / 1000.0),
+            "DCGM_FI_DEV_POWER_USAGE",
+            reading.power_mw.map(|v| f64::from(v) / 1000.0),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_utilization_ratio",
+            reading.utilization_gpu_pct.map(|v| f64::from(v) / 100.0),
+            "DCGM_FI_DEV_GPU_UTIL",
+            as_f64(reading.utilization_gpu_pct),
+        );
+        let percent = |v: Option<u32>| v.map(|v| f64::from(v) / 100.0);
+        scalar(
+            out,
+            "mlnode_gpu_memory_copy_utilization_ratio",
+            percent(reading.memory_copy_util_pct),
+            "DCGM_FI_DEV_MEM_COPY_UTIL",
+            as_f64(reading.memory_copy_util_pct),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_encoder_utilization_ratio",
+            percent(reading.encoder_util_pct),
+            "DCGM_FI_DEV_ENC_UTIL",
+            as_f64(reading.encoder_util_pct),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_decoder_utilization_ratio",
+            percent(reading.decoder_util_pct),
+            "DCGM_FI_DEV_DEC_UTIL",
+            as_f64(reading.decoder_util_pct),
+        );
+        scalar(
+            out,
+            "mlnode_gpu_memory_temperature_celsius",
+            as_f64(reading.memory_temp_c),
+            "DCGM_FI_DEV_MEMORY_TEMP",
+            as_f64(reading.memory_temp_c),
+        );
+        if let Some(gpm) = &reading.gpm {
+            self.collect_gpm(gpm, GpmScope::Gpu, labels, out);
+        }
+        if let Some((tx, rx)) = reading.pcie_bytes_per_second {
+            for (direction, bytes, dcgm) in [
+                ("tx", tx, "DCGM_FI_PROF_PCIE_TX_BYTES"),
+                ("rx", rx, "DCGM_FI_PROF_PCIE_RX_BYTES"),
+            ] {
+                out.gauge(
+                    "mlnode_gpu_pcie_bytes_per_second",
+                    &with_label(labels, "direction", direction),
+                    bytes as f64,
+                );
+                if self.dcgm_names {
+                    out.gauge(dcgm, labels, bytes as f64);
+                }
+            }
+        }
+        if let Some((tx, rx)) = reading.nvlink_bytes {
+            for (direction, bytes) in [("tx", tx), ("rx", rx)] {
+                out.counter(
+                    "mlnode_gpu_nvlink_bytes_total",
+                    &with_label(labels, "direction", direction),
+                    bytes as f64,
+                );
+            }
+        }
+        if let Some(replays) = reading.pcie_replays {
+            out.counter("mlnode_gpu_pcie_replays_total", labels, f64::from(replays));
+            if self.dcgm_names {
+                out.counter(
+                    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                    labels,
+                    f64::from(replays),
+                );
+            }
+        }
+        if let Some(rows) = reading.remapped_rows {
+            for (cause, count, dcgm) in [
+                (
+                    "correctable",
+                    rows.correctable,
+                    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                ),
+                (
+                    "uncorrectable",
+                    rows.uncorrectable,
+                    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                ),
+            ] {
+                out.counter(
+                    "mlnode_gpu_remapped_rows_total",
+                    &with_label(labels, "cause", cause),
+                    f64::from(count),
+                );
+                if self.dcgm_names {
+                    out.counter(dcgm, labels, f64::from(count));
+                }
+            }
+            let flag = |b: bool| f64::from(u8::from(b));
+            out.gauge("mlnode_gpu_row_remap_pending", labels, flag(rows.pending));
+            out.gauge("mlnode_gpu_row_remap_failed", labels, flag(rows.failed));
+            if self.dcgm_names {
+                out.gauge("DCGM_FI_DEV_ROW_REMAP_FAILURE", labels, flag(rows.failed));
+            }
+        }
+        if let Some(mj) = reading.energy_mj {
+            out.counter("mlnode_gpu_energy_joules_total", labels, mj as f64 / 1000.0);
+            if self.dcgm_names {
+                out.counter("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", labels, mj as f64);
+            }
+        }
+    }
+}
+
+/// `DCGM_EXP_XID_ERRORS_COUNT` as dcgm-exporter writes it (internal/pkg/collector/expcollector.go):
+/// one series per XID seen in the window, labelled `xid` and `window_size_in_ms`; a GPU without any
+/// has one series of 0 without `xid`.
+fn collect_xid_window(
+    entry: &GpuEntry,
+    labels: &[(&'static str, String)],
+    now: Instant,
+    window: Duration,
+    out: &mut Families,
+) {
+    let labels = with_label(labels, "window_size_in_ms", &window.as_millis().to_string());
+    let counts = entry.xids_within(now, window);
+    if counts.is_empty() {
+        out.gauge("DCGM_EXP_XID_ERRORS_COUNT", &labels, 0.0);
+    }
+    for (xid, count) in counts {
+        out.gauge(
+            "DCGM_EXP_XID_ERRORS_COUNT",
+            &with_label(&labels, "xid", &xid.to_string()),
+            count as f64,
+        );
+    }
+}
+
+/// NVIDIA's description of an XID, as dcgm-exporter's `err_msg` gives it (its table,
+/// internal/pkg/collector/xid_errors.go, from docs.nvidia.com/deploy/xid-errors; data file
+/// `xid_messages.tsv`, see its header), "Unknown Error" past the table.
+fn xid_message(xid: u64) -> &'static str {
+    XID_MESSAGES
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_once('\t'))
+        .find(|(code, _)| code.parse() == Ok(xid))
+        .map(|(_, message)| message)
+        .unwrap_or("Unknown Error")
+}
+
+const XID_MESSAGES: &str = include_str!("xid_messages.tsv");
+
+#[cfg(test)]
+mod tests {
+    use super::xid_message;
+
+    #[test]
+    fn xid_messages_are_nvidias_and_unknown_past_the_table() {
+        assert_eq!(xid_message(79), "GPU has fallen off the bus");
+        assert_eq!(xid_message(48), "Double Bit ECC Error");
+        assert_eq!(xid_message(0), "No Error");
+        assert_eq!(xid_message(999), "Unknown Error");
+    }
+}

@@ -1,0 +1,671 @@
+//! What the GPU collector concludes about each GPU's health, as plain facts the readiness gate
+//! combines: the driver's own verdict first (NVML's recovery action, field 230, R565 drivers and
+//! later), NVIDIA's XID catalog where it gives none or has not spoken since the XID, and the device
+//! failures NVML reports. Pure functions of [`GpuState`] and the instant, tested on made-up ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
+use std::time::Instant;
+
+use super::state::{GpuEntry, GpuFailure, GpuState};
+use super::FabricReading;
+use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
+
+/// `nvmlDeviceGpuRecoveryAction_t` (nvml.h 13.3: NONE 0 to RECOVER_IMEX_DOMAIN 5; NVML's change log
+/// for v615 adds BUS_RESET 6 and SYSTEM_REBOOT 7): the value, the series' `action` label, the gate's
+/// reason and what the driver asks for, in words.
+pub const RECOVERY_ACTIONS: [(u32, &str, &str, &str); 8] = [
+    (0, "none", "", "nothing"),
+    (1, "gpu_reset", "GPUResetRequired", "a GPU reset"),
+    (2, "node_reboot", "NodeRebootRequired", "a node reboot"),
+    (
+        3,
+        "drain_p2p",
+        "DrainP2PRequired",
+        "draining its peer-to-peer work",
+    ),
+    (
+        4,
+        "drain_and_reset",
+        "DrainAndResetRequired",
+        "a drain, then a GPU reset",
+    ),
+    (
+        5,
+        "recover_imex_domain",
+        "IMEXDomainRecoveryRequired",
+        "recovering its IMEX domain",
+    ),
+    (6, "bus_reset", "BusResetRequired", "a bus reset"),
+    (
+        7,
+        "system_reboot",
+        "SystemRebootRequired",
+        "a system reboot",
+    ),
+];
+
+/// NVIDIA's catalog entry for one XID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogEntry {
+    pub mnemonic: &'static str,
+    /// The "Resolution Bucket (Immediate Action)": `RESET_GPU`, `RESTART_APP`, `IGNORE`, ...
+    pub action: &'static str,
+    /// From a driver branch on, the driver reports a recovery action with this XID (the catalog's
+    /// "Xid 154 linkage"): its verdict then decides, and a later NONE clears the XID.
+    pub recovery_action_linked: bool,
+}
+
+/// The catalog's actions that hold a node out of service: the GPU must be reset, or the machine
+/// restarted, before it serves again. XID 48's workflow is a reset (solo) or a drain and reset
+/// (with 63/64); an NVLink error's needs its registers decoded, so it holds until the driver's
+/// recovery action (R565) says otherwise.
+const HOLDING_ACTIONS: [&str; 5] = [
+    "RESET_GPU",
+    "RESTART_BM",
+    "RESTART_VM",
+    "WORKFLOW_XID_48",
+    "WORKFLOW_NVLINK_ERR",
+];
+
+/// The `immediate_action` of an XID the catalog does not list.
+pub const NOT_IN_CATALOG: &str = "NOT_IN_CATALOG";
+
+static CATALOG: LazyLock<BTreeMap<u64, CatalogEntry>> = LazyLock::new(|| {
+    include_str!("xid_catalog.tsv")
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let mut fields = line.split('\t');
+            let xid = fields.next()?.parse().ok()?;
+            let mnemonic = fields.next()?;
+            let action = match fields.next()? {
+                "-" => "NOT_GIVEN",
+                action => action,
+            };
+            let linked = fields.next().is_some_and(|l| l != "-");
+            Some((
+                xid,
+                CatalogEntry {
+                    mnemonic,
+                    action,
+                    recovery_action_linked: linked,
+                },
+            ))
+        })
+        .collect()
+});
+
+pub fn catalog(xid: u64) -> Option<&'static CatalogEntry> {
+    CATALOG.get(&xid)
+}
+
+/// The catalog's immediate action for `xid`, the value of the series' `immediate_action` label.
+pub fn immediate_action(xid: u64) -> &'static str {
+    catalog(xid).map_or(NOT_IN_CATALOG, |e| e.action)
+}
+
+/// Which XIDs hold the node: the catalog's, with the operator's additions and removals
+/// (`readiness.fatal_xids`, read in [`super::settings`]), removals winning.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct XidPolicy {
+    pub add: BTreeSet<u64>,
+    pub remove: BTreeSet<u64>,
+}
+
+impl XidPolicy {
+    pub fn holds(&self, xid: u64) -> bool {
+        if self.remove.contains(&xid) {
+            return false;
+        }
+        self.add.contains(&xid)
+            || catalog(xid).is_some_and(|entry| HOLDING_ACTIONS.contains(&entry.action))
+    }
+}
+
+/// The GPU collector as a [`HealthSource`]: its state, judged by the XID policy.
+pub struct GpuHealth {
+    pub state: std::sync::Arc<std::sync::Mutex<GpuState>>,
+    pub policy: XidPolicy,
+}
+
+impl HealthSource for GpuHealth {
+    fn report(&mut self, from_node: &FromNode, now: Instant) -> Report {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        assess(&state, &self.policy, from_node, now)
+    }
+}
+
+/// The health facts of every GPU: the problems (none: healthy), and the XIDs that hold each GPU
+/// (by UUID), which the readiness controller writes down so that a restarted agent keeps them.
+pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: Instant) -> Report {
+    let mut assessment = Report::new(DeviceKind::Gpu);
+    assessment.devices = state.gpus.len();
+    let problems = &mut assessment.problems;
+    if let Some(reason) = &state.failing {
+        problems.push(Problem::new(
+            "CollectorUnavailable",
+            format!("nvml stopped answering: {reason}"),
+        ));
+    }
+    // A fixed message: one with the growing age would rewrite the condition every round.
+    if state.stalled_for(now).is_some() {
+        problems.push(Problem::new(
+            "CollectorUnavailable",
+            format!(
+                "nvml has not finished reading the GPUs within {} s: a call is hanging in the driver",
+                state.stall_after.as_secs()
+            ),
+        ));
+    }
+    problems.extend(count_mismatch(state, from_node.expected.gpus));
+    let mut listed = BTreeSet::new();
+    for (index, entry) in &state.gpus {
+        let uuid = entry.identity.as_ref().map(|id| id.uuid.as_str());
+        listed.extend(uuid);
+        let (gpu_problems, held) = assess_gpu(*index, entry, policy, state, from_node);
+        problems.extend(gpu_problems);
+        if let (Some(uuid), false) = (uuid, held.is_empty()) {
+            assessment.held.insert(uuid.to_string(), held);
+        }
+    }
+    // A GPU a previous agent held that NVML does not list now still holds the node.
+    let cleared = from_node
+        .since
+        .is_some_and(|since| !from_node.outlives_clearing(since));
+    for (uuid, xids) in from_node
+        .faults
+        .iter()
+        .filter(|(u, _)| !listed.contains(u.as_str()))
+    {
+        if cleared {
+            continue;
+        }
+        let xids: Vec<String> = xids.iter().map(u64::to_string).collect();
+        problems.push(Problem::new(
+            "FatalXID",
+            format!(
+                "{uuid}, not listed by NVML now, reported XID {} before this agent started on this boot",
+                xids.join(", ")
+            ),
+        ));
+        assessment
+            .held
+            .insert(uuid.clone(), from_node.faults[uuid].clone());
+    }
+    assessment
+}
+
+/// NVIDIA GPUs on the PCI bus that NVML does not list (by address), and fewer on the bus than
+/// `nvml.expected_gpus`, or else than the node's instance type has (`labelled`).
+fn count_mismatch(state: &GpuState, labelled: Option<u32>) -> Option<Problem> {
+    let bus = state.pci.as_ref()?;
+    let listed: BTreeSet<String> = state
+        .gpus
+        .values()
+        .filter_map(|e| e.identity.as_ref())
+        .filter_map(|id| crate::pci::sysfs_bus_id(&id.pci_bus_id))
+        .collect();
+    let missing: Vec<&str> = bus
+        .devices
+        .iter()
+        .filter(|d| !listed.contains(*d))
+        .map(String::as_str)
+        .collect();
+    let mut said = Vec::new();
+    if !missing.is_empty() {
+        said.push(format!(
+            "the PCI bus has {} NVIDIA GPU(s) and NVML lists {}: not listed {}",
+            bus.devices.len(),
+            state.gpus.len(),
+            missing.join(", ")
+        ));
+    }
+    let expected = match state.expected_gpus {
+        Some(configured) => Some((configured, "nvml.expected_gpus")),
+        None => labelled.map(|n| (n, mlnode_core::health::GPU_COUNT_LABEL)),
+    };
+    if let Some((expected, from)) =
+        expected.filter(|&(e, _)| (bus.devices.len() as u64) < u64::from(e))
+    {
+        said.push(format!(
+            "{expected} GPU(s) expected ({from}), {} on the PCI bus",
+            bus.devices.len()
+        ));
+    }
+    (!said.is_empty()).then(|| Problem::new("GPUCountMismatch", said.join("; ")))
+}
+
+fn assess_gpu(
+    index: u32,
+    entry: &GpuEntry,
+    policy: &XidPolicy,
+    state: &GpuState,
+    from_node: &FromNode,
+) -> (Vec<Problem>, BTreeSet<u64>) {
+    let name = match &entry.identity {
+        Some(id) => format!("GPU {index} ({}, {})", id.uuid, id.pci_bus_id),
+        None => format!("GPU {index}"),
+    };
+    let mut problems = Vec::new();
+    match entry.failure {
+        Some(GpuFailure::Lost) => {
+            problems.push(Problem::new("GPULost", format!("{name} fell off the bus")))
+        }
+        Some(GpuFailure::ResetRequired) => problems.push(Problem::new(
+            "GPUResetRequired",
+            format!("{name} needs a reset (NVML: reset required)"),
+        )),
+        Some(other) => problems.push(Problem::new(
+            "GPUUnreadable",
+            format!("{name} cannot be read (NVML: {})", other.as_str()),
+        )),
+        None => {}
+    }
+    let action = entry.reading.as_ref().and_then(|r| r.recovery_action);
+    if let Some(value) = action.filter(|&v| v != 0) {
+        problems.push(match RECOVERY_ACTIONS.iter().find(|(v, ..)| *v == value) {
+            Some((_, _, reason, words)) => Problem::new(
+                reason,
+                format!("the driver asks for {words} of {name} (NVML recovery action {value})"),
+            ),
+            None => Problem::new(
+                "UnknownRecoveryAction",
+                format!("the driver asks for recovery action {value} of {name}, newer than this agent knows: treated as unfit"),
+            ),
+        });
+    }
+    if let Some(fabric) = entry.reading.as_ref().and_then(|r| r.fabric) {
+        match fabric.state {
+            FabricReading::NOT_STARTED | FabricReading::IN_PROGRESS => problems.push(Problem::new(
+                "FabricNotReady",
+                format!(
+                    "{name} is not registered with the NVLink fabric yet (state {}): CUDA fails on it until Fabric Manager completes",
+                    if fabric.state == FabricReading::NOT_STARTED { "not started" } else { "in progress" }
+                ),
+            )),
+            FabricReading::COMPLETED if fabric.status != 0 => problems.push(Problem::new(
+                "FabricFailed",
+                format!(
+                    "{name}'s NVLink fabric registration completed with error {} (an nvmlReturn_t)",
+                    fabric.status
+                ),
+            )),
+            _ => {}
+        }
+    }
+    // An XID the driver links a recovery action to is cleared by a NONE read after it (the
+    // driver reset the GPU, or judged it fine); the others hold until the node restarts.
+    let cleared_by_driver = |xid: u64, seen: Instant| {
+        action == Some(0)
+            && catalog(xid).is_some_and(|e| e.recovery_action_linked)
+            && entry
+                .read_at
+                .is_some_and(|read| read >= seen + state.stall_after)
+    };
+    // This agent's own sightings, and what a previous agent on this boot held, as seen when this
+    // one started; the later sighting counts.
+    let mut seen: BTreeMap<u64, Instant> = entry.xid_last_seen.clone();
+    if let (Some(uuid), Some(since)) = (entry.identity.as_ref().map(|i| &i.uuid), from_node.since) {
+        for &xid in from_node.faults.get(uuid).into_iter().flatten() {
+            seen.entry(xid).or_insert(since);
+        }
+    }
+    let held: BTreeSet<u64> = seen
+        .iter()
+        .filter(|(&xid, &at)| {
+            policy.holds(xid) && !cleared_by_driver(xid, at) && from_node.outlives_clearing(at)
+        })
+        .map(|(&xid, _)| xid)
+        .collect();
+    let holding: Vec<String> = held
+        .iter()
+        .map(|&xid| match catalog(xid) {
+            Some(entry) => format!("{xid} ({}, {})", entry.mnemonic, entry.action),
+            None => format!("{xid} (added by readiness.fatal_xids)"),
+        })
+        .collect();
+    if !holding.is_empty() {
+        problems.push(Problem::new(
+            "FatalXID",
+            format!(
+                "{name} reported XID {}, which NVIDIA's catalog says needs the GPU reset or the machine restarted",
+                holding.join(", ")
+            ),
+        ));
+    }
+    (problems, held)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::state::DeviceRead;
+    use crate::gpu::{GpuIdentity, GpuReading};
+    use std::time::Duration;
+
+    /// The catalog's own verdicts on the XIDs the old hand-picked list got wrong both ways, and on
+    /// the ones it got right (../shared/reference/health-sources.md B.2, from NVIDIA's page).
+    #[test]
+    fn the_policy_is_nvidias_catalog() {
+        let policy = XidPolicy::default();
+        for xid in [63, 92, 94, 13, 31, 43, 45, 154, 157] {
+            assert!(
+                !policy.holds(xid),
+                "XID {xid} ({}) holds no node",
+                immediate_action(xid)
+            );
+        }
+        for xid in [
+            46, 109, 110, 136, 140, 143, 156, 158, 151, 48, 62, 64, 74, 79, 95, 119, 120,
+        ] {
+            assert!(
+                policy.holds(xid),
+                "XID {xid} ({}) holds the node",
+                immediate_action(xid)
+            );
+        }
+        assert_eq!(immediate_action(94), "RESTART_APP");
+        assert_eq!(immediate_action(151), "RESTART_VM");
+        assert_eq!(immediate_action(79), "RESTART_BM");
+        assert_eq!(immediate_action(154), "XID_154");
+        assert_eq!(
+            immediate_action(175),
+            NOT_IN_CATALOG,
+            "the driver's newest XIDs"
+        );
+        assert!(
+            !policy.holds(175),
+            "an XID the catalog does not know is counted, not gated"
+        );
+        assert_eq!(CATALOG.len(), 172);
+        assert!(catalog(48).unwrap().recovery_action_linked);
+        assert!(!catalog(46).unwrap().recovery_action_linked);
+    }
+
+    #[test]
+    fn the_operator_adds_and_removes_removals_winning() {
+        let policy = XidPolicy {
+            add: [13, 175].into(),
+            remove: [74, 13].into(),
+        };
+        assert!(policy.holds(175));
+        assert!(!policy.holds(74));
+        assert!(!policy.holds(13), "a removal wins over an addition");
+        assert!(policy.holds(79));
+    }
+
+    fn gpu(recovery_action: Option<u32>) -> DeviceRead {
+        DeviceRead::Read {
+            identity: GpuIdentity {
+                index: 0,
+                uuid: "GPU-aaaa".into(),
+                pci_bus_id: "00000000:18:00.0".into(),
+                model_name: "NVIDIA H100 80GB HBM3".into(),
+            },
+            reading: Box::new(GpuReading {
+                recovery_action,
+                ..GpuReading::default()
+            }),
+        }
+    }
+
+    fn state(t0: Instant) -> GpuState {
+        // No sampler round recorded: the made-up instants below never look stalled.
+        let mut state = GpuState {
+            stall_after: Duration::from_secs(3),
+            ..GpuState::default()
+        };
+        state.apply(0, gpu(Some(0)), 1.0, t0);
+        state
+    }
+
+    fn reasons(state: &GpuState, now: Instant) -> Vec<String> {
+        assess(state, &XidPolicy::default(), &FromNode::default(), now)
+            .problems
+            .into_iter()
+            .map(|p| p.reason)
+            .collect()
+    }
+
+    #[test]
+    fn the_drivers_verdict_comes_first_and_names_the_gpu() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        assert!(reasons(&state, t0).is_empty());
+        for (value, reason) in [
+            (1, "GPUResetRequired"),
+            (2, "NodeRebootRequired"),
+            (3, "DrainP2PRequired"),
+            (4, "DrainAndResetRequired"),
+            (9, "UnknownRecoveryAction"),
+        ] {
+            state.apply(0, gpu(Some(value)), 1.0, t0);
+            let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
+            assert_eq!(problems.len(), 1);
+            assert_eq!(problems[0].reason, reason);
+            assert!(
+                problems[0]
+                    .message
+                    .contains("GPU 0 (GPU-aaaa, 00000000:18:00.0)")
+                    && problems[0].message.contains(&value.to_string()),
+                "{}",
+                problems[0].message
+            );
+        }
+        state.apply(0, gpu(Some(0)), 1.0, t0);
+        assert!(reasons(&state, t0).is_empty(), "NONE again: healthy again");
+    }
+
+    /// XID 48 on a driver that links recovery actions: held while the driver has not spoken since,
+    /// cleared by a NONE read after it (the GPU was reset). XID 46, which the driver links to no
+    /// action, holds on through NONE; XID 94 (restart the application) never holds.
+    #[test]
+    fn a_none_after_the_xid_clears_what_the_driver_links() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        let xid_at = t0 + Duration::from_secs(10);
+        state.record_xid(0, 48, None, xid_at);
+        state.record_xid(0, 94, None, xid_at);
+        assert_eq!(reasons(&state, xid_at), ["FatalXID"]);
+        state.apply(0, gpu(Some(1)), 1.0, xid_at + Duration::from_secs(1));
+        assert_eq!(reasons(&state, xid_at), ["GPUResetRequired", "FatalXID"]);
+        // NONE read too soon after the XID may predate the driver's decision: still held.
+        state.apply(0, gpu(Some(0)), 1.0, xid_at + Duration::from_secs(2));
+        assert_eq!(reasons(&state, xid_at), ["FatalXID"]);
+        state.apply(0, gpu(Some(0)), 1.0, xid_at + Duration::from_secs(3));
+        assert!(
+            reasons(&state, xid_at).is_empty(),
+            "reset and NONE: back in"
+        );
+
+        state.record_xid(0, 46, None, xid_at);
+        state.apply(0, gpu(Some(0)), 1.0, xid_at + Duration::from_secs(60));
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), xid_at).problems;
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0]
+                .message
+                .contains("46 (ROBUST_CHANNEL_GPU_TIMEOUT_ERROR, RESET_GPU)"),
+            "{}",
+            problems[0].message
+        );
+    }
+
+    /// A driver without the field (None): the catalog alone decides, and nothing clears a held XID.
+    #[test]
+    fn without_the_field_the_catalog_decides() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        state.apply(0, gpu(None), 1.0, t0);
+        state.record_xid(0, 79, None, t0);
+        state.apply(0, gpu(None), 1.0, t0 + Duration::from_secs(60));
+        assert_eq!(reasons(&state, t0), ["FatalXID"]);
+    }
+
+    fn with_fabric(state: u8, status: u32, health_mask: u32) -> DeviceRead {
+        let DeviceRead::Read {
+            identity,
+            mut reading,
+        } = gpu(Some(0))
+        else {
+            unreachable!()
+        };
+        reading.fabric = Some(FabricReading {
+            state,
+            status,
+            health_mask: Some(health_mask),
+        });
+        DeviceRead::Read { identity, reading }
+    }
+
+    /// nvml.h's states: NOT_STARTED and IN_PROGRESS hold the node (CUDA fails until the GPU is
+    /// registered), COMPLETED with an error fails it, COMPLETED with SUCCESS is fit; a degraded
+    /// bandwidth or a route in recovery is reported, not gated.
+    #[test]
+    fn fabric_registration_gates_and_its_health_is_reported() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        for (fabric_state, status, reason) in [
+            (1, 0, Some("FabricNotReady")),
+            (2, 0, Some("FabricNotReady")),
+            (3, 0, None),
+            (3, 999, Some("FabricFailed")),
+        ] {
+            state.apply(0, with_fabric(fabric_state, status, 0), 1.0, t0);
+            assert_eq!(
+                reasons(&state, t0).first().map(String::as_str),
+                reason,
+                "state {fabric_state} status {status}"
+            );
+        }
+        // DEGRADED_BW TRUE (1 at shift 0), ROUTE_RECOVERY FALSE (2 at shift 2), the rest unsupported.
+        state.apply(0, with_fabric(3, 0, 0b1001), 1.0, t0);
+        assert!(reasons(&state, t0).is_empty());
+        let fabric = state.gpus[&0].reading.as_ref().unwrap().fabric.unwrap();
+        assert_eq!(
+            fabric.health_checks(),
+            [("degraded_bandwidth", true), ("route_recovery", false)]
+        );
+    }
+
+    /// An H100 on the bus that NVML does not list is missed by its address; a node expected to have
+    /// 8 with 7 on the bus is missed too. NVML's bus ids (8-digit domain, upper case) match sysfs'.
+    #[test]
+    fn every_gpu_on_the_bus_is_accounted_for() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        state.pci = Some(crate::pci::BusScan {
+            devices: vec!["0000:18:00.0".into()],
+            unreadable: Vec::new(),
+        });
+        assert!(reasons(&state, t0).is_empty(), "GPU 0 is 00000000:18:00.0");
+        state
+            .pci
+            .as_mut()
+            .unwrap()
+            .devices
+            .push("0000:2a:00.0".into());
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
+        assert_eq!(problems[0].reason, "GPUCountMismatch");
+        assert!(
+            problems[0].message.contains("not listed 0000:2a:00.0"),
+            "{}",
+            problems[0].message
+        );
+        state.pci.as_mut().unwrap().devices.pop();
+        state.expected_gpus = Some(8);
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
+        assert_eq!(problems[0].reason, "GPUCountMismatch");
+        assert!(
+            problems[0]
+                .message
+                .contains("8 GPU(s) expected (nvml.expected_gpus)"),
+            "{}",
+            problems[0].message
+        );
+        // Unconfigured, the node's instance-type label speaks; the setting wins over it.
+        state.expected_gpus = None;
+        let labelled = FromNode {
+            expected: mlnode_core::health::ExpectedDevices {
+                gpus: Some(8),
+                neuron_devices: None,
+            },
+            ..FromNode::default()
+        };
+        let problems = assess(&state, &XidPolicy::default(), &labelled, t0).problems;
+        assert!(
+            problems[0].message.contains(
+                "8 GPU(s) expected (karpenter.k8s.aws/instance-gpu-count), 1 on the PCI bus"
+            ),
+            "{}",
+            problems[0].message
+        );
+        state.expected_gpus = Some(1);
+        assert!(assess(&state, &XidPolicy::default(), &labelled, t0)
+            .problems
+            .is_empty());
+    }
+
+    /// XIDs a previous agent held on this boot hold the GPU for this one, even through the
+    /// driver's NONE for one it links to no recovery action; the operator's clearing time clears
+    /// what was seen before it, the carried XIDs included; a held XID is reported for the next
+    /// agent to carry.
+    #[test]
+    fn carried_faults_hold_until_cleared() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        let mut from_node = FromNode {
+            since: Some(t0),
+            faults: [
+                ("GPU-aaaa".to_string(), [46].into()),
+                ("GPU-gone".to_string(), [79].into()),
+            ]
+            .into(),
+            ..FromNode::default()
+        };
+        state.apply(0, gpu(Some(0)), 1.0, t0 + Duration::from_secs(30));
+        let assessment = assess(&state, &XidPolicy::default(), &from_node, t0);
+        let reasons: Vec<&str> = assessment
+            .problems
+            .iter()
+            .map(|p| p.reason.as_str())
+            .collect();
+        assert_eq!(reasons, ["FatalXID", "FatalXID"]);
+        assert!(assessment.problems[1]
+            .message
+            .contains("GPU-gone, not listed by NVML now"));
+        assert_eq!(
+            assessment.held, from_node.faults,
+            "carried on to the next agent"
+        );
+
+        state.record_xid(0, 79, None, t0 + Duration::from_secs(40));
+        from_node.cleared_before = Some(t0 + Duration::from_secs(35));
+        let assessment = assess(&state, &XidPolicy::default(), &from_node, t0);
+        assert_eq!(
+            assessment.held,
+            [("GPU-aaaa".to_string(), [79].into())].into(),
+            "only what came after the clearing"
+        );
+    }
+
+    #[test]
+    fn failures_and_a_silent_nvml_are_problems_too() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        state.apply(0, DeviceRead::Failed(GpuFailure::Lost), 1.0, t0);
+        assert_eq!(reasons(&state, t0), ["GPULost"]);
+        state.fail("NVML: Unknown Error".into());
+        assert_eq!(reasons(&state, t0)[0], "CollectorUnavailable");
+        state.last_round = Some(t0);
+        let stalled = assess(
+            &state,
+            &XidPolicy::default(),
+            &FromNode::default(),
+            t0 + Duration::from_secs(4),
+        )
+        .problems;
+        assert!(stalled[1].message.contains("within 3 s"), "{stalled:?}");
+    }
+}

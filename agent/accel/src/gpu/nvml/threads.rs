@@ -1,0 +1,338 @@
+//! The two plain threads that run NVML off the async runtime: a sampler that reads every GPU each
+//! `sample_interval` into [`GpuState`] (and the PCI bus beside it), and an XID listener that
+//! blocks in `nvmlEventSetWait` for critical XID events. Both stop at their next wake-up after
+//! [`Stop::stop`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::{Device, Nvml};
+
+use super::{symbol, GpmSamples, NvmlSource};
+use crate::gpu::state::{DeviceRead, GpuFailure, GpuState};
+use mlnode_core::metrics::{AgentMetrics, Subsystem};
+
+/// How long one XID wait blocks before checking for shutdown.
+const XID_WAIT_MS: u32 = 500;
+
+/// Tells the NVML threads to stop, and wakes the sampler from its sleep.
+#[derive(Default)]
+pub struct Stop {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Stop {
+    pub fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.wake.notify_all();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sleeps up to `timeout`; true when stopped.
+    fn wait(&self, timeout: Duration) -> bool {
+        let guard = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = self
+            .wake
+            .wait_timeout_while(guard, timeout, |stopped| !*stopped)
+            .unwrap_or_else(|p| p.into_inner());
+        *guard
+    }
+}
+
+/// Starts the sampler and the XID listener; they run until `stop`.
+pub fn spawn(
+    source: NvmlSource,
+    state: Arc<Mutex<GpuState>>,
+    interval: Duration,
+    pci_devices: PathBuf,
+    stop: Arc<Stop>,
+    up: AgentMetrics,
+) -> std::io::Result<Vec<JoinHandle<()>>> {
+    let source = Arc::new(source);
+    let mut threads = Vec::new();
+    {
+        let (source, state, stop) = (source.clone(), state.clone(), stop.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name("nvml-sampler".into())
+                .spawn(move || sample_loop(&source, &state, interval, &pci_devices, &stop, &up))?,
+        );
+    }
+    threads.push(
+        std::thread::Builder::new()
+            .name("nvml-xid".into())
+            .spawn(move || xid_loop(&source, &state, &stop))?,
+    );
+    Ok(threads)
+}
+
+fn lock(state: &Mutex<GpuState>) -> std::sync::MutexGuard<'_, GpuState> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sample_loop(
+    source: &NvmlSource,
+    state: &Mutex<GpuState>,
+    interval: Duration,
+    pci_devices: &Path,
+    stop: &Stop,
+    up: &AgentMetrics,
+) {
+    let mut pci_said = String::new();
+    {
+        let mut state = lock(state);
+        state.driver_version = source.driver_version();
+        state.last_round = Some(Instant::now());
+    }
+    let mut last = Instant::now();
+    let mut gpm_samples: BTreeMap<u32, GpmSamples> = BTreeMap::new();
+    loop {
+        let elapsed = last.elapsed().as_secs_f64();
+        last = Instant::now();
+        match source.device_count() {
+            Ok(count) => {
+                let reads: Vec<(u32, DeviceRead)> = (0..count)
+                    .filter_map(|i| {
+                        let gpm = gpm_samples.entry(i).or_default();
+                        source.read(i, gpm).map(|r| (i, r))
+                    })
+                    .collect();
+                let pci = scan_pci(pci_devices, &mut pci_said);
+                let at = Instant::now();
+                let mut state = lock(state);
+                if state.failing.take().is_some() {
+                    tracing::info!("NVML answers again");
+                }
+                state.pci = pci;
+                for (index, read) in reads {
+                    log_change(&state, index, &read);
+                    state.apply(index, read, elapsed, at);
+                }
+                if let Some(stalled) = state.stalled_for(Instant::now()) {
+                    tracing::warn!(took = ?stalled, "reading the GPUs took longer than the stall limit: an NVML call was hanging");
+                }
+                state.last_round = Some(Instant::now());
+                up.set_up(Subsystem::Nvml, true);
+            }
+            Err(reason) => {
+                let mut state = lock(state);
+                if state.failing.is_none() {
+                    tracing::error!(error = %reason, "NVML stopped answering; GPU readings are dropped until it answers again");
+                }
+                state.fail(reason);
+                up.set_up(Subsystem::Nvml, false);
+            }
+        }
+        if stop.wait(interval) {
+            return;
+        }
+    }
+}
+
+/// The NVIDIA GPUs on the PCI bus; what cannot be read is said once (per distinct trouble), not
+/// every round, and never taken for an absent GPU.
+fn scan_pci(devices: &Path, said: &mut String) -> Option<crate::pci::BusScan> {
+    let scan = crate::pci::scan(devices, crate::pci::is_nvidia_gpu);
+    let trouble = match &scan {
+        Ok(found) if found.unreadable.is_empty() => String::new(),
+        Ok(found) => format!("unreadable entries: {}", found.unreadable.join(", ")),
+        Err(e) => e.clone(),
+    };
+    if trouble != *said {
+        if !trouble.is_empty() {
+            tracing::warn!(pci_devices = %devices.display(), trouble = %trouble, "cannot read every PCI device: GPUs there are not counted against NVML's");
+        }
+        *said = trouble;
+    }
+    scan.ok()
+}
+
+/// One log line when a GPU starts or stops failing, not one per sample.
+fn log_change(state: &GpuState, index: u32, read: &DeviceRead) {
+    let entry = state.gpus.get(&index);
+    let before = entry.and_then(|g| g.failure);
+    let uuid = entry
+        .and_then(|g| g.identity.as_ref())
+        .map(|i| i.uuid.as_str())
+        .unwrap_or_default();
+    match (read, before) {
+        (DeviceRead::Failed(failure), before) if before == Some(*failure) => {}
+        (DeviceRead::Failed(GpuFailure::Lost), _) => {
+            tracing::error!(
+                gpu = index,
+                uuid,
+                "GPU fell off the bus (NVML: GPU is lost)"
+            );
+        }
+        (DeviceRead::Failed(failure), _) => {
+            tracing::error!(
+                gpu = index,
+                uuid,
+                failure = failure.as_str(),
+                "GPU cannot be read; its readings are dropped until it can"
+            );
+        }
+        (DeviceRead::Read { .. }, Some(failure)) => {
+            tracing::info!(gpu = index, was = failure.as_str(), "GPU can be read again");
+        }
+        (DeviceRead::Read { .. }, None) => {}
+    }
+    // Said once, when the GPU is first seen in MIG mode, and when it is first read without a
+    // recovery action.
+    if let DeviceRead::Read { reading, .. } = read {
+        let had_action = entry
+            .and_then(|g| g.reading.as_ref())
+            .map(|r| r.recovery_action.is_some());
+        if reading.recovery_action.is_none() && had_action != Some(false) {
+            tracing::info!(
+                gpu = index,
+                uuid,
+                "the driver gives no GPU recovery action (NVML field 230, R565 drivers and later): AcceleratorHealthy follows NVIDIA's XID catalog alone for this GPU"
+            );
+        }
+        let was_mig = entry
+            .and_then(|g| g.reading.as_ref())
+            .is_some_and(|r| r.mig_mode == Some(true));
+        if reading.mig_mode == Some(true) && !was_mig {
+            tracing::info!(
+                gpu = index,
+                uuid,
+                instances = reading.mig.len(),
+                memory = if reading.memory.is_some() { "readable" } else { "refused (no mig/monitor capability)" },
+                "GPU is in MIG mode: NVML gives no GPU-wide utilisation for it, and its aggregate memory only to a holder of the mig/monitor capability; each MIG device has its own series (GPU_I_ID, GPU_I_PROFILE)"
+            );
+        }
+    }
+}
+
+/// Registers `device` for critical XID events on `set`, leaving the set in NVML's hands whatever
+/// the answer. nvml-wrapper's `register_events` frees the whole set on any error, which would
+/// silently drop every GPU registered before; NVML itself says only UNKNOWN leaves the set
+/// undefined.
+fn register_xids(
+    nvml: &Nvml,
+    device: &Device,
+    set: &nvml_wrapper::EventSet,
+) -> Result<(), NvmlError> {
+    let sym = symbol(&nvml.lib().nvmlDeviceRegisterEvents)?;
+    // SAFETY: both handles are valid while `device` and `set` live; NVML copies what it needs.
+    nvml_try(unsafe {
+        sym(
+            device.handle(),
+            EventTypes::CRITICAL_XID_ERROR.bits(),
+            set.handle(),
+        )
+    })
+}
+
+/// One critical XID event: the GPU's index, the XID (999: one NVML could not identify), and the
+/// MIG GPU instance it happened in, if one.
+struct XidEvent {
+    device: u32,
+    xid: u64,
+    gpu_instance: Option<u32>,
+}
+
+/// `nvmlEventSetWait_v2` through the raw symbol: nvml-wrapper's `EventData` drops the event's
+/// `gpuInstanceId`/`computeInstanceId` (nvml.h), which say which MIG instance an XID hit.
+/// Ok(None): an event that is not a critical XID, or of a device without an index.
+fn wait_xid(
+    nvml: &Nvml,
+    set: &nvml_wrapper::EventSet,
+    timeout_ms: u32,
+) -> Result<Option<XidEvent>, NvmlError> {
+    let lib = nvml.lib();
+    let wait = symbol(&lib.nvmlEventSetWait_v2)?;
+    let index_of = symbol(&lib.nvmlDeviceGetIndex)?;
+    // SAFETY: the set's handle is valid while `set` lives; the event data is plain out-data whose
+    // device handle NVML owns.
+    unsafe {
+        let mut data: nvml_wrapper_sys::bindings::nvmlEventData_t = std::mem::zeroed();
+        nvml_try(wait(set.handle(), &mut data, timeout_ms))?;
+        if data.eventType & EventTypes::CRITICAL_XID_ERROR.bits() == 0 {
+            return Ok(None);
+        }
+        let mut device = 0;
+        if nvml_try(index_of(data.device, &mut device)).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(XidEvent {
+            device,
+            xid: data.eventData,
+            gpu_instance: (data.gpuInstanceId != u32::MAX).then_some(data.gpuInstanceId),
+        }))
+    }
+}
+
+fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
+    let nvml = &source.nvml;
+    let Ok(mut set) = nvml.create_event_set() else {
+        tracing::warn!("NVML cannot create an event set; XID errors will not be counted");
+        return;
+    };
+    let count = source.device_count().unwrap_or(0);
+    let mut registered: Vec<u32> = Vec::new();
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let supported = device
+            .supported_event_types()
+            .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR));
+        if !supported {
+            tracing::info!(gpu = index, "GPU does not report XID events");
+            continue;
+        }
+        match register_xids(nvml, &device, &set) {
+            Ok(()) => registered.push(index),
+            Err(NvmlError::Unknown) => {
+                // The set is undefined now: a new one, with the GPUs the old one had.
+                tracing::warn!(gpu = index, "NVML lost the XID event set registering this GPU; registering the others again");
+                let Ok(fresh) = nvml.create_event_set() else {
+                    tracing::warn!(
+                        "NVML cannot create an event set; XID errors will not be counted"
+                    );
+                    return;
+                };
+                set = fresh;
+                registered.retain(|&i| {
+                    nvml.device_by_index(i)
+                        .is_ok_and(|d| register_xids(nvml, &d, &set).is_ok())
+                });
+            }
+            Err(e) => {
+                tracing::warn!(gpu = index, error = %e, "cannot listen for XID events on this GPU; the others are unaffected");
+            }
+        }
+    }
+    while !stop.is_stopped() {
+        match wait_xid(nvml, &set, XID_WAIT_MS) {
+            Ok(None) => {}
+            Ok(Some(event)) => {
+                tracing::error!(
+                    gpu = event.device,
+                    xid = event.xid,
+                    gpu_instance = event.gpu_instance,
+                    "XID error"
+                );
+                lock(state).record_xid(event.device, event.xid, event.gpu_instance, Instant::now());
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "NVML event wait");
+                if stop.wait(Duration::from_secs(1)) {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! What the Neuron collector reports of its devices' health ([`mlnode_core::health`]): every
+//! Inferentia/Trainium device on the PCI bus listed by the driver, and no uncorrected ECC error
+//! since the agent started. [`assess`] is a pure function of the readings; [`NeuronHealth`] reads
+//! them (a few files per device, not the whole tree) and keeps the ECC baselines.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::counters::Rises;
+use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
+
+/// The firmware's counts that mean data was lost. Repairable included: a pending HBM repair needs
+/// a reboot to apply.
+const UNCORRECTED: [&str; 3] = [
+    "mem_ecc_uncorrected",
+    "mem_ecc_repairable_uncorrected",
+    "sram_ecc_uncorrected",
+];
+
+/// The Neuron driver's sysfs tree and the PCI devices directory, read at each report.
+pub struct NeuronHealth {
+    pub root: PathBuf,
+    pub pci_devices: PathBuf,
+    ecc: Rises<u32>,
+}
+
+impl NeuronHealth {
+    pub fn new(root: PathBuf, pci_devices: PathBuf) -> NeuronHealth {
+        NeuronHealth {
+            root,
+            pci_devices,
+            ecc: Rises::default(),
+        }
+    }
+}
+
+impl HealthSource for NeuronHealth {
+    fn report(&mut self, from_node: &FromNode, _now: Instant) -> Report {
+        let hardware = super::sysfs::read_ecc(&self.root);
+        let on_bus = crate::pci::scan(&self.pci_devices, crate::pci::is_neuron_device)
+            .ok()
+            .map(|bus| bus.devices.len());
+        assess(
+            &hardware,
+            on_bus,
+            from_node.expected.neuron_devices,
+            &mut self.ecc,
+        )
+    }
+}
+
+/// The report from each device's `stats/hardware` counts (by device index), the number of
+/// Inferentia/Trainium devices on the PCI bus (None: the bus could not be read) and the number the
+/// node's instance type has (None: no label says). The counts are
+/// register snapshots, not counters: on Trn2 errors move between the repairable and unrepairable
+/// counts as the HBM repair state changes, and a count can go down. `ecc` sums the rises since the
+/// agent started; a fall lowers the baseline, never the errors already seen, and errors from before
+/// the start are history.
+pub fn assess(
+    hardware: &BTreeMap<u32, BTreeMap<String, u64>>,
+    on_bus: Option<usize>,
+    expected: Option<u32>,
+    ecc: &mut Rises<u32>,
+) -> Report {
+    let mut report = Report::new(DeviceKind::Neuron);
+    report.devices = hardware.len();
+    report
+        .problems
+        .extend(count_mismatch(hardware.len(), on_bus, expected));
+    for (&device, counts) in hardware {
+        let now: u64 = UNCORRECTED.iter().filter_map(|e| counts.get(*e)).sum();
+        let since_start = ecc.observe(device, now);
+        if since_start > 0 {
+            report.problems.push(Problem::new(
+                "NeuronUncorrectedECC",
+                format!("Neuron device {device}: {since_start} uncorrected ECC error(s)"),
+            ));
+        }
+    }
+    report
+}
+
+/// Devices on the bus the driver did not bring up, and fewer on the bus than the node's instance
+/// type has (one gone from the bus itself): one problem saying each.
+fn count_mismatch(listed: usize, on_bus: Option<usize>, expected: Option<u32>) -> Option<Problem> {
+    let on_bus = on_bus?;
+    let mut said = Vec::new();
+    if on_bus > listed {
+        said.push(format!(
+            "the PCI bus has {on_bus} Inferentia/Trainium device(s) and the Neuron driver lists {listed}"
+        ));
+    }
+    if let Some(expected) = expected.filter(|&e| (on_bus as u64) < u64::from(e)) {
+        said.push(format!(
+            "{expected} Neuron device(s) expected ({}), {on_bus} on the PCI bus",
+            mlnode_core::health::ACCELERATOR_COUNT_LABEL
+        ));
+    }
+    (!said.is_empty()).then(|| Problem::new("NeuronDeviceCountMismatch", said.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devices(counts: &[(u32, u64)]) -> BTreeMap<u32, BTreeMap<String, u64>> {
+        counts
+            .iter()
+            .map(|&(device, count)| {
+                let hardware = [
+                    ("mem_ecc_uncorrected".to_string(), count),
+                    ("mem_ecc_corrected".to_string(), 1000),
+                ];
+                (device, hardware.into())
+            })
+            .collect()
+    }
+
+    fn reasons(report: &Report) -> Vec<&str> {
+        report.problems.iter().map(|p| p.reason.as_str()).collect()
+    }
+
+    /// Errors from before the start are history; a fall (an HBM repair-state change moved errors
+    /// out of the summed kinds) neither hides errors seen nor adds any; corrected ones never count.
+    #[test]
+    fn only_uncorrected_rises_after_the_start_count() {
+        let mut ecc = Rises::default();
+        let first = assess(&devices(&[(0, 5), (1, 0)]), Some(2), None, &mut ecc);
+        assert_eq!((first.devices, reasons(&first).len()), (2, 0));
+        let report = assess(&devices(&[(0, 6), (1, 0)]), Some(2), None, &mut ecc);
+        assert_eq!(reasons(&report), ["NeuronUncorrectedECC"]);
+        assert_eq!(
+            report.problems[0].message,
+            "Neuron device 0: 1 uncorrected ECC error(s)"
+        );
+        assess(&devices(&[(0, 2), (1, 0)]), Some(2), None, &mut ecc);
+        let report = assess(&devices(&[(0, 4), (1, 0)]), Some(2), None, &mut ecc);
+        assert_eq!(
+            report.problems[0].message,
+            "Neuron device 0: 3 uncorrected ECC error(s)"
+        );
+    }
+
+    /// A device on the bus the driver did not bring up is a problem; an unreadable bus (None) and
+    /// an equal count are not.
+    #[test]
+    fn a_device_the_driver_does_not_list_is_missed() {
+        let listed = devices(&(0..15).map(|d| (d, 0)).collect::<Vec<_>>());
+        let report = assess(&listed, Some(16), None, &mut Rises::default());
+        assert_eq!(reasons(&report), ["NeuronDeviceCountMismatch"]);
+        assert!(report.problems[0]
+            .message
+            .contains("16 Inferentia/Trainium device(s) and the Neuron driver lists 15"));
+        assert!(assess(&listed, Some(15), None, &mut Rises::default())
+            .problems
+            .is_empty());
+        assert!(assess(&listed, None, None, &mut Rises::default())
+            .problems
+            .is_empty());
+    }
+
+    /// A trn2.48xlarge labelled with 16 devices and 15 on the bus misses one; an unlabelled node
+    /// or an unreadable bus says nothing.
+    #[test]
+    fn a_device_gone_from_the_bus_is_missed_against_the_instance_type() {
+        let listed = devices(&(0..15).map(|d| (d, 0)).collect::<Vec<_>>());
+        let check = |on_bus, expected| assess(&listed, on_bus, expected, &mut Rises::default());
+        let report = check(Some(15), Some(16));
+        assert_eq!(reasons(&report), ["NeuronDeviceCountMismatch"]);
+        assert!(report.problems[0].message.contains("16 Neuron device(s) expected (karpenter.k8s.aws/instance-accelerator-count), 15 on the PCI bus"));
+        let as_expected = check(Some(16), Some(16));
+        assert!(
+            !as_expected.problems[0].message.contains("expected"),
+            "16 on the bus as the label says; only the unlisted one is said: {:?}",
+            as_expected.problems
+        );
+        assert!(check(Some(15), Some(15)).problems.is_empty());
+        assert!(check(Some(15), None).problems.is_empty());
+        assert!(check(None, Some(16)).problems.is_empty());
+    }
+}

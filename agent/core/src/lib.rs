@@ -1,0 +1,13 @@
+//! mlnode-core: what the agent's subsystems share, so that none depends on another to talk to it.
+//!
+//! - [`settings`]: the value types settings are read into (bounded durations and counts, toggles);
+//! - [`metrics`]: the registry every series is registered in, and the agent's own series;
+//! - [`health`]: the contract between the accelerator collectors and the readiness gate;
+//! - [`assignments`]: which container holds each device, from the kubelet to the collectors;
+//! - [`state`]: the model caches' and the node's state, from the monitors to the server and gates.
+
+pub mod assignments;
+pub mod health;
+pub mod metrics;
+pub mod settings;
+pub mod state;

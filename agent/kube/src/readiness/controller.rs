@@ -1,0 +1,468 @@
+//! The readiness loop: decide the gates, write them to the node when they change (or every
+//! heartbeat), post a Node event for each change, and manage the startup taint. API errors back
+//! off and retry; nothing is written that the agent does not know to be true. When to read, write
+//! and wait is decided by [`super::plan::Planner`]; this task talks to the API server.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Taint};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::gates::{self, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
+use super::memory;
+use super::node::{
+    conditions_patch, differs, has_taint, other_writer, own_conditions, taint_patch, FIELD_MANAGER,
+};
+use super::plan::Planner;
+use super::settings::ReadinessSettings;
+use mlnode_core::health::{FromNode, HealthSource};
+use mlnode_core::metrics::{AgentMetrics, Subsystem};
+use mlnode_core::state::{ModelState, NodeTaint};
+
+const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
+/// Retries of the taint's test-and-replace when the list changed between read and write.
+const TAINT_ATTEMPTS: usize = 5;
+
+/// `mlnode_readiness_gate{gate}` and `mlnode_node_condition_updates_total{result}`.
+#[derive(Clone)]
+pub struct ReadinessMetrics {
+    gate: IntGaugeVec,
+    updates: IntCounterVec,
+    memory_errors: prometheus::IntCounter,
+    repair_refused: prometheus::IntGauge,
+}
+
+impl ReadinessMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<ReadinessMetrics> {
+        let gate = IntGaugeVec::new(
+            Opts::new(
+                "mlnode_readiness_gate",
+                "1 when the readiness gate passes, 0 when it fails.",
+            ),
+            &["gate"],
+        )?;
+        let updates = IntCounterVec::new(
+            Opts::new(
+                "mlnode_node_condition_updates_total",
+                "Node condition syncs: written (a change or the heartbeat), skipped (nothing to write), error (the API server refused or was unreachable).",
+            ),
+            &["result"],
+        )?;
+        let memory_errors = prometheus::IntCounter::new(
+            "mlnode_readiness_memory_errors_total",
+            "Reads of the node whose remembered faults (AcceleratorHealthy's message), clearing annotation or device-count labels could not be parsed; the live facts decide then.",
+        )?;
+        let repair_refused = prometheus::IntGauge::new(
+            "mlnode_readiness_repair_condition_refused",
+            "1 while readiness.repair_condition is set and another writer (its field manager) owns that node condition, so the agent does not write it.",
+        )?;
+        registry.register(Box::new(gate.clone()))?;
+        registry.register(Box::new(repair_refused.clone()))?;
+        registry.register(Box::new(updates.clone()))?;
+        registry.register(Box::new(memory_errors.clone()))?;
+        for result in ["written", "skipped", "error"] {
+            updates.with_label_values(&[result]).inc_by(0);
+        }
+        Ok(ReadinessMetrics {
+            gate,
+            updates,
+            memory_errors,
+            repair_refused,
+        })
+    }
+
+    pub fn set_gate(&self, gate: &str, ok: bool) {
+        self.gate.with_label_values(&[gate]).set(i64::from(ok));
+    }
+}
+
+/// Where the gates' facts come from.
+pub struct Sources {
+    pub models: Vec<Arc<ModelState>>,
+    /// The accelerator collectors that run.
+    pub health: Vec<Box<dyn HealthSource>>,
+    /// Collectors required (`enabled: true`) but not running, with why.
+    pub missing_collectors: Vec<String>,
+    /// Where the controller says whether our taint is on the node (the verifiers' priority).
+    pub node_taint: NodeTaint,
+}
+
+pub struct Controller {
+    nodes: Api<Node>,
+    events: Api<Event>,
+    node_name: String,
+    settings: ReadinessSettings,
+    taint: Option<Taint>,
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`): what the held XIDs written into
+    /// `AcceleratorHealthy` are tied to.
+    boot_id: String,
+    sources: Sources,
+    metrics: ReadinessMetrics,
+    /// `mlnode_collector_up{collector="readiness"}`: 1 while syncs succeed.
+    up: AgentMetrics,
+}
+
+/// What the loop remembers between rounds: the decisions' state, and the agent's conditions as
+/// the node last showed them.
+struct Memory {
+    planner: Planner,
+    conditions: BTreeMap<String, NodeCondition>,
+    /// What a previous agent held on this boot (taken back at the first read of the node, which
+    /// sets `since`), and the operator's clearing time.
+    from_node: FromNode,
+    /// The last trouble reading the node's memory, said once.
+    memory_trouble: String,
+    /// Who else writes the repair condition, as the node last showed it, and as last said.
+    repair_writer: Option<String>,
+    repair_writer_said: Option<String>,
+}
+
+impl Controller {
+    pub fn new(
+        client: kube::Client,
+        node_name: String,
+        settings: ReadinessSettings,
+        sources: Sources,
+        metrics: ReadinessMetrics,
+        up: AgentMetrics,
+    ) -> Controller {
+        let taint = settings.startup_taint.as_ref().map(super::node::taint);
+        Controller {
+            nodes: Api::all(client.clone()),
+            events: Api::namespaced(client, "default"),
+            boot_id: read_boot_id(&settings.boot_id_file),
+            node_name,
+            settings,
+            taint,
+            sources,
+            metrics,
+            up,
+        }
+    }
+
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut memory = Memory {
+            planner: Planner::new(
+                self.settings.interval.get(),
+                self.settings.heartbeat.get(),
+                self.taint.as_ref().map(|_| self.settings.taint_mode),
+            ),
+            conditions: BTreeMap::new(),
+            from_node: FromNode::default(),
+            memory_trouble: String::new(),
+            repair_writer: None,
+            repair_writer_said: None,
+        };
+        let mut last_error = String::new();
+        loop {
+            // The node is read before the first gates are decided: they must include what a
+            // previous agent on this boot held, never overwrite it with a premature True.
+            let synced = match self.read_node_if_needed(&mut memory).await {
+                Ok(()) => {
+                    let gates = self.gates(&mut memory);
+                    for gate in &gates {
+                        self.metrics.set_gate(gate.condition_type, gate.ok());
+                    }
+                    self.sync(&gates, &mut memory).await
+                }
+                Err(e) => Err(e),
+            };
+            let wait = memory.planner.round_done(synced.is_ok());
+            match synced {
+                Ok(()) => {
+                    self.up.set_up(Subsystem::Readiness, true);
+                    if !last_error.is_empty() {
+                        tracing::info!(node = %self.node_name, "API server reachable again; node conditions in sync");
+                        last_error.clear();
+                    }
+                }
+                Err(e) => {
+                    self.up.set_up(Subsystem::Readiness, false);
+                    self.metrics.updates.with_label_values(&["error"]).inc();
+                    let message = e.to_string();
+                    if message != last_error {
+                        tracing::warn!(node = %self.node_name, error = %message, retry_in = ?wait, "cannot sync node conditions");
+                        last_error = message;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    async fn read_node_if_needed(&self, memory: &mut Memory) -> Result<(), kube::Error> {
+        if memory.planner.needs_read() {
+            let node = self.nodes.get(&self.node_name).await?;
+            self.saw_node(memory, &node);
+        }
+        Ok(())
+    }
+
+    fn gates(&mut self, memory: &mut Memory) -> Vec<Gate> {
+        let models: Vec<gates::ModelFacts> = self
+            .sources
+            .models
+            .iter()
+            .map(|m| gates::ModelFacts {
+                name: m.name.clone(),
+                readiness: m.readiness(),
+                watched: m.is_watched(),
+            })
+            .collect();
+        let now = Instant::now();
+        let reports: Vec<_> = self
+            .sources
+            .health
+            .iter_mut()
+            .map(|source| source.report(&memory.from_node, now))
+            .collect();
+        let held: mlnode_core::health::HeldFaults =
+            reports.iter().flat_map(|r| r.held.clone()).collect();
+        let missing = &self.sources.missing_collectors;
+        let mut gates = vec![
+            gates::model_cache_gate(&models),
+            gates::accelerator_gate(missing, &reports, &memory::trailer(&self.boot_id, &held)),
+        ];
+        if let Some(repair) = self.settings.repair_condition {
+            gates.push(gates::repair_gate(repair.as_str(), missing, &reports));
+        }
+        gates
+    }
+
+    /// The condition types this agent writes: its own, and the repair condition when set.
+    fn own_types(&self) -> Vec<&'static str> {
+        let repair = self.settings.repair_condition.map(|r| r.as_str());
+        OWN_TYPES.iter().copied().chain(repair).collect()
+    }
+
+    /// Says once, in the log and as a Node event, when another writer takes the repair condition
+    /// or leaves it: never run two writers of one condition (docs/readiness.md).
+    async fn say_repair_writer(&self, memory: &mut Memory) {
+        if memory.repair_writer == memory.repair_writer_said {
+            return;
+        }
+        memory.repair_writer_said = memory.repair_writer.clone();
+        self.metrics
+            .repair_refused
+            .set(i64::from(memory.repair_writer.is_some()));
+        let condition = self.settings.repair_condition.map_or("", |r| r.as_str());
+        match &memory.repair_writer {
+            Some(writer) => {
+                let message = format!("{condition} is written by {writer}, not by mlnode-agent: the agent does not take it over (two writers would overwrite each other's verdicts). Remove readiness.repair_condition, or stop {writer} writing it");
+                tracing::warn!(node = %self.node_name, condition, writer = %writer, "{message}");
+                self.event("Warning", "RepairConditionRefused", &message)
+                    .await;
+            }
+            None => {
+                tracing::info!(node = %self.node_name, condition, "no other writer owns the repair condition now: writing it")
+            }
+        }
+    }
+
+    async fn sync(&self, all: &[Gate], memory: &mut Memory) -> Result<(), kube::Error> {
+        self.say_repair_writer(memory).await;
+        let refused = self
+            .settings
+            .repair_condition
+            .filter(|_| memory.repair_writer.is_some())
+            .map(|r| r.as_str());
+        let gates: Vec<Gate> = all
+            .iter()
+            .filter(|g| Some(g.condition_type) != refused)
+            .cloned()
+            .collect();
+        let current = memory.conditions.clone();
+        let changed: Vec<&Gate> = gates
+            .iter()
+            .filter(|g| differs(g, current.get(g.condition_type)))
+            .collect();
+        if !memory
+            .planner
+            .write_conditions(!changed.is_empty(), Instant::now())
+        {
+            self.metrics.updates.with_label_values(&["skipped"]).inc();
+        } else {
+            let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+            let body = conditions_patch(&gates, &current, &now);
+            let node = self
+                .nodes
+                .patch_status(&self.node_name, &as_agent(), &Patch::Strategic(body))
+                .await?;
+            self.metrics.updates.with_label_values(&["written"]).inc();
+            // The write answers with the whole node: its taints as they are now, whoever changed
+            // them. Continuous mode reconciles against that at least every heartbeat, at no extra
+            // request.
+            self.saw_node(memory, &node);
+            memory.planner.wrote_conditions(Instant::now());
+            for gate in changed {
+                tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.status.as_str(), reason = %gate.reason, message = %gate.message, "node condition changed");
+                let kind = if gate.ok() { "Normal" } else { "Warning" };
+                self.event(
+                    kind,
+                    &gate.reason,
+                    &format!("{}: {}", gate.condition_type, gate.message),
+                )
+                .await;
+            }
+        }
+        self.sync_taint(all.iter().all(Gate::ok), memory).await
+    }
+
+    /// Remembers the node's copy of our conditions and whether it has our taint, and tells the
+    /// verifiers (their priority).
+    fn saw_node(&self, memory: &mut Memory, node: &Node) {
+        memory.conditions = own_conditions(node, &self.own_types());
+        memory.repair_writer = self
+            .settings
+            .repair_condition
+            .and_then(|r| other_writer(node, r.as_str()));
+        self.take_memory(memory, node);
+        let present = self.taint.as_ref().map(|t| has_taint(node, t));
+        memory.planner.saw_node(present);
+        self.sources.node_taint.set(present == Some(true));
+    }
+
+    /// What the node remembers for this agent: on the first read, the held XIDs a previous agent
+    /// on this boot wrote into `AcceleratorHealthy`'s message; on every read, the operator's
+    /// clearing time. What cannot be read is said once and leaves the live facts to decide.
+    fn take_memory(&self, memory: &mut Memory, node: &Node) {
+        let now = (Instant::now(), std::time::SystemTime::now());
+        let (expected, mut trouble) =
+            mlnode_core::health::ExpectedDevices::of(node.metadata.labels.as_ref());
+        memory.from_node.expected = expected;
+        match memory::cleared_at(node.metadata.annotations.as_ref()) {
+            Ok(cleared) => {
+                memory.from_node.cleared_before = cleared.map(|at| {
+                    let ago = now.1.duration_since(at).unwrap_or_default();
+                    now.0.checked_sub(ago).unwrap_or(now.0)
+                })
+            }
+            Err(e) => trouble.push(e),
+        }
+        if memory.from_node.since.is_none() {
+            memory.from_node.since = Some(now.0);
+            let message = memory
+                .conditions
+                .get(ACCELERATOR_HEALTHY)
+                .and_then(|c| c.message.as_deref())
+                .unwrap_or_default();
+            match memory::parse(message) {
+                Ok(Some((boot, held))) if boot == self.boot_id => {
+                    tracing::warn!(node = %self.node_name, held = ?held, "keeping the XIDs the previous agent held on this boot: the GPUs stay unhealthy until the driver clears them, the node reboots, or an operator clears them");
+                    memory.from_node.faults = held;
+                }
+                Ok(Some((boot, _))) => {
+                    tracing::info!(node = %self.node_name, previous_boot = %boot, "the held XIDs in AcceleratorHealthy are from an earlier boot: the reboot cleared them");
+                }
+                Ok(None) => {}
+                Err(e) => trouble.push(format!(
+                    "AcceleratorHealthy's message does not carry held XIDs in the form this agent writes: {e}"
+                )),
+            }
+        }
+        let trouble = trouble.join("; ");
+        if !trouble.is_empty() && trouble != memory.memory_trouble {
+            self.metrics.memory_errors.inc();
+            tracing::warn!(node = %self.node_name, error = %trouble, "cannot read what the node remembers; the live facts decide");
+        }
+        memory.memory_trouble = trouble;
+    }
+
+    /// Puts the taint where the planner wants it (see [`Planner::taint_wanted`]).
+    async fn sync_taint(&self, all_ok: bool, memory: &mut Memory) -> Result<(), kube::Error> {
+        let (Some(taint), Some(want_present)) = (&self.taint, memory.planner.taint_wanted(all_ok))
+        else {
+            return Ok(());
+        };
+        for attempt in 1..=TAINT_ATTEMPTS {
+            let node = self.nodes.get(&self.node_name).await?;
+            let Some(patch) = taint_patch(&node, taint, want_present) else {
+                break;
+            };
+            let patch: json_patch::Patch =
+                serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+            match self
+                .nodes
+                .patch(&self.node_name, &as_agent(), &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(_) => break,
+                // The list changed between our read and our write: read it again.
+                Err(kube::Error::Api(status))
+                    if (status.code == 409 || status.code == 422) && attempt < TAINT_ATTEMPTS =>
+                {
+                    tracing::debug!(attempt, "taint list changed under us; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        memory.planner.taint_set(want_present);
+        self.sources.node_taint.set(want_present);
+        let (reason, verb) = if want_present {
+            ("StartupTaintAdded", "added")
+        } else {
+            ("StartupTaintRemoved", "removed")
+        };
+        tracing::info!(node = %self.node_name, taint = %taint.key, "startup taint {verb}");
+        self.event(
+            "Normal",
+            reason,
+            &format!("taint {}:{} {verb}", taint.key, taint.effect),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// A Node event, as node-problem-detector posts them; failures are logged, never fatal.
+    async fn event(&self, kind: &str, reason: &str, message: &str) {
+        let now = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+        let event: Event = match serde_json::from_value(json!({
+            "metadata": {"generateName": format!("{}.", self.node_name), "namespace": "default"},
+            "involvedObject": {"kind": "Node", "apiVersion": "v1", "name": self.node_name, "uid": self.node_name},
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": "mlnode-agent", "host": self.node_name},
+            "reportingComponent": "mlnode-agent",
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        })) {
+            Ok(event) => event,
+            Err(e) => return tracing::warn!(error = %e, "cannot build a Node event"),
+        };
+        if let Err(e) = self.events.create(&PostParams::default(), &event).await {
+            tracing::warn!(error = %e, reason, "cannot post a Node event");
+        }
+    }
+}
+
+/// Every write carries the agent's field manager, so the node's managed fields say which
+/// conditions are the agent's ([`other_writer`]).
+fn as_agent() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+/// The kernel's id of this boot; empty when it cannot be read (then nothing is carried across a
+/// restart: an empty id matches no message this agent writes, as `memory::parse` refuses it).
+fn read_boot_id(path: &std::path::Path) -> String {
+    match mlnode_verify::files::read_bounded_text(path, 64) {
+        Ok(text) => text.trim().to_string(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the boot id: held XIDs are not kept across an agent restart");
+            String::new()
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! The gates, as plain data decided from what the agent knows. Positive polarity: True is good, so
+//! a node-readiness-controller rule (`requiredStatus: True`) or an alert uses them as they are.
+
+use mlnode_core::health::{DeviceKind, Report};
+use mlnode_core::state::Readiness;
+
+pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
+pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
+
+/// A condition's status. Unknown, as Kubernetes means it: the agent cannot tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    pub fn of(ok: bool) -> Status {
+        if ok {
+            Status::True
+        } else {
+            Status::False
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::True => "True",
+            Status::False => "False",
+            Status::Unknown => "Unknown",
+        }
+    }
+}
+
+/// A node condition's content, without times (the controller adds those).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gate {
+    pub condition_type: &'static str,
+    pub status: Status,
+    /// CamelCase, as Kubernetes reasons are.
+    pub reason: String,
+    /// Short: what failed and where.
+    pub message: String,
+}
+
+impl Gate {
+    pub fn ok(&self) -> bool {
+        self.status == Status::True
+    }
+}
+
+/// Kubernetes caps a condition message at 32 KiB; kubectl shows one line. Keep it readable.
+const MESSAGE_LIMIT: usize = 1000;
+
+fn truncate(mut message: String) -> String {
+    if message.len() > MESSAGE_LIMIT {
+        let cut = (0..=MESSAGE_LIMIT)
+            .rev()
+            .find(|&i| message.is_char_boundary(i))
+            .unwrap_or(0);
+        message.truncate(cut);
+        message.push_str(" ...");
+    }
+    message
+}
+
+/// What the model gate reads of one model.
+#[derive(Clone, Debug)]
+pub struct ModelFacts {
+    pub name: String,
+    pub readiness: Readiness,
+    /// Its files are watched: a verdict is kept current, not only as fresh as the last rescan.
+    pub watched: bool,
+}
+
+/// `ModelCacheVerified`: every configured model verified. A model whose files cannot be watched
+/// does not hold the node (its last verdict stands), but the message says it is not continuously
+/// verified.
+pub fn model_cache_gate(models: &[ModelFacts]) -> Gate {
+    let mut failing = Vec::new();
+    let mut starting = Vec::new();
+    for ModelFacts {
+        name, readiness, ..
+    } in models
+    {
+        match readiness {
+            Readiness::Verified { .. } => {}
+            Readiness::Starting => starting.push(name.clone()),
+            Readiness::Failed { reason } => failing.push(format!("{name}: {reason}")),
+        }
+    }
+    let (ok, reason, message) = if !failing.is_empty() {
+        (false, "ModelCacheNotVerified", failing.join("; "))
+    } else if !starting.is_empty() {
+        (
+            false,
+            "VerificationInProgress",
+            format!("verifying {}", starting.join(", ")),
+        )
+    } else if models.is_empty() {
+        (
+            true,
+            "NoModelsConfigured",
+            "no model caches are configured on this node".to_string(),
+        )
+    } else {
+        (
+            true,
+            "AllModelCachesVerified",
+            format!("{} model cache(s) verified", models.len()),
+        )
+    };
+    let unwatched: Vec<&str> = models
+        .iter()
+        .filter(|m| !m.watched)
+        .map(|m| m.name.as_str())
+        .collect();
+    let message = if unwatched.is_empty() {
+        message
+    } else {
+        format!(
+            "{message}; not continuously verified (their files cannot be watched, so changes are only found by rescans): {}",
+            unwatched.join(", ")
+        )
+    };
+    Gate {
+        condition_type: MODEL_CACHE_VERIFIED,
+        status: Status::of(ok),
+        reason: reason.into(),
+        message: truncate(message),
+    }
+}
+
+/// `AcceleratorHealthy` from every accelerator collector's report ([`mlnode_core::health`]): each
+/// required collector running and no device problem. The first problem's reason is the
+/// condition's; every message is kept. `memory` is what the message must carry for a restarted
+/// agent (`memory::trailer`): kept whole, after the readable part.
+pub fn accelerator_gate(missing_collectors: &[String], reports: &[Report], memory: &str) -> Gate {
+    let problems: Vec<(&str, &str)> = missing_collectors
+        .iter()
+        .map(|why| ("CollectorUnavailable", why.as_str()))
+        .chain(
+            reports
+                .iter()
+                .flat_map(|r| &r.problems)
+                .map(|p| (p.reason.as_str(), p.message.as_str())),
+        )
+        .collect();
+    let count = |kind| -> usize {
+        reports
+            .iter()
+            .filter(|r| r.kind == kind)
+            .map(|r| r.devices)
+            .sum()
+    };
+    let (gpus, neuron_devices) = (count(DeviceKind::Gpu), count(DeviceKind::Neuron));
+    let gate = |ok, reason: &str, message: String| Gate {
+        condition_type: ACCELERATOR_HEALTHY,
+        status: Status::of(ok),
+        reason: reason.into(),
+        message: truncate(message) + memory,
+    };
+    match problems.first() {
+        Some((reason, _)) => gate(
+            false,
+            reason,
+            problems
+                .iter()
+                .map(|(_, m)| *m)
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        None if gpus + neuron_devices == 0 => gate(
+            true,
+            "NoAcceleratorsMonitored",
+            "no GPU or Neuron device is monitored on this node".into(),
+        ),
+        None => gate(
+            true,
+            "AcceleratorsHealthy",
+            format!("{gpus} GPU(s), {neuron_devices} Neuron device(s) healthy"),
+        ),
+    }
+}
+
+/// The condition a node-repair engine acts on (`readiness.repair_condition`), with its polarity:
+/// True while the accelerators are healthy, False while a device is at fault (the engine replaces
+/// or reboots the node once it has been False long enough), Unknown while the only trouble is a
+/// required collector that is not running: a fault of the agent's install, which replacing the node
+/// would not mend. Reason and message are `AcceleratorHealthy`'s, without what the agent remembers.
+pub fn repair_gate(
+    condition_type: &'static str,
+    missing_collectors: &[String],
+    reports: &[Report],
+) -> Gate {
+    let health = accelerator_gate(missing_collectors, reports, "");
+    let device_fault = reports.iter().any(|r| !r.problems.is_empty());
+    let status = match health.status {
+        Status::True => Status::True,
+        _ if device_fault => Status::False,
+        _ => Status::Unknown,
+    };
+    Gate {
+        condition_type,
+        status,
+        ..health
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(name: &str, readiness: Readiness) -> ModelFacts {
+        ModelFacts {
+            name: name.into(),
+            readiness,
+            watched: true,
+        }
+    }
+
+    #[test]
+    fn model_gate_names_the_failing_models() {
+        let models = vec![
+            model("llama", Readiness::Verified { revision: None }),
+            model(
+                "mistral",
+                Readiness::Failed {
+                    reason: "model.safetensors digest_mismatch".into(),
+                },
+            ),
+        ];
+        let gate = model_cache_gate(&models);
+        assert!(!gate.ok());
+        assert_eq!(gate.reason, "ModelCacheNotVerified");
+        assert_eq!(gate.message, "mistral: model.safetensors digest_mismatch");
+        let gate = model_cache_gate(&[model("llama", Readiness::Starting)]);
+        assert_eq!(
+            (gate.ok(), gate.reason.as_str()),
+            (false, "VerificationInProgress"),
+            "never a premature True"
+        );
+        assert!(model_cache_gate(&[model("llama", Readiness::Verified { revision: None })]).ok());
+    }
+
+    #[test]
+    fn model_gate_says_which_models_are_not_continuously_verified() {
+        let mut unwatched = model("mistral", Readiness::Verified { revision: None });
+        unwatched.watched = false;
+        let gate = model_cache_gate(&[
+            model("llama", Readiness::Verified { revision: None }),
+            unwatched,
+        ]);
+        assert!(gate.ok(), "its last verdict stands");
+        assert_eq!(gate.reason, "AllModelCachesVerified");
+        assert!(
+            gate.message.ends_with("not continuously verified (their files cannot be watched, so changes are only found by rescans): mistral"),
+            "{}",
+            gate.message
+        );
+    }
+
+    fn report(kind: DeviceKind, devices: usize, problems: &[(&str, &str)]) -> Report {
+        Report {
+            devices,
+            problems: problems
+                .iter()
+                .map(|(reason, message)| {
+                    mlnode_core::health::Problem::new(reason, message.to_string())
+                })
+                .collect(),
+            ..Report::new(kind)
+        }
+    }
+
+    #[test]
+    fn the_first_problem_names_the_condition_and_every_one_is_said() {
+        let reports = [
+            report(
+                DeviceKind::Gpu,
+                8,
+                &[
+                    (
+                        "GPUResetRequired",
+                        "the driver asks for a GPU reset of GPU 5",
+                    ),
+                    ("FatalXID", "GPU 5 reported XID 79"),
+                ],
+            ),
+            report(
+                DeviceKind::Neuron,
+                16,
+                &[(
+                    "NeuronUncorrectedECC",
+                    "Neuron device 4: 1 uncorrected ECC error(s)",
+                )],
+            ),
+        ];
+        let gate = accelerator_gate(&[], &reports, "");
+        assert_eq!(
+            (gate.ok(), gate.reason.as_str()),
+            (false, "GPUResetRequired")
+        );
+        assert_eq!(
+            gate.message,
+            "the driver asks for a GPU reset of GPU 5; GPU 5 reported XID 79; Neuron device 4: 1 uncorrected ECC error(s)"
+        );
+        let healthy = accelerator_gate(
+            &[],
+            &[
+                report(DeviceKind::Gpu, 8, &[]),
+                report(DeviceKind::Neuron, 16, &[]),
+            ],
+            "",
+        );
+        assert_eq!(
+            (
+                healthy.ok(),
+                healthy.reason.as_str(),
+                healthy.message.as_str()
+            ),
+            (
+                true,
+                "AcceleratorsHealthy",
+                "8 GPU(s), 16 Neuron device(s) healthy"
+            )
+        );
+        assert_eq!(
+            accelerator_gate(&[], &[], "").reason,
+            "NoAcceleratorsMonitored"
+        );
+    }
+
+    /// A required collector that is not running fails the gate before any device problem; the
+    /// memory trailer is kept whole however long the readable part is.
+    #[test]
+    fn missing_collectors_fail_it_and_the_memory_is_kept_whole() {
+        let missing = ["nvml: cannot load libnvidia-ml.so.1".to_string()];
+        let gate = accelerator_gate(&missing, &[report(DeviceKind::Gpu, 0, &[])], "");
+        assert_eq!(
+            (gate.ok(), gate.reason.as_str()),
+            (false, "CollectorUnavailable")
+        );
+        let many: Vec<(String, String)> = (0..600)
+            .map(|d| {
+                (
+                    "NeuronUncorrectedECC".into(),
+                    format!("Neuron device {d}: 1 uncorrected ECC error(s)"),
+                )
+            })
+            .collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(r, m)| (r.as_str(), m.as_str())).collect();
+        let trailer = " [mlnode-agent: boot 3f2b; held GPU-a=79]";
+        let gate = accelerator_gate(&[], &[report(DeviceKind::Neuron, 600, &many)], trailer);
+        assert!(gate.message.len() <= MESSAGE_LIMIT + 4 + trailer.len());
+        assert!(gate.message.ends_with(trailer));
+    }
+
+    /// The repair condition says False only for a device fault, Unknown when the agent cannot see
+    /// the devices, and True with them healthy; it never carries the agent's memory.
+    #[test]
+    fn the_repair_condition_fails_only_on_a_device_fault() {
+        let gpu = |problems: &[(&str, &str)]| [report(DeviceKind::Gpu, 8, problems)];
+        let missing = ["nvml collector required (nvml.enabled: true) but not running".to_string()];
+        let fault = gpu(&[("FatalXID", "GPU 5 reported XID 79")]);
+        let gate = repair_gate("AcceleratedHardwareReady", &[], &fault);
+        assert_eq!(
+            (
+                gate.condition_type,
+                gate.status,
+                gate.reason.as_str(),
+                gate.message.as_str()
+            ),
+            (
+                "AcceleratedHardwareReady",
+                Status::False,
+                "FatalXID",
+                "GPU 5 reported XID 79"
+            )
+        );
+        assert_eq!(
+            repair_gate("AcceleratedHardwareReady", &missing, &fault).status,
+            Status::False
+        );
+        let unknown = repair_gate("AcceleratedHardwareReady", &missing, &gpu(&[]));
+        assert_eq!(
+            (unknown.status, unknown.reason.as_str()),
+            (Status::Unknown, "CollectorUnavailable")
+        );
+        assert_eq!(
+            repair_gate("AcceleratedHardwareReady", &[], &gpu(&[])).status,
+            Status::True
+        );
+    }
+}

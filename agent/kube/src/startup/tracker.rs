@@ -1,0 +1,374 @@
+//! Follows the pods on this node (one watch, `fieldSelector=spec.nodeName=<node>`, with kube's
+//! watcher: list, watch, back off, relist on 410 Gone) and, when a pod (or a restarted main
+//! container) becomes Ready, lists that pod's Events by `involvedObject.uid` once, splits the
+//! startup into phases, exports them and logs one line. No cluster-wide event watch, no polling.
+
+use std::collections::{HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use prometheus::{CounterVec, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry};
+use tokio_util::sync::CancellationToken;
+
+use super::loads::{unix_now, LoadActivity};
+use super::phases::{self, Phase, Startup};
+use super::settings::StartupSettings;
+
+/// kubelet's `kubelet_pod_start_sli_duration_seconds` buckets, so the two line up.
+pub const POD_START_BUCKETS: [f64; 25] = [
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+const IMAGE_SIZE_BUCKETS: [f64; 8] = [1e8, 5e8, 1e9, 2e9, 5e9, 1e10, 2e10, 5e10];
+
+#[derive(Clone)]
+pub struct StartupMetrics {
+    phase: HistogramVec,
+    total: HistogramVec,
+    image_bytes: HistogramVec,
+    cache_hits: CounterVec,
+    last_phase: GaugeVec,
+}
+
+impl StartupMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<StartupMetrics> {
+        let buckets = POD_START_BUCKETS.to_vec();
+        let metrics = StartupMetrics {
+            phase: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_phase_seconds", "Duration of one phase of a pod startup; a phase whose source is missing is not observed.").buckets(buckets.clone()),
+                &["phase", "model_name", "namespace"],
+            )?,
+            total: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_total_seconds", "Pod creation (or, after a restart, the previous container's exit) to Ready.").buckets(buckets),
+                &["model_name", "namespace"],
+            )?,
+            image_bytes: HistogramVec::new(
+                HistogramOpts::new("mlnode_image_pull_bytes", "Size of each image pulled for a pod startup, as kubelet reports it.").buckets(IMAGE_SIZE_BUCKETS.to_vec()),
+                &["namespace"],
+            )?,
+            cache_hits: CounterVec::new(
+                Opts::new("mlnode_image_pull_cache_hits_total", "Containers whose image was already present on the node."),
+                &["namespace"],
+            )?,
+            last_phase: GaugeVec::new(
+                Opts::new("mlnode_pod_startup_last_phase_seconds", "Phases of the most recent pod startups only (bounded by startup.recent_pods and startup.recent_max_age)."),
+                &["namespace", "pod", "phase"],
+            )?,
+        };
+        registry.register(Box::new(metrics.phase.clone()))?;
+        registry.register(Box::new(metrics.total.clone()))?;
+        registry.register(Box::new(metrics.image_bytes.clone()))?;
+        registry.register(Box::new(metrics.cache_hits.clone()))?;
+        registry.register(Box::new(metrics.last_phase.clone()))?;
+        Ok(metrics)
+    }
+
+    pub fn set_last_phases(&self, startup: &Startup) {
+        for (phase, seconds) in &startup.phases {
+            self.last_phase
+                .with_label_values(&[&startup.namespace, &startup.pod, phase.as_str()])
+                .set(*seconds);
+        }
+    }
+
+    pub fn observe(&self, startup: &Startup) {
+        let model = startup.model_name.as_deref().unwrap_or("");
+        for (phase, seconds) in &startup.phases {
+            self.phase
+                .with_label_values(&[phase.as_str(), model, &startup.namespace])
+                .observe(*seconds);
+        }
+        self.total
+            .with_label_values(&[model, &startup.namespace])
+            .observe(startup.total_seconds);
+        for pull in &startup.pulls {
+            if pull.cache_hit {
+                self.cache_hits
+                    .with_label_values(&[&startup.namespace])
+                    .inc();
+            } else if let Some(size) = pull.size_bytes {
+                self.image_bytes
+                    .with_label_values(&[&startup.namespace])
+                    .observe(size as f64);
+            }
+        }
+    }
+}
+
+/// The pod watch's backoff. kube's `default_backoff` starts again from 800 ms at every event it
+/// passes on, and a relist is a burst of events: an API server answering every watch with 410 Gone
+/// would be relisted about once a second, forever. Here events do not reset it; only two minutes
+/// without an error do (the timer inside kube's `DefaultBackoff`), so a persistent 410 backs off
+/// to 30 s between relists.
+#[derive(Default)]
+struct ErrorsOnlyBackoff(watcher::DefaultBackoff);
+
+impl Iterator for ErrorsOnlyBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next()
+    }
+}
+
+impl kube::runtime::utils::Backoff for ErrorsOnlyBackoff {
+    fn reset(&mut self) {}
+}
+
+/// Where a configured model's cache is on the node, as pods mount it: what names the model a pod
+/// serves when its annotation does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelMount {
+    pub name: String,
+    /// The cache's path on the node (a pod's hostPath volume at, above or below it).
+    pub host_path: PathBuf,
+    /// The PersistentVolumeClaim pods mount the cache from, if they do.
+    pub pvc: Option<String>,
+}
+
+/// The model a pod serves: its `mlnode.dev/model-name` annotation, else the configured model whose
+/// cache it mounts (a hostPath at, above or below the model's `host_path`, or the model's PVC).
+pub fn model_of(pod: &Pod, models: &[ModelMount]) -> Option<String> {
+    if let Some(name) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("mlnode.dev/model-name"))
+    {
+        return Some(name.clone());
+    }
+    let volumes = pod.spec.as_ref()?.volumes.as_ref()?;
+    models
+        .iter()
+        .find(|m| {
+            let host = m.host_path.as_path();
+            volumes.iter().any(|v| {
+                let host_match = v.host_path.as_ref().is_some_and(|h| {
+                    let mounted = Path::new(&h.path);
+                    host.starts_with(mounted) || mounted.starts_with(host)
+                });
+                let pvc_match = v
+                    .persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|c| m.pvc.as_deref() == Some(c.claim_name.as_str()));
+                host_match || pvc_match
+            })
+        })
+        .map(|m| m.name.clone())
+}
+
+pub struct Tracker {
+    client: kube::Client,
+    node_name: String,
+    models: Vec<ModelMount>,
+    loads: LoadActivity,
+    metrics: StartupMetrics,
+    settings: StartupSettings,
+}
+
+impl Tracker {
+    pub fn new(
+        client: kube::Client,
+        node_name: String,
+        models: Vec<ModelMount>,
+        loads: LoadActivity,
+        metrics: StartupMetrics,
+        settings: StartupSettings,
+    ) -> Tracker {
+        Tracker {
+            client,
+            node_name,
+            models,
+            loads,
+            metrics,
+            settings,
+        }
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let config =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let mut stream =
+            std::pin::pin!(watcher(pods, config).backoff(ErrorsOnlyBackoff::default()));
+        let started_at = unix_now();
+        // (pod uid, restart count) already reported; pruned as pods go, so it stays as small as
+        // the node's pod count.
+        let mut reported: HashSet<(String, i32)> = HashSet::new();
+        let mut relisted: HashSet<String> = HashSet::new();
+        let mut recent: VecDeque<(f64, String, String)> = VecDeque::new();
+        let mut last_error = String::new();
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let pod = match next {
+                Some(Ok(watcher::Event::Apply(pod))) => pod,
+                Some(Ok(watcher::Event::InitApply(pod))) => {
+                    relisted.extend(pod.metadata.uid.clone());
+                    pod
+                }
+                Some(Ok(watcher::Event::Delete(pod))) => {
+                    reported.retain(|(uid, _)| Some(uid) != pod.metadata.uid.as_ref());
+                    continue;
+                }
+                Some(Ok(watcher::Event::Init)) => {
+                    relisted.clear();
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    // After a relist (a 410 Gone, a reconnect), pods deleted meanwhile are gone.
+                    reported.retain(|(uid, _)| relisted.contains(uid));
+                    continue;
+                }
+                Some(Err(e)) => {
+                    let message = e.to_string();
+                    if message != last_error {
+                        tracing::warn!(error = %message, "pod watch failed; retrying with backoff");
+                        last_error = message;
+                    }
+                    continue;
+                }
+                None => return,
+            };
+            let Some(key) = startup_key(&pod, started_at) else {
+                continue;
+            };
+            if !reported.insert(key) {
+                continue;
+            }
+            if let Some(startup) = self.measure(&pod).await {
+                self.record(&startup, &mut recent);
+            }
+        }
+    }
+
+    /// Lists the pod's events (one request) and computes its phases.
+    async fn measure(&self, pod: &Pod) -> Option<Startup> {
+        let namespace = pod.metadata.namespace.clone()?;
+        let uid = pod.metadata.uid.clone()?;
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let listed = match events
+            .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+            .await
+        {
+            Ok(list) => list.items,
+            Err(e) => {
+                tracing::warn!(pod = ?pod.metadata.name, error = %e, "cannot list the pod's events; image pull and container start unknown");
+                Vec::new()
+            }
+        };
+        let model = model_of(pod, &self.models);
+        let window = startup_window(pod);
+        let load_end = match (&model, window) {
+            (Some(model), Some((from, until))) => self.loads.last_open(model, from, until),
+            _ => None,
+        };
+        phases::compute(pod, &listed, model, load_end)
+    }
+
+    fn record(&self, startup: &Startup, recent: &mut VecDeque<(f64, String, String)>) {
+        self.metrics.observe(startup);
+        self.metrics.set_last_phases(startup);
+        let now = unix_now();
+        recent.push_back((now, startup.namespace.clone(), startup.pod.clone()));
+        // Bound the per-pod series: the oldest go first, by count and by age.
+        while recent.len() > *self.settings.recent_pods
+            || recent
+                .front()
+                .is_some_and(|(t, _, _)| now - t > self.settings.recent_max_age.as_secs_f64())
+        {
+            let Some((_, namespace, pod)) = recent.pop_front() else {
+                break;
+            };
+            if recent.iter().any(|(_, n, p)| *n == namespace && *p == pod) {
+                continue;
+            }
+            for phase in Phase::ALL {
+                let _ = self.metrics.last_phase.remove_label_values(&[
+                    &namespace,
+                    &pod,
+                    phase.as_str(),
+                ]);
+            }
+        }
+        let breakdown = serde_json::to_string(&startup).unwrap_or_default();
+        tracing::info!(namespace = %startup.namespace, pod = %startup.pod, model_name = startup.model_name.as_deref().unwrap_or(""), total_seconds = startup.total_seconds, phases = %breakdown, "pod startup");
+    }
+}
+
+/// A pod worth measuring now: Ready, after the agent started (earlier startups' model loads were not
+/// seen), keyed by its main container's restart count so each restart is measured once.
+fn startup_key(pod: &Pod, started_at: f64) -> Option<(String, i32)> {
+    let status = pod.status.as_ref()?;
+    let ready = status
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    let ready_at = ready.last_transition_time.as_ref()?.0.as_millisecond() as f64 / 1000.0;
+    if ready_at + 1.0 < started_at {
+        return None;
+    }
+    let main = phases::main_container(pod)?;
+    let restarts = status
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == main)?
+        .restart_count;
+    Some((pod.metadata.uid.clone()?, restarts))
+}
+
+/// From the main container's start to Ready: where a model load can be.
+fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
+    let status = pod.status.as_ref()?;
+    let main = phases::main_container(pod)?;
+    let started = status
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == main)?
+        .state
+        .as_ref()?
+        .running
+        .as_ref()?
+        .started_at
+        .as_ref()?;
+    let ready = status
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()?;
+    let seconds = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| {
+        t.0.as_millisecond() as f64 / 1000.0
+    };
+    Some((seconds(started) - 1.0, seconds(ready) + 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relist_does_not_reset_the_watch_backoff() {
+        use kube::runtime::utils::Backoff;
+        let mut backoff = ErrorsOnlyBackoff::default();
+        let mut last = std::time::Duration::ZERO;
+        // Error, relist (events reset a default backoff), error, relist, ...
+        for _ in 0..6 {
+            last = backoff.next().unwrap();
+            backoff.reset();
+        }
+        assert!(
+            last >= std::time::Duration::from_secs(5),
+            "still {last:?} after 6 failed watches"
+        );
+    }
+}
