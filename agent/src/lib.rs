@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod components;
 pub mod config;
 pub mod daemon;
 pub mod server;

@@ -4,10 +4,14 @@
 //! - [`metrics`]: the registry every series is registered in, and the agent's own series;
 //! - [`health`]: the contract between the accelerator collectors and the readiness gate;
 //! - [`assignments`]: which container holds each device, from the kubelet to the collectors;
-//! - [`state`]: the model caches' and the node's state, from the monitors to the server and gates.
+//! - [`state`]: the model caches' and the node's state, from the monitors to the server and gates;
+//! - [`shared`]: the one shape of state one part writes and others read;
+//! - [`component`]: how every subsystem starts, and says whether it runs.
 
 pub mod assignments;
+pub mod component;
 pub mod health;
 pub mod metrics;
 pub mod settings;
+pub mod shared;
 pub mod state;

@@ -181,6 +181,8 @@ pub fn stall_after(sample_interval: std::time::Duration) -> std::time::Duration 
 /// The running GPU collector: its state (shared with the pod-resources poller) and its stop switch.
 pub struct GpuRuntime {
     pub state: Arc<Mutex<state::GpuState>>,
+    /// How many GPUs NVML listed at start.
+    pub gpus: u32,
     stop: Arc<nvml::Stop>,
 }
 
@@ -232,8 +234,11 @@ impl GpuRuntime {
             up,
         )
         .map_err(|e| format!("cannot start the NVML threads: {e}"))?;
-        tracing::info!(gpus = count, library = %settings.library.display(), "NVML collector started");
-        Ok(GpuRuntime { state, stop })
+        Ok(GpuRuntime {
+            state,
+            gpus: count,
+            stop,
+        })
     }
 
     pub fn stop(&self) {

@@ -85,8 +85,8 @@ impl NodeLabels {
 }
 
 /// Registers the Neuron collector, which labels each device and core by the container holding it
-/// under the extended resources named (devices, cores). Err says why there is none; the agent runs
-/// on without it.
+/// under the extended resources named (devices, cores); returns how many devices it found. Err says
+/// why there is none; the agent runs on without it.
 pub fn start(
     settings: &NeuronSettings,
     (device_resources, core_resources): (Vec<String>, Vec<String>),
@@ -94,7 +94,7 @@ pub fn start(
     node_labels: SharedNodeLabels,
     runtimes: Option<monitor_input::SharedRuntimes>,
     registry: &prometheus::Registry,
-) -> Result<(), String> {
+) -> Result<usize, String> {
     if settings.enabled == Toggle::Off {
         return Err("disabled (neuron.enabled: false)".into());
     }
@@ -119,8 +119,7 @@ pub fn start(
     registry
         .register(Box::new(collector))
         .map_err(|e| e.to_string())?;
-    tracing::info!(devices = devices.len(), sysfs_root = %root.display(), "Neuron collector started");
-    Ok(())
+    Ok(devices.len())
 }
 
 /// `neuron<N>` → N.

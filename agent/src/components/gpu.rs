@@ -1,0 +1,101 @@
+//! The NVIDIA GPU collector: NVML opened on a thread of its own, bounded in time.
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use crate::gpu::health::{GpuHealth, XidPolicy};
+use crate::gpu::settings::NvmlSettings;
+use crate::gpu::GpuRuntime;
+use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
+use mlnode_core::metrics::Subsystem;
+
+/// How long NVML gets to initialise: a wedged driver can block `nvmlInit` indefinitely, and the
+/// agent must not wait on it for anything but the GPU collector.
+const NVML_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Gpu {
+    pub settings: NvmlSettings,
+    /// Extended resources whose devices are GPUs or MIG devices (`kubelet.gpu_resource_names`).
+    pub resources: Vec<String>,
+    /// DRA drivers whose devices are GPUs (`kubelet.gpu_dra_drivers`).
+    pub dra_drivers: Vec<String>,
+    /// Which XIDs hold the node (`readiness.fatal_xids`).
+    pub policy: XidPolicy,
+}
+
+impl Component for Gpu {
+    fn about(&self) -> About {
+        About::collector(
+            Subsystem::Nvml,
+            "NVIDIA GPU collector",
+            self.settings.enabled,
+        )
+    }
+
+    fn start<'a>(
+        self: Box<Self>,
+        cx: &'a mut StartContext,
+    ) -> BoxFuture<'a, Result<Started, NotStarted>> {
+        async move {
+            let gpu = open(&self, cx).await.map_err(NotStarted::Absent)?;
+            let detail = format!(
+                "{} GPUs through {}",
+                gpu.gpus,
+                self.settings.library.display()
+            );
+            cx.health.push(Box::new(GpuHealth {
+                state: gpu.state.clone(),
+                policy: self.policy,
+            }));
+            cx.devices.resources.extend(self.resources);
+            cx.devices.dra_drivers.extend(self.dra_drivers);
+            // The NVML threads are no tokio tasks: stopped when everything else stops.
+            let shutdown = cx.shutdown.clone();
+            cx.tasks.spawn(async move {
+                shutdown.cancelled().await;
+                gpu.stop();
+            });
+            // Up or down from here on is the sampler's to say: it knows whether NVML answers.
+            Ok(Started::reporting(detail))
+        }
+        .boxed()
+    }
+}
+
+/// Opens NVML on a thread of its own (a blocked `nvmlInit` cannot be cancelled, and a stuck
+/// blocking task would hold up the async runtime's shutdown), bounded by [`NVML_START_TIMEOUT`].
+async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
+    let (settings, node, registry, shared, up) = (
+        gpu.settings.clone(),
+        cx.node_name.clone(),
+        cx.registry.clone(),
+        cx.assignments.clone(),
+        cx.up.clone(),
+    );
+    // DRA devices are looked up under their driver's name (kubelet::dra).
+    let resources: Vec<String> = gpu
+        .resources
+        .iter()
+        .chain(&gpu.dra_drivers)
+        .cloned()
+        .collect();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("nvml-start".into())
+        .spawn(move || {
+            let _ = tx.send(GpuRuntime::start(
+                &settings, &node, shared, resources, &registry, up,
+            ));
+        })
+        .map_err(|e| format!("cannot start the NVML start-up thread: {e}"))?;
+    match tokio::time::timeout(NVML_START_TIMEOUT, rx).await {
+        Ok(Ok(started)) => started,
+        Ok(Err(_)) => Err("NVML start-up thread ended without an answer".into()),
+        Err(_) => Err(format!(
+            "NVML did not finish initialising within {}s (a wedged driver?); the GPU collector stays off until the agent restarts",
+            NVML_START_TIMEOUT.as_secs()
+        )),
+    }
+}

@@ -1,0 +1,69 @@
+//! The readiness controller: the node's conditions, its startup taint and the repair condition,
+//! from the models' state and the accelerator collectors' health.
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use super::kube_for;
+use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
+use crate::readiness::settings::ReadinessSettings;
+use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
+use mlnode_core::metrics::Subsystem;
+use mlnode_core::state::NodeTaint;
+
+/// Started after the collectors: it takes their health reports from the context.
+pub struct Readiness {
+    pub settings: ReadinessSettings,
+    /// Where the controller says whether our taint is on the node (the verifiers' priority).
+    pub node_taint: NodeTaint,
+}
+
+impl Component for Readiness {
+    fn about(&self) -> About {
+        About::part(
+            Subsystem::Readiness,
+            "node readiness gates",
+            self.settings.enabled,
+        )
+    }
+
+    fn start<'a>(
+        self: Box<Self>,
+        cx: &'a mut StartContext,
+    ) -> BoxFuture<'a, Result<Started, NotStarted>> {
+        async move {
+            let client = match kube_for(self.settings.enabled, "readiness").await {
+                Ok(client) => client,
+                Err(reason) => {
+                    // No controller, so no taint of ours: the monitors need not wait to learn it.
+                    self.node_taint.set(false);
+                    return Err(NotStarted::Absent(reason));
+                }
+            };
+            let sources = Sources {
+                models: cx.models.clone(),
+                health: std::mem::take(&mut cx.health),
+                missing_collectors: cx.required_missing.clone(),
+                node_taint: self.node_taint,
+            };
+            let detail = format!(
+                "{} models, {} accelerator collectors",
+                sources.models.len(),
+                sources.health.len()
+            );
+            let metrics = ReadinessMetrics::register(&cx.registry)?;
+            let controller = Controller::new(
+                client,
+                cx.node_name.clone(),
+                self.settings,
+                sources,
+                metrics,
+                cx.up.clone(),
+            );
+            cx.tasks.spawn(controller.run(cx.shutdown.child_token()));
+            // Up once a sync with the API server succeeds, down while they fail.
+            Ok(Started::reporting(detail))
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,52 @@
+//! The startup-phase tracker: this node's pods, followed through the API server.
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use super::kube_for;
+use crate::startup::loads::LoadActivity;
+use crate::startup::settings::StartupSettings;
+use crate::startup::tracker::{ModelMount, StartupMetrics, Tracker};
+use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
+use mlnode_core::metrics::Subsystem;
+
+pub struct Startup {
+    pub settings: StartupSettings,
+    /// Where each configured model's cache is mounted from, to name a pod's model.
+    pub models: Vec<ModelMount>,
+    /// When the model monitors saw weight files opened: a pod's model-load phase.
+    pub loads: LoadActivity,
+}
+
+impl Component for Startup {
+    fn about(&self) -> About {
+        About::part(
+            Subsystem::Startup,
+            "pod startup tracker",
+            self.settings.enabled,
+        )
+    }
+
+    fn start<'a>(
+        self: Box<Self>,
+        cx: &'a mut StartContext,
+    ) -> BoxFuture<'a, Result<Started, NotStarted>> {
+        async move {
+            let client = kube_for(self.settings.enabled, "startup")
+                .await
+                .map_err(NotStarted::Absent)?;
+            let metrics = StartupMetrics::register(&cx.registry)?;
+            let tracker = Tracker::new(
+                client,
+                cx.node_name.clone(),
+                self.models,
+                self.loads,
+                metrics,
+                self.settings,
+            );
+            cx.tasks.spawn(tracker.run(cx.shutdown.child_token()));
+            Ok(Started::up(format!("pods on node {}", cx.node_name)))
+        }
+        .boxed()
+    }
+}
