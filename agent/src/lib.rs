@@ -19,7 +19,7 @@ pub mod daemon;
 pub mod server;
 
 pub use mlnode_accel::{gpu, neuron, pci};
-pub use mlnode_core::{assignments, health, metrics, settings};
+pub use mlnode_core::{assignments, health, metrics, settings, shared};
 pub use mlnode_kube::{kubelet, readiness, startup};
 pub use mlnode_verify::files;
 

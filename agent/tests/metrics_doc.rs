@@ -300,7 +300,7 @@ fn register_gpu(registry: &prometheus::Registry) {
         std::time::Instant::now(),
     );
     let collector = mlnode_agent::gpu::collector::GpuCollector::new(
-        std::sync::Arc::new(std::sync::Mutex::new(state)),
+        mlnode_agent::shared::Shared::new(state),
         Default::default(),
         Vec::new(),
         Default::default(),
@@ -348,14 +348,14 @@ fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::Neuro
         "../../tests/fixtures/neuron-monitor/report.json"
     ))
     .unwrap();
-    let mut folded = runtimes.lock().unwrap();
-    folded
-        .apply(&report.to_string(), std::time::Instant::now())
-        .unwrap();
-    folded
-        .apply("not a report", std::time::Instant::now())
-        .unwrap_err();
-    drop(folded);
+    runtimes.update(|folded| {
+        folded
+            .apply(&report.to_string(), std::time::Instant::now())
+            .unwrap();
+        folded
+            .apply("not a report", std::time::Instant::now())
+            .unwrap_err();
+    });
     let collector = mlnode_agent::neuron::collector::NeuronCollector::new(
         settings,
         Default::default(),

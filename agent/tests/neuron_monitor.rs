@@ -33,12 +33,12 @@ fn neuron_monitor_series_come_from_sysfs_and_procfs() {
     let tree = NeuronTree::new(TRN2_48XLARGE);
     let registry = mlnode_agent::metrics::registry("trn2-node");
     let node_labels = mlnode_agent::neuron::SharedNodeLabels::default();
-    *node_labels.write().unwrap() = NodeLabels {
+    node_labels.set(NodeLabels {
         instance_type: "trn2.48xlarge".into(),
         availability_zone: "us-east-2b".into(),
         region: "us-east-2".into(),
         instance_id: "i-0123456789abcdef0".into(),
-    };
+    });
     let settings = NeuronSettings {
         sysfs_root: tree.root().to_path_buf(),
         class_root: tree.class_root().to_path_buf(),

@@ -386,3 +386,35 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
         tainted,
     );
 }
+
+/// A model's verdict reaches its condition when the verification ends, not a round later: with
+/// rounds an hour apart, the cache that appears after the first round still turns the condition
+/// True within seconds, because the controller waits on the models' state as well as its clock.
+#[test]
+fn a_verdict_is_written_when_the_verification_ends_not_a_round_later() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let later = tempfile::tempdir().unwrap();
+    let root = later.path().join("llama");
+    let config = format!(
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 1h\n  heartbeat: 1h\n{}",
+        common::agent::model_config("llama", &root, &manifest)
+    );
+    let _agent = Agent::start_with_env(
+        &config,
+        &[
+            ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(NODE)),
+        ],
+    );
+    wait_until("the first round", Duration::from_secs(20), || {
+        api.condition("ModelCacheVerified")["status"] == "False"
+    });
+    std::fs::rename(model.root(), &root).unwrap();
+    wait_until(
+        "the verdict, long before the next round",
+        Duration::from_secs(30),
+        || api.condition("ModelCacheVerified")["status"] == "True",
+    );
+}

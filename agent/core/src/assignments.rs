@@ -2,7 +2,8 @@
 //! read by the collectors for their series' `pod`/`namespace`/`container` labels.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+
+use crate::shared::Shared;
 
 /// The container a device is assigned to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,4 +46,4 @@ impl Assignments {
 }
 
 /// Shared between the poller and the collectors that label by it.
-pub type SharedAssignments = Arc<Mutex<Assignments>>;
+pub type SharedAssignments = Shared<Assignments>;

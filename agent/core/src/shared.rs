@@ -33,12 +33,38 @@ impl<T> Shared<T> {
         look(&self.0.borrow())
     }
 
+    /// The value, read-locked until the guard is dropped: for a reader that looks at many parts of
+    /// it. Hold no lock of another `Shared` while it lives.
+    pub fn borrow(&self) -> watch::Ref<'_, T> {
+        self.0.borrow()
+    }
+
+    /// Waits for the next change after this call.
+    pub async fn changed(&self) {
+        let mut seen = self.0.subscribe();
+        // The sender lives as long as `self`, so the wait cannot fail.
+        let _ = seen.changed().await;
+    }
+
     /// Waits until the value is changed after this call, or for `until` to hold, whichever comes
     /// first; returns at once when it already holds.
     pub async fn wait_for(&self, until: impl FnMut(&T) -> bool) {
         let mut seen = self.0.subscribe();
         // The sender lives as long as `self`, so the wait cannot fail.
         let _ = seen.wait_for(until).await;
+    }
+}
+
+impl<T: PartialEq> Shared<T> {
+    /// Replaces the value and wakes the waiters, only if it differs.
+    pub fn set_if_changed(&self, value: T) {
+        self.0.send_if_modified(|current| {
+            let changed = *current != value;
+            if changed {
+                *current = value;
+            }
+            changed
+        });
     }
 }
 
@@ -95,5 +121,26 @@ mod tests {
         assert_eq!(shared.get(), 2, "the value stays readable");
         shared.set(3);
         assert_eq!(shared.read(|n| *n), 3, "and writable");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_value_wakes_nobody() {
+        let shared = Shared::new("verified");
+        let change = {
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.changed().await })
+        };
+        tokio::task::yield_now().await;
+        shared.set_if_changed("verified");
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(60), change).await;
+        assert!(waited.is_err(), "the same value again is no change");
+
+        let change = {
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.changed().await })
+        };
+        tokio::task::yield_now().await;
+        shared.set_if_changed("failed");
+        change.await.unwrap();
     }
 }

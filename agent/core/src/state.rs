@@ -3,8 +3,9 @@
 //! by the model's monitor; a leaf, so readers need not depend on the monitor.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::shared::Shared;
 
 /// A monitor whose heartbeat is older than this is wedged.
 const HEARTBEAT_LIMIT: Duration = Duration::from_secs(30);
@@ -25,8 +26,8 @@ pub enum Readiness {
 /// What the HTTP server reads about a model: readiness for /readyz, liveness for /healthz.
 pub struct ModelState {
     pub name: String,
-    readiness: Mutex<Readiness>,
-    heartbeat: Mutex<Instant>,
+    readiness: Shared<Readiness>,
+    heartbeat: Shared<Instant>,
     /// Set while a verification has hashed nothing for `verify.stall_timeout`.
     pub stalled: AtomicBool,
     /// Cleared while the model's files cannot be watched: its verdict is then only as fresh as
@@ -38,8 +39,8 @@ impl ModelState {
     pub fn new(name: &str) -> ModelState {
         ModelState {
             name: name.to_string(),
-            readiness: Mutex::new(Readiness::Starting),
-            heartbeat: Mutex::new(Instant::now()),
+            readiness: Shared::new(Readiness::Starting),
+            heartbeat: Shared::new(Instant::now()),
             stalled: AtomicBool::new(false),
             watched: AtomicBool::new(true),
         }
@@ -54,27 +55,25 @@ impl ModelState {
     }
 
     pub fn readiness(&self) -> Readiness {
-        self.readiness
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.readiness.get()
     }
 
     pub fn set_readiness(&self, readiness: Readiness) {
-        *self.readiness.lock().unwrap_or_else(|p| p.into_inner()) = readiness;
+        self.readiness.set_if_changed(readiness);
+    }
+
+    /// Waits until the model's readiness changes: a verification that passed, or one that failed.
+    pub async fn readiness_changed(&self) {
+        self.readiness.changed().await
     }
 
     pub fn beat(&self) {
-        *self.heartbeat.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.heartbeat.set(Instant::now());
     }
 
     /// Err says why the monitor is wedged.
     pub fn liveness(&self) -> Result<(), String> {
-        let age = self
-            .heartbeat
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed();
+        let age = self.heartbeat.get().elapsed();
         if age > HEARTBEAT_LIMIT {
             return Err(format!("its monitor has not run for {}s", age.as_secs()));
         }
@@ -91,28 +90,27 @@ impl ModelState {
 /// written there, read by the monitors to choose their hashing priority. Unknown until the
 /// controller has read the node once (or is known not to run).
 #[derive(Clone, Debug)]
-pub struct NodeTaint(Arc<tokio::sync::watch::Sender<Option<bool>>>);
+pub struct NodeTaint(Shared<Option<bool>>);
 
 impl Default for NodeTaint {
     fn default() -> Self {
-        NodeTaint(Arc::new(tokio::sync::watch::Sender::new(None)))
+        NodeTaint(Shared::new(None))
     }
 }
 
 impl NodeTaint {
     pub fn set(&self, present: bool) {
-        self.0.send_replace(Some(present));
+        self.0.set(Some(present));
     }
 
     pub fn is_present(&self) -> bool {
-        *self.0.borrow() == Some(true)
+        self.0.get() == Some(true)
     }
 
     /// Waits, at most `limit`, until the controller has said whether the taint is there: a
     /// verification that starts before it would not know the node is held for it.
     pub async fn known(&self, limit: Duration) {
-        let mut seen = self.0.subscribe();
-        let _ = tokio::time::timeout(limit, seen.wait_for(Option::is_some)).await;
+        let _ = tokio::time::timeout(limit, self.0.wait_for(Option::is_some)).await;
     }
 }
 
@@ -130,21 +128,21 @@ pub enum Workload {
 }
 
 #[derive(Clone, Debug)]
-pub struct NodeWorkload(Arc<tokio::sync::watch::Sender<Workload>>);
+pub struct NodeWorkload(Shared<Workload>);
 
 impl Default for NodeWorkload {
     fn default() -> Self {
-        NodeWorkload(Arc::new(tokio::sync::watch::Sender::new(Workload::Unknown)))
+        NodeWorkload(Shared::new(Workload::Unknown))
     }
 }
 
 impl NodeWorkload {
     pub fn set(&self, workload: Workload) {
-        self.0.send_replace(workload);
+        self.0.set(workload);
     }
 
     pub fn get(&self) -> Workload {
-        *self.0.borrow()
+        self.0.get()
     }
 }
 

@@ -104,7 +104,7 @@ async fn read_node_labels(
             Ok(node) => {
                 let labels = NodeLabels::of(&node);
                 tracing::info!(instance_type = %labels.instance_type, availability_zone = %labels.availability_zone, "read the node's instance type and zone for the Neuron series");
-                *shared.write().unwrap_or_else(|p| p.into_inner()) = labels;
+                shared.set(labels);
                 return;
             }
             Err(e) => {

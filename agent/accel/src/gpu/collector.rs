@@ -3,7 +3,6 @@
 //! `pod`, `namespace` and `container` appear only on a GPU assigned to a container, so a custom
 //! collector rather than fixed-label vectors.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, Desc};
@@ -14,6 +13,7 @@ use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
 use mlnode_core::assignments::{Assignments, SharedAssignments};
 use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec};
+use mlnode_core::shared::Shared;
 
 const MIB: u64 = 1 << 20;
 
@@ -28,7 +28,7 @@ pub struct LabelStyle {
 }
 
 pub struct GpuCollector {
-    state: Arc<Mutex<GpuState>>,
+    state: Shared<GpuState>,
     assignments: SharedAssignments,
     /// Extended resources whose device ids are GPU UUIDs (`nvidia.com/gpu`).
     resource_names: Vec<String>,
@@ -235,7 +235,7 @@ const DCGM_FAMILIES: [FamilySpec; 26] = [
 
 impl GpuCollector {
     pub fn new(
-        state: Arc<Mutex<GpuState>>,
+        state: Shared<GpuState>,
         assignments: SharedAssignments,
         resource_names: Vec<String>,
         style: LabelStyle,
@@ -325,12 +325,8 @@ impl Collector for GpuCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let assignments = self
-            .assignments
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let state = self.state.borrow();
+        let assignments = self.assignments.get();
         let mut out = Families::default();
         // While NVML cannot count them, there is no current count.
         if state.failing.is_none() {

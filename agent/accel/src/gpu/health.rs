@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::FabricReading;
 use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
+use mlnode_core::shared::Shared;
 
 /// `nvmlDeviceGpuRecoveryAction_t` (nvml.h 13.3: NONE 0 to RECOVER_IMEX_DOMAIN 5; NVML's change log
 /// for v615 adds BUS_RESET 6 and SYSTEM_REBOOT 7): the value, the series' `action` label, the gate's
@@ -125,13 +126,13 @@ impl XidPolicy {
 
 /// The GPU collector as a [`HealthSource`]: its state, judged by the XID policy.
 pub struct GpuHealth {
-    pub state: std::sync::Arc<std::sync::Mutex<GpuState>>,
+    pub state: Shared<GpuState>,
     pub policy: XidPolicy,
 }
 
 impl HealthSource for GpuHealth {
     fn report(&mut self, from_node: &FromNode, now: Instant) -> Report {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = self.state.borrow();
         assess(&state, &self.policy, from_node, now)
     }
 }

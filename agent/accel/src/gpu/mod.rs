@@ -167,10 +167,11 @@ pub struct GpmReading {
     pub dram_active: Option<f64>,
 }
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use mlnode_core::assignments::SharedAssignments;
 use mlnode_core::settings::Toggle;
+use mlnode_core::shared::Shared;
 use settings::{HostnameLabel, NvmlSettings, PodLabels};
 
 /// Five sampling rounds, at least 3 s: a round slower than that has a call hanging in the driver.
@@ -180,7 +181,7 @@ pub fn stall_after(sample_interval: std::time::Duration) -> std::time::Duration 
 
 /// The running GPU collector: its state (shared with the pod-resources poller) and its stop switch.
 pub struct GpuRuntime {
-    pub state: Arc<Mutex<state::GpuState>>,
+    pub state: Shared<state::GpuState>,
     /// How many GPUs NVML listed at start.
     pub gpus: u32,
     stop: Arc<nvml::Stop>,
@@ -202,12 +203,12 @@ impl GpuRuntime {
         }
         let source = nvml::NvmlSource::open(&settings.library)?;
         let count = source.device_count()?;
-        let state = Arc::new(Mutex::new(state::GpuState {
+        let state = Shared::new(state::GpuState {
             stall_after: stall_after(settings.sample_interval.get()),
             expected_gpus: settings.expected_gpus.map(|n| n.get()),
             xid_count_window: settings.xid_count_window.get(),
             ..state::GpuState::default()
-        }));
+        });
         let style = collector::LabelStyle {
             lowercase_hostname: (settings.hostname_label == HostnameLabel::Lowercase)
                 .then(|| node_name.to_string()),

@@ -201,14 +201,8 @@ impl Collector for NeuronCollector {
         let layout = self.layout(&snapshot);
         let node = self
             .node_labels
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .resolve(&self.settings);
-        let assignments = self
-            .assignments
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .read(|labels| labels.resolve(&self.settings));
+        let assignments = self.assignments.get();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Families::default();
         out.gauge(
@@ -263,10 +257,7 @@ impl Collector for NeuronCollector {
         }
         if let Some(mut view) = view {
             view.system = state.system.read();
-            let runtimes = self
-                .runtimes
-                .as_ref()
-                .map(|r| r.lock().unwrap_or_else(|p| p.into_inner()));
+            let runtimes = self.runtimes.as_ref().map(|runtimes| runtimes.borrow());
             if let Some(runtimes) = &runtimes {
                 let current = runtimes.current(Instant::now());
                 out.gauge(

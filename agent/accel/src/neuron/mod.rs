@@ -17,12 +17,11 @@ pub mod settings;
 pub mod sysfs;
 pub mod utilization;
 
-use std::sync::{Arc, RwLock};
-
 use k8s_openapi::api::core::v1::Node;
 
 use mlnode_core::assignments::SharedAssignments;
 use mlnode_core::settings::Toggle;
+use mlnode_core::shared::Shared;
 use settings::NeuronSettings;
 
 /// The EC2 instance type and zone of this node, as its Node object's well-known labels say;
@@ -36,7 +35,7 @@ pub struct NodeLabels {
     pub instance_id: String,
 }
 
-pub type SharedNodeLabels = Arc<RwLock<NodeLabels>>;
+pub type SharedNodeLabels = Shared<NodeLabels>;
 
 impl NodeLabels {
     /// `node.kubernetes.io/instance-type` and `topology.kubernetes.io/zone`, which the kubelet

@@ -9,13 +9,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::proto::MetricType;
 use serde::Deserialize;
 
 use mlnode_core::metrics::family::{with_label, Families, FamilySpec, Labels};
+use mlnode_core::shared::Shared;
 
 /// The families only the report feeds (`process_execution_stats`, `process_neuron_runtime_vcpu_usage`
 /// of neuron-monitor-prometheus.py); `neuron_runtime_memory_used_bytes` is in
@@ -141,7 +141,7 @@ pub struct Runtimes {
     rejected: u64,
 }
 
-pub type SharedRuntimes = Arc<Mutex<Runtimes>>;
+pub type SharedRuntimes = Shared<Runtimes>;
 
 impl Runtimes {
     /// Folds one line of neuron-monitor's output. A line that is not a report is counted and
@@ -303,10 +303,7 @@ pub async fn read(
         };
         let result = match next {
             None => return,
-            Some(Ok(line)) => runtimes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .apply(&line, Instant::now()),
+            Some(Ok(line)) => runtimes.update(|runtimes| runtimes.apply(&line, Instant::now())),
             // Too long: the codec skips to the next newline and goes on.
             Some(Err(e)) => Err(format!("unreadable line: {e}")),
         };

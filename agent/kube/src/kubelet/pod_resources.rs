@@ -182,10 +182,7 @@ pub async fn poll(
                 } else {
                     Workload::AcceleratorPods
                 });
-                *published
-                    .assignments
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = found;
+                published.assignments.set(found);
             }
             Err(reason) => {
                 errors.inc();
@@ -194,10 +191,7 @@ pub async fn poll(
                     failing = Some(reason);
                 }
                 published.workload.set(Workload::Unknown);
-                *published
-                    .assignments
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Assignments::default();
+                published.assignments.set(Assignments::default());
             }
         }
     }

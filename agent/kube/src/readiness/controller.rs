@@ -172,7 +172,8 @@ impl Controller {
                 }
                 Err(e) => Err(e),
             };
-            let wait = memory.planner.round_done(synced.is_ok());
+            let in_sync = synced.is_ok();
+            let wait = memory.planner.round_done(in_sync);
             match synced {
                 Ok(()) => {
                     self.up.set_up(Subsystem::Readiness, true);
@@ -191,9 +192,25 @@ impl Controller {
                     }
                 }
             }
+            // A model that passes or fails its verification is said at once, not a round later;
+            // while the API server fails, only the back-off decides.
+            let model_changed = async {
+                match in_sync && !self.sources.models.is_empty() {
+                    true => {
+                        let changes = self
+                            .sources
+                            .models
+                            .iter()
+                            .map(|m| Box::pin(m.readiness_changed()));
+                        futures_util::future::select_all(changes).await;
+                    }
+                    false => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
+                _ = model_changed => {}
             }
         }
     }

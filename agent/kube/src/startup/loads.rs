@@ -4,7 +4,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+
+use mlnode_core::shared::Shared;
 
 /// File endings of model weights; config and tokenizer files are opened by other things too.
 const WEIGHT_EXTENSIONS: [&str; 9] = [
@@ -36,21 +37,22 @@ pub fn is_weight_file(path: &Path) -> bool {
 
 /// Model name → Unix times of weight-file opens, oldest first.
 #[derive(Clone, Default)]
-pub struct LoadActivity(Arc<Mutex<HashMap<String, VecDeque<f64>>>>);
+pub struct LoadActivity(Shared<HashMap<String, VecDeque<f64>>>);
 
 impl LoadActivity {
     pub fn record(&self, model: &str, at: f64) {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let opens = map.entry(model.to_string()).or_default();
-        if opens.len() == REMEMBERED {
-            opens.pop_front();
-        }
-        opens.push_back(at);
+        self.0.update(|map| {
+            let opens = map.entry(model.to_string()).or_default();
+            if opens.len() == REMEMBERED {
+                opens.pop_front();
+            }
+            opens.push_back(at);
+        });
     }
 
     /// The last open in `[from, until]`.
     pub fn last_open(&self, model: &str, from: f64, until: f64) -> Option<f64> {
-        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.0.borrow();
         map.get(model)?
             .iter()
             .rev()

@@ -16,6 +16,7 @@ use nvml_wrapper::{Device, Nvml};
 use super::{symbol, GpmSamples, NvmlSource};
 use crate::gpu::state::{DeviceRead, GpuFailure, GpuState};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
+use mlnode_core::shared::Shared;
 
 /// How long one XID wait blocks before checking for shutdown.
 const XID_WAIT_MS: u32 = 500;
@@ -51,7 +52,7 @@ impl Stop {
 /// Starts the sampler and the XID listener; they run until `stop`.
 pub fn spawn(
     source: NvmlSource,
-    state: Arc<Mutex<GpuState>>,
+    state: Shared<GpuState>,
     interval: Duration,
     pci_devices: PathBuf,
     stop: Arc<Stop>,
@@ -75,24 +76,19 @@ pub fn spawn(
     Ok(threads)
 }
 
-fn lock(state: &Mutex<GpuState>) -> std::sync::MutexGuard<'_, GpuState> {
-    state.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn sample_loop(
     source: &NvmlSource,
-    state: &Mutex<GpuState>,
+    state: &Shared<GpuState>,
     interval: Duration,
     pci_devices: &Path,
     stop: &Stop,
     up: &AgentMetrics,
 ) {
     let mut pci_said = String::new();
-    {
-        let mut state = lock(state);
+    state.update(|state| {
         state.driver_version = source.driver_version();
         state.last_round = Some(Instant::now());
-    }
+    });
     let mut last = Instant::now();
     let mut gpm_samples: BTreeMap<u32, GpmSamples> = BTreeMap::new();
     loop {
@@ -108,27 +104,29 @@ fn sample_loop(
                     .collect();
                 let pci = scan_pci(pci_devices, &mut pci_said);
                 let at = Instant::now();
-                let mut state = lock(state);
-                if state.failing.take().is_some() {
-                    tracing::info!("NVML answers again");
-                }
-                state.pci = pci;
-                for (index, read) in reads {
-                    log_change(&state, index, &read);
-                    state.apply(index, read, elapsed, at);
-                }
-                if let Some(stalled) = state.stalled_for(Instant::now()) {
-                    tracing::warn!(took = ?stalled, "reading the GPUs took longer than the stall limit: an NVML call was hanging");
-                }
-                state.last_round = Some(Instant::now());
+                state.update(|state| {
+                    if state.failing.take().is_some() {
+                        tracing::info!("NVML answers again");
+                    }
+                    state.pci = pci;
+                    for (index, read) in reads {
+                        log_change(state, index, &read);
+                        state.apply(index, read, elapsed, at);
+                    }
+                    if let Some(stalled) = state.stalled_for(Instant::now()) {
+                        tracing::warn!(took = ?stalled, "reading the GPUs took longer than the stall limit: an NVML call was hanging");
+                    }
+                    state.last_round = Some(Instant::now());
+                });
                 up.set_up(Subsystem::Nvml, true);
             }
             Err(reason) => {
-                let mut state = lock(state);
-                if state.failing.is_none() {
-                    tracing::error!(error = %reason, "NVML stopped answering; GPU readings are dropped until it answers again");
-                }
-                state.fail(reason);
+                state.update(|state| {
+                    if state.failing.is_none() {
+                        tracing::error!(error = %reason, "NVML stopped answering; GPU readings are dropped until it answers again");
+                    }
+                    state.fail(reason);
+                });
                 up.set_up(Subsystem::Nvml, false);
             }
         }
@@ -273,7 +271,7 @@ fn wait_xid(
     }
 }
 
-fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
+fn xid_loop(source: &NvmlSource, state: &Shared<GpuState>, stop: &Stop) {
     let nvml = &source.nvml;
     let Ok(mut set) = nvml.create_event_set() else {
         tracing::warn!("NVML cannot create an event set; XID errors will not be counted");
@@ -324,7 +322,9 @@ fn xid_loop(source: &NvmlSource, state: &Mutex<GpuState>, stop: &Stop) {
                     gpu_instance = event.gpu_instance,
                     "XID error"
                 );
-                lock(state).record_xid(event.device, event.xid, event.gpu_instance, Instant::now());
+                state.update(|state| {
+                    state.record_xid(event.device, event.xid, event.gpu_instance, Instant::now())
+                });
             }
             Err(NvmlError::Timeout) => {}
             Err(e) => {
