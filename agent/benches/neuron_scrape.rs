@@ -7,7 +7,7 @@
 
 // The tests' tree generator; the bench uses only part of it.
 #[allow(dead_code)]
-#[path = "../tests/common/neuron.rs"]
+#[path = "../tests/integration/common/neuron.rs"]
 mod tree;
 
 use std::time::Instant;

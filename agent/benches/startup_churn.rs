@@ -5,18 +5,18 @@
 //! `cargo bench --bench startup_churn -- [ROUNDS]`
 
 #[allow(dead_code)]
-#[path = "../tests/common/admission.rs"]
+#[path = "../tests/integration/common/admission.rs"]
 mod admission;
 #[allow(dead_code)]
-#[path = "../tests/common/kube.rs"]
+#[path = "../tests/integration/common/kube.rs"]
 mod kube;
-#[path = "../tests/common/wait.rs"]
+#[path = "../tests/integration/common/wait.rs"]
 mod wait;
 use wait::wait_until;
 #[allow(dead_code)]
-#[path = "../tests/common/pods.rs"]
+#[path = "../tests/integration/common/pods.rs"]
 mod pods;
-#[path = "../tests/common/rbac.rs"]
+#[path = "../tests/integration/common/rbac.rs"]
 #[allow(dead_code)]
 mod rbac;
 

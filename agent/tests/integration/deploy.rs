@@ -2,7 +2,7 @@
 //! (`kubernetes-validate`, installed by the test command), and the documented init-container gate
 //! runs the verifier with the exit codes the pod relies on.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

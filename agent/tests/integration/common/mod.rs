@@ -1,5 +1,4 @@
 //! Builders for model caches on disk, shared by the integration tests.
-#![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod admission;
 pub mod agent;

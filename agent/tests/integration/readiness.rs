@@ -3,7 +3,7 @@
 //! startup taint removed beside a foreign one and retried when the list changes under it, and an
 //! API server that is down at start.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -1,7 +1,7 @@
 //! `mlnode-agent serve` end to end: the real binary as a child process on a loopback port, a real
 //! model cache in a temp dir, its manifest in a directory laid out like a mounted ConfigMap.
 
-mod common;
+use crate::common;
 
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::symlink;

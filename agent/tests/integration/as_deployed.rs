@@ -9,7 +9,7 @@
 //! mounted host path. Whatever the manifests get wrong (a dropped setting, a missing permission, a
 //! socket the UID cannot open) fails here.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -6,9 +6,9 @@
 //!
 //! Values that depend on time (durations, timestamps, seconds accumulated while running) and the
 //! build's revision are replaced by `<varies>`; every other value is compared too.
-//! `UPDATE_GOLDEN=1 cargo test --test exposition` rewrites the file.
+//! `UPDATE_GOLDEN=1 cargo test --test integration exposition::` rewrites the file.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

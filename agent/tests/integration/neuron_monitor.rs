@@ -5,7 +5,7 @@
 //! Neuron runtime's own data are exactly those docs/neuron.md lists, and with neuron-monitor's
 //! reports written to `neuron.monitor_input` (a FIFO, as a sidecar would) every panel does.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

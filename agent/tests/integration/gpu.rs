@@ -2,7 +2,7 @@
 //! (tests/fake-nvml) through nvml-wrapper, the same FFI path as a real GPU, with 8 fake H100s whose
 //! state the test changes while the agent runs.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

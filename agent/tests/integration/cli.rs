@@ -1,7 +1,7 @@
 //! The `mlnode-agent` binary: exit codes, error messages, `--json`, `manifest`, and bundles made by
 //! the real OpenSSF model_signing tool.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -193,7 +193,7 @@ pub fn gpu_node(name: &str) -> Value {
 /// NVIDIA's DRA driver's ResourceSlice for `node` (tests/fixtures/dra, cited in SOURCES): `gpu-0`
 /// is GPU 0 of the fake NVML's scenarios, `gpu-1-mig-1g10gb-19-0` a MIG device of GPU 1.
 pub fn nvidia_resource_slice(node: &str) -> Value {
-    let fixture = include_str!("../../../tests/fixtures/dra/nvidia-resourceslice.json");
+    let fixture = include_str!("../../../../tests/fixtures/dra/nvidia-resourceslice.json");
     serde_json::from_str(&fixture.replace("gpu-node-1", node)).unwrap()
 }
 

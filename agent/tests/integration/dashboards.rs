@@ -4,7 +4,7 @@
 //! fixture; every series named is one the agent exports or a known DCGM/vLLM series; every join
 //! returns a non-empty result.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

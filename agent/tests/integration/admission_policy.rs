@@ -3,7 +3,7 @@
 //! changes pass; another node, a kubelet condition, a foreign taint, labels, capacity and cordoning
 //! are denied; requests from anyone else are not this policy's business.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

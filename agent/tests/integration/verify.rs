@@ -1,7 +1,7 @@
 //! The verifier on real files in temporary directories: every status word, both ways of opening
 //! files (openat2 and the O_NOFOLLOW walk), plain directories and Hugging Face caches.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 use std::path::Path;

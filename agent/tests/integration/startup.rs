@@ -2,7 +2,7 @@
 //! the tracker in the agent binary against the fake API server (list, watch, 410 Gone, one events
 //! list per startup), with the model load seen from a real process opening the weights.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

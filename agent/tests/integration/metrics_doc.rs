@@ -1,6 +1,6 @@
 //! docs/metrics.md and the exposition must list the same series with the same types and labels.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -345,7 +345,7 @@ fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::Neuro
     // One report from neuron-monitor, so the input's families have samples too.
     let runtimes = mlnode_agent::neuron::monitor_input::SharedRuntimes::default();
     let report: serde_json::Value = serde_json::from_str(include_str!(
-        "../../tests/fixtures/neuron-monitor/report.json"
+        "../../../tests/fixtures/neuron-monitor/report.json"
     ))
     .unwrap();
     runtimes.update(|folded| {

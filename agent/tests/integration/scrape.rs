@@ -1,7 +1,7 @@
 //! A real Prometheus (Debian's `prometheus`, installed by the test command) scrapes the running
 //! agent on loopback: the exposition must be accepted (`up == 1`) and the series queryable.
 
-mod common;
+use crate::common;
 
 use common::agent::{model_config, Agent};
 use common::prometheus::{start_prometheus, wait_query};

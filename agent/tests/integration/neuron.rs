@@ -5,7 +5,7 @@
 //! reset, and a scrape racing a writer. The last test runs the agent binary against a trn2 tree,
 //! with pod labels from a fake kubelet.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! unchanged) against the agent with `nvml.dcgm_names: true` on two fake H100s (GPM included),
 //! through a real Prometheus: every panel returns data.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,0 +1,26 @@
+//! The integration tests of the agent, one binary: the agent run as users run it (its command line,
+//! its HTTP server, the manifests as kustomize renders them, a container as the kubelet would start
+//! it) against fakes shaped like the real components, and the real ones where users have them
+//! (Prometheus, promtool, kubectl, the dashboards' schema). `common` is built once for all.
+
+mod common;
+
+mod admission_policy;
+mod alerts;
+mod architecture;
+mod as_deployed;
+mod cli;
+mod dashboards;
+mod dcgm_dashboard;
+mod deploy;
+mod exposition;
+mod fuzz;
+mod gpu;
+mod metrics_doc;
+mod neuron;
+mod neuron_monitor;
+mod readiness;
+mod scrape;
+mod serve;
+mod startup;
+mod verify;
