@@ -6,7 +6,7 @@
 
 pub mod collector;
 pub mod health;
-pub mod nvml;
+mod nvml;
 pub mod settings;
 pub mod state;
 

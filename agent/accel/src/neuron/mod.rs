@@ -8,14 +8,14 @@
 //! docs/neuron.md says which values are live and which move only when a runtime exits.
 
 pub mod collector;
-pub mod cores;
-pub mod counters;
+mod cores;
+mod counters;
 pub mod health;
 pub mod monitor_input;
-pub mod monitor_names;
+mod monitor_names;
 pub mod settings;
 pub mod sysfs;
-pub mod utilization;
+mod utilization;
 
 use k8s_openapi::api::core::v1::Node;
 

@@ -9,7 +9,7 @@
 
 pub mod controller;
 pub mod gates;
-pub mod memory;
-pub mod node;
+mod memory;
+mod node;
 pub mod plan;
 pub mod settings;
