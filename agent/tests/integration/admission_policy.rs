@@ -215,7 +215,7 @@ fn the_repair_condition_component_allows_exactly_that_type_more() {
     ready["status"]["conditions"][0]["status"] = json!("False");
     assert!(common::admission::admit(with_component, status(), &old, &ready).is_err());
 
-    let ds = common::kustomize::find(&objects, "DaemonSet", "mlnode-agent");
+    let ds = common::kustomize::daemonset(&objects);
     let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
         .as_array()
         .unwrap();

@@ -30,7 +30,7 @@ const POD: &str = "mlnode-agent-x7k2p";
 static PORT_9400: Mutex<()> = Mutex::new(());
 
 fn pod_template(objects: &[Value]) -> (&Value, &Value) {
-    let ds = find(objects, "DaemonSet", "mlnode-agent");
+    let ds = kustomize::daemonset(objects);
     let template = &ds["spec"]["template"];
     (&template["metadata"], &template["spec"])
 }
@@ -302,7 +302,7 @@ fn every_rendered_pod_is_admitted_by_its_namespace() {
     for (overlay, components, baseline, restricted) in cases {
         let objects = common::needs!(kustomize::render_with(overlay, components));
         let (metadata, spec) = pod_template(&objects);
-        let ds = find(&objects, "DaemonSet", "mlnode-agent");
+        let ds = kustomize::daemonset(&objects);
         let namespace = ds["metadata"]["namespace"].as_str().unwrap();
         let what = format!("{overlay} + {components:?}");
         let enforce = namespace_level(&objects, namespace, "enforce");
@@ -428,7 +428,7 @@ fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) ->
     let containers = spec["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
-    let ds = find(objects, "DaemonSet", "mlnode-agent");
+    let ds = kustomize::daemonset(objects);
     let namespace = ds["metadata"]["namespace"].as_str().unwrap();
 
     let dockerfile =
@@ -686,7 +686,7 @@ fn prepare_mount_points(rootfs: &Path, mounts: &[Mount]) {
 
 /// The fake API server as the rendered install authorizes it.
 fn api_server(objects: &[Value], node: Value, token: &str) -> FakeApiServer {
-    let ds = find(objects, "DaemonSet", "mlnode-agent");
+    let ds = kustomize::daemonset(objects);
     let namespace = ds["metadata"]["namespace"].as_str().unwrap();
     let sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
         .as_str()
@@ -1192,7 +1192,7 @@ fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
     });
     let monitor = find(&objects, "PodMonitor", "mlnode-agent");
     let (metadata, _) = pod_template(&objects);
-    let namespace = find(&objects, "DaemonSet", "mlnode-agent")["metadata"]["namespace"]
+    let namespace = kustomize::daemonset(&objects)["metadata"]["namespace"]
         .as_str()
         .unwrap();
     let shipped = pod_monitor_job(monitor, &metadata["labels"], namespace, "127.0.0.1:9400");

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use assert_cmd::cargo::CommandCargoExt;
+use common::kustomize::daemonset;
 use common::PlainModel;
 
 fn deploy_dir() -> PathBuf {
@@ -119,13 +120,6 @@ fn validate(objects: &[serde_json::Value]) {
         output.status.success() && !report.contains("ERROR"),
         "{report}"
     );
-}
-
-fn daemonset(objects: &[serde_json::Value]) -> &serde_json::Value {
-    objects
-        .iter()
-        .find(|o| o["kind"] == "DaemonSet")
-        .expect("a DaemonSet")
 }
 
 /// The privilege-minimised container the issue and docs/security.md promise.
@@ -250,6 +244,28 @@ fn every_component_renders_valid_objects() {
             return;
         };
         validate(&objects);
+        let Some(plain) = render("overlays/gpu", &[]) else {
+            return;
+        };
+        assert_ne!(objects, plain, "{components:?} changes what is rendered");
+    }
+    // A component that patches the DaemonSet finds it under either overlay's name.
+    for component in [
+        "components/startup-taint",
+        "components/non-root",
+        "components/repair-condition",
+    ] {
+        let (Some(with), Some(without)) = (
+            render("overlays/neuron", &[component]),
+            render("overlays/neuron", &[]),
+        ) else {
+            return;
+        };
+        assert_ne!(
+            daemonset(&with)["spec"],
+            daemonset(&without)["spec"],
+            "{component} patches the Neuron DaemonSet"
+        );
     }
     let Some(objects) = render(
         "overlays/gpu",
@@ -396,5 +412,52 @@ fn the_node_readiness_rule_example_is_valid_for_node_readiness_controller() {
     assert_eq!(
         common::crd::violations(schema, &unknown),
         [".spec.taints: unknown field"]
+    );
+}
+
+/// A cluster with both GPU and Inferentia/Trainium nodes applies both overlays: each has its own
+/// DaemonSet, selecting only its own pods, and every object the two share is the same in both, so
+/// the second apply overwrites nothing the first made.
+#[test]
+fn the_gpu_and_neuron_overlays_share_a_cluster_overwriting_nothing() {
+    let (Some(gpu), Some(neuron)) = (render("overlays/gpu", &[]), render("overlays/neuron", &[]))
+    else {
+        return;
+    };
+    let id = |o: &serde_json::Value| {
+        (
+            o["kind"].as_str().unwrap_or_default().to_string(),
+            o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    };
+    for object in &gpu {
+        if let Some(same) = neuron.iter().find(|o| id(o) == id(object)) {
+            assert_eq!(
+                same,
+                object,
+                "{:?} differs between the overlays",
+                id(object)
+            );
+        }
+    }
+    let (gpu_ds, neuron_ds) = (daemonset(&gpu), daemonset(&neuron));
+    assert_ne!(id(gpu_ds), id(neuron_ds));
+    let selects = |ds: &serde_json::Value, pod: &serde_json::Value| {
+        let wanted = ds["spec"]["selector"]["matchLabels"].as_object().unwrap();
+        wanted
+            .iter()
+            .all(|(k, v)| &pod["spec"]["template"]["metadata"]["labels"][k] == v)
+    };
+    assert!(selects(gpu_ds, gpu_ds) && selects(neuron_ds, neuron_ds));
+    assert!(
+        !selects(gpu_ds, neuron_ds) && !selects(neuron_ds, gpu_ds),
+        "each DaemonSet selects only its own pods"
     );
 }

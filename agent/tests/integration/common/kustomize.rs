@@ -91,6 +91,21 @@ fn relative_path(from: &Path, to: &Path) -> String {
     path.display().to_string()
 }
 
+/// The agent's one DaemonSet in an overlay's objects (`mlnode-agent-gpu`, `mlnode-agent-neuron`).
+pub fn daemonset(objects: &[Value]) -> &Value {
+    let found: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .collect();
+    match found[..] {
+        [one] => one,
+        _ => panic!(
+            "{} DaemonSets in the rendered objects, not one",
+            found.len()
+        ),
+    }
+}
+
 pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
         .iter()
