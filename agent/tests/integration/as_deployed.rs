@@ -841,7 +841,21 @@ struct GpuNode {
 }
 
 fn gpu_node_with(components: &[&str], uid: u32) -> Result<GpuNode, String> {
-    let objects = kustomize::render_with("overlays/gpu", components)?;
+    gpu_node_from(kustomize::render_with("overlays/gpu", components)?, uid)
+}
+
+/// The objects the Helm chart renders with `values` that a GPU node runs: all but the Neuron
+/// DaemonSet, whose affinity keeps it off GPU nodes.
+fn charted_for_a_gpu_node(values: &str) -> Result<Vec<Value>, String> {
+    let objects = common::helm::render(values)?
+        .unwrap_or_else(|refused| panic!("helm template refused {values:?}: {refused}"));
+    Ok(objects
+        .into_iter()
+        .filter(|o| !(o["kind"] == "DaemonSet" && o["metadata"]["name"] == "mlnode-agent-neuron"))
+        .collect())
+}
+
+fn gpu_node_from(objects: Vec<Value>, uid: u32) -> Result<GpuNode, String> {
     container::supported()?;
     let host = Host::new();
     let manifest = user_model(&host);
@@ -896,6 +910,22 @@ fn gpu_node_with(components: &[&str], uid: u32) -> Result<GpuNode, String> {
 #[test]
 fn the_gpu_overlay_with_the_startup_taint_runs_as_deployed() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    runs_as_deployed_with_the_startup_taint(common::needs!(gpu_node_with(
+        &["components/startup-taint"],
+        0
+    )));
+}
+
+/// The chart's GPU DaemonSet with `startupTaint.enabled`, as the kubelet would start it: the same
+/// run as the overlay's, on the chart's own RBAC, admission policy and ConfigMaps.
+#[test]
+fn the_charts_gpu_daemonset_with_the_startup_taint_runs_as_deployed() {
+    let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    let objects = common::needs!(charted_for_a_gpu_node("startupTaint: {enabled: true}"));
+    runs_as_deployed_with_the_startup_taint(common::needs!(gpu_node_from(objects, 0)));
+}
+
+fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
     let GpuNode {
         api,
         mut agent,
@@ -903,7 +933,7 @@ fn the_gpu_overlay_with_the_startup_taint_runs_as_deployed() {
         vllm_gpu,
         _kubelet,
         _dirs,
-    } = common::needs!(gpu_node_with(&["components/startup-taint"], 0));
+    } = gpu_node;
 
     agent.wait("own startup taint removed", Duration::from_secs(60), |_| {
         api.node()["spec"]["taints"]

@@ -16,6 +16,7 @@ mod deploy;
 mod exposition;
 mod fuzz;
 mod gpu;
+mod helm;
 mod metrics_doc;
 mod neuron;
 mod neuron_monitor;

@@ -4,6 +4,7 @@ pub mod admission;
 pub mod agent;
 pub mod container;
 pub mod crd;
+pub mod helm;
 pub mod kube;
 pub mod kubelet;
 pub mod kustomize;
@@ -38,7 +39,6 @@ macro_rules! needs {
         }
     };
 }
-#[allow(unused_imports)] // each test binary uses a different part of this module
 pub(crate) use needs;
 
 /// Fails under `CI=true`, else says SKIPPED: see [`needs!`].

@@ -1,0 +1,372 @@
+//! The Helm chart (deploy/helm/mlnode-agent) as Helm 4 renders it, against what kustomize renders:
+//! by default the objects of overlays/gpu and overlays/neuron together, object by object; each
+//! component's value the objects of that component; the files the two share copied, never kept
+//! twice by hand; and values that are wrong refused by Helm, naming the key.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::helm::{chart_dir, helm};
+use common::kustomize::{self, deploy_dir};
+use serde_json::Value;
+
+type Id = (String, String, String);
+
+fn id(o: &Value) -> Id {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (
+        text(&o["kind"]),
+        text(&o["metadata"]["namespace"]),
+        text(&o["metadata"]["name"]),
+    )
+}
+
+/// An object as both must agree on it: without the labels Helm adds (kustomize's are checked to
+/// be among them), the pull policy Helm sets, the agent's config parsed, not as text, and PromQL
+/// compared token by token.
+fn comparable(o: &Value) -> Value {
+    let mut o = o.clone();
+    let labels = o["metadata"]["labels"].take();
+    if let Some(release) = labels.get("release") {
+        o["metadata"]["labels"] = serde_json::json!({"release": release});
+    } else {
+        o["metadata"].as_object_mut().unwrap().remove("labels");
+    }
+    if o["kind"] == "DaemonSet" {
+        let container = &mut o["spec"]["template"]["spec"]["containers"][0];
+        container.as_object_mut().unwrap().remove("imagePullPolicy");
+    }
+    // kustomize re-emits a folded PromQL block with an extra line break before a more-indented
+    // line, Helm without; PromQL reads any run of spaces and line breaks alike.
+    if o["kind"] == "PrometheusRule" {
+        for group in o["spec"]["groups"].as_array_mut().unwrap() {
+            for rule in group["rules"].as_array_mut().unwrap() {
+                let expr = rule["expr"]
+                    .as_str()
+                    .unwrap()
+                    .split_whitespace()
+                    .collect::<Vec<_>>();
+                rule["expr"] = expr.join(" ").into();
+            }
+        }
+    }
+    if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-agent-config" {
+        let text = o["data"]["config.yaml"].as_str().unwrap().to_string();
+        o["data"]["config.yaml"] = serde_saphyr::from_str::<Value>(&text).unwrap();
+    }
+    o
+}
+
+/// Both overlays, each with `components` (the GPU-only ones on overlays/gpu alone), as one
+/// cluster has them.
+fn kustomize_cluster(components: &[&str]) -> Result<BTreeMap<Id, Value>, String> {
+    let gpu_only = ["components/nvidia-runtime-class", "components/mig-monitor"];
+    let neuron_components: Vec<&str> = components
+        .iter()
+        .copied()
+        .filter(|c| !gpu_only.contains(c))
+        .collect();
+    let mut objects = BTreeMap::new();
+    for object in kustomize::render_with("overlays/gpu", components)?
+        .into_iter()
+        .chain(kustomize::render_with(
+            "overlays/neuron",
+            &neuron_components,
+        )?)
+    {
+        if object["kind"] != "Namespace" {
+            objects.insert(id(&object), object);
+        }
+    }
+    Ok(objects)
+}
+
+fn chart(values: &str) -> Result<BTreeMap<Id, Value>, String> {
+    let objects = common::helm::render(values)?
+        .unwrap_or_else(|refused| panic!("helm template refused {values:?}: {refused}"));
+    Ok(objects.into_iter().map(|o| (id(&o), o)).collect())
+}
+
+fn assert_same(values: &str, kustomized: &BTreeMap<Id, Value>, charted: &BTreeMap<Id, Value>) {
+    let (ours, theirs): (Vec<&Id>, Vec<&Id>) =
+        (kustomized.keys().collect(), charted.keys().collect());
+    assert_eq!(
+        ours, theirs,
+        "{values:?}: the kinds and names of the objects"
+    );
+    for (id, kustomized) in kustomized {
+        let charted = &charted[id];
+        assert_eq!(
+            comparable(kustomized),
+            comparable(charted),
+            "{values:?}: {id:?} as kustomize renders it (left) and as the chart does (right)"
+        );
+        for (key, value) in kustomized["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            assert_eq!(
+                &charted["metadata"]["labels"][key], value,
+                "{values:?}: {id:?} label {key}"
+            );
+        }
+    }
+}
+
+/// By default the chart installs what both overlays install (the Namespace aside: Helm installs
+/// into one, README labels it), and every component is a value that gives what it gives.
+#[test]
+fn the_chart_renders_what_kustomize_renders_default_and_component_by_component() {
+    for (values, components) in [
+        ("", &[][..]),
+        ("startupTaint: {enabled: true}", &["components/startup-taint"]),
+        ("prometheus: {release: kube-prometheus-stack}", &["components/prometheus-release"]),
+        ("podMonitor: {enabled: false}\nserviceMonitor: {enabled: true}", &["components/servicemonitor"]),
+        (
+            "podMonitor: {enabled: false}\nserviceMonitor: {enabled: true}\nprometheus: {release: kube-prometheus-stack}",
+            &["components/servicemonitor", "components/prometheus-release"],
+        ),
+        ("runtimeClassName: nvidia", &["components/nvidia-runtime-class"]),
+        ("nonRoot: {enabled: true}", &["components/non-root"]),
+        ("migMonitor: {enabled: true}", &["components/mig-monitor"]),
+        ("repairCondition: {enabled: true}", &["components/repair-condition"]),
+    ] {
+        let kustomized = common::needs!(kustomize_cluster(components));
+        let charted = common::needs!(chart(values));
+        assert_same(values, &kustomized, &charted);
+    }
+}
+
+#[test]
+fn the_rendered_chart_validates_and_is_privilege_minimised() {
+    let charted = common::needs!(chart(""));
+    let objects: Vec<Value> = charted.into_values().collect();
+    crate::deploy::validate(&objects);
+    let daemonsets: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .collect();
+    assert_eq!(
+        daemonsets.len(),
+        2,
+        "one for GPU nodes, one for Neuron nodes"
+    );
+    for ds in daemonsets {
+        crate::deploy::assert_locked_down(ds);
+    }
+}
+
+/// What Helm reads from the chart and kustomize from deploy/daemonset is one text: the chart holds
+/// copies scripts/sync_chart_files.sh writes, and a copy that differs fails here.
+#[test]
+fn the_chart_holds_exact_copies_of_what_it_shares_with_kustomize() {
+    let files = chart_dir().join("files");
+    let base = deploy_dir().join("daemonset");
+    let mut pairs: Vec<(std::path::PathBuf, std::path::PathBuf)> = [
+        "config.yaml",
+        "daemonset.yaml",
+        "podmonitor.yaml",
+        "prometheusrule.yaml",
+        "rbac.yaml",
+        "validating-admission-policy.yaml",
+    ]
+    .iter()
+    .map(|f| (base.join("base").join(f), files.join("base").join(f)))
+    .collect();
+    pairs.push((
+        base.join("components/startup-taint/rbac.yaml"),
+        files.join("base/startup-taint-rbac.yaml"),
+    ));
+    pairs.push((
+        base.join("components/servicemonitor/service.yaml"),
+        files.join("base/servicemonitor.yaml"),
+    ));
+    let dashboards = deploy_dir().join("../dashboards");
+    for entry in std::fs::read_dir(&dashboards).unwrap() {
+        let source = entry.unwrap().path();
+        pairs.push((
+            source.clone(),
+            files.join("dashboards").join(source.file_name().unwrap()),
+        ));
+    }
+    let copies = std::fs::read_dir(files.join("dashboards")).unwrap().count()
+        + std::fs::read_dir(files.join("base")).unwrap().count();
+    assert_eq!(
+        copies,
+        pairs.len(),
+        "the chart holds a file kustomize does not: run scripts/sync_chart_files.sh"
+    );
+    for (source, copy) in pairs {
+        let read = |p: &Path| std::fs::read(p).unwrap_or_default();
+        assert!(
+            read(&source) == read(&copy),
+            "{} differs from {}: run scripts/sync_chart_files.sh",
+            copy.display(),
+            source.display()
+        );
+    }
+}
+
+#[test]
+fn the_chart_lints_packages_and_carries_the_agents_version() {
+    let chart = chart_dir();
+    let chart_path = chart.to_str().unwrap();
+    let lint = common::needs!(helm(&["lint", "--strict", chart_path]));
+    assert!(
+        lint.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let package = common::needs!(helm(&[
+        "package",
+        chart_path,
+        "-d",
+        dir.path().to_str().unwrap()
+    ]));
+    assert!(
+        package.status.success(),
+        "{}",
+        String::from_utf8_lossy(&package.stderr)
+    );
+    assert!(dir
+        .path()
+        .join(format!("mlnode-agent-{}.tgz", "0.1.0"))
+        .exists());
+    let meta: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart.join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(meta["apiVersion"], "v2");
+    assert_eq!(
+        meta["appVersion"],
+        env!("CARGO_PKG_VERSION"),
+        "appVersion is the agent's version"
+    );
+    assert!(meta["kubeVersion"].is_string());
+}
+
+/// A values file that is wrong never renders a pod that crash-loops: Helm refuses it, naming the
+/// key and the reason.
+#[test]
+fn wrong_values_are_refused_naming_the_key() {
+    for (values, says) in [
+        ("bogus: 1", "additional properties 'bogus' not allowed"),
+        ("gpu: {enabled: maybe}", "/gpu/enabled"),
+        ("config: {verfy: {threads: 4}}", "'verfy' not allowed"),
+        (
+            "startupTaint: {enabled: true, taint: no-effect}",
+            "/startupTaint/taint",
+        ),
+        (
+            "modelManifests: {llama.json: '{\"revision\": '}",
+            "modelManifests.llama.json: not a JSON manifest",
+        ),
+        (
+            "gpu: {enabled: false}\nneuron: {enabled: false}",
+            "would install no agent",
+        ),
+    ] {
+        let refused = common::needs!(common::helm::render(values))
+            .expect_err(&format!("helm template accepted {values:?}"));
+        assert!(refused.contains(says), "{values:?}: {refused}");
+    }
+}
+
+/// `config` is merged over the default config, `models` replaced whole; `modelManifests` replaces
+/// the example manifest; the image, pull secrets and the pod's extras land in both DaemonSets.
+#[test]
+fn values_users_expect_of_a_chart_land_where_they_belong() {
+    let values = r#"
+image: {repository: registry.example.com/mlnode-agent, tag: "9.9.9", pullPolicy: Always}
+imagePullSecrets: [{name: registry}]
+config:
+  models: [{name: qwen, root: /models/qwen, manifest: /etc/mlnode/manifests/qwen.json}]
+  verify: {threads: 4}
+modelManifests: {qwen.json: '{"revision": "r1", "files": {}}'}
+podLabels: {team: inference}
+podAnnotations: {example.com/scrape: "false"}
+extraEnv: [{name: MLNODE_VERIFY__DEBOUNCE, value: 1s}]
+nodeSelector: {pool: inference}
+"#;
+    let charted = common::needs!(chart(values));
+    let config = &charted[&(
+        "ConfigMap".into(),
+        "mlnode-system".into(),
+        "mlnode-agent-config".into(),
+    )];
+    let config: Value =
+        serde_saphyr::from_str(config["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(config["models"].as_array().unwrap().len(), 1);
+    assert_eq!(config["models"][0]["name"], "qwen");
+    assert_eq!(config["verify"]["threads"], 4);
+    assert_eq!(
+        config["verify"]["full_rescan_interval"], "24h",
+        "the default stays beneath"
+    );
+    assert_eq!(config["log_format"], "json");
+    let manifests = &charted[&(
+        "ConfigMap".into(),
+        "mlnode-system".into(),
+        "mlnode-model-manifests".into(),
+    )];
+    assert_eq!(manifests["data"].as_object().unwrap().len(), 1);
+    for kind in ["gpu", "neuron"] {
+        let ds = &charted[&(
+            "DaemonSet".into(),
+            "mlnode-system".into(),
+            format!("mlnode-agent-{kind}"),
+        )];
+        let pod = &ds["spec"]["template"];
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(
+            container["image"],
+            "registry.example.com/mlnode-agent:9.9.9"
+        );
+        assert_eq!(container["imagePullPolicy"], "Always");
+        assert_eq!(pod["spec"]["imagePullSecrets"][0]["name"], "registry");
+        assert_eq!(pod["metadata"]["labels"]["team"], "inference");
+        assert_eq!(
+            pod["metadata"]["labels"]["app.kubernetes.io/component"],
+            kind
+        );
+        assert_eq!(
+            pod["metadata"]["annotations"]["example.com/scrape"],
+            "false"
+        );
+        assert_eq!(pod["spec"]["nodeSelector"]["pool"], "inference");
+        let env = container["env"].as_array().unwrap();
+        assert_eq!(env.last().unwrap()["name"], "MLNODE_VERIFY__DEBOUNCE");
+    }
+}
+
+/// kube-prometheus-stack's Grafana sidecar loads every ConfigMap labelled `grafana_dashboard: "1"`:
+/// each dashboard of dashboards/ is one, unchanged, with the label and namespace configurable.
+#[test]
+fn dashboards_are_configmaps_grafanas_sidecar_loads() {
+    let none = common::needs!(chart(""));
+    assert!(!none
+        .keys()
+        .any(|(_, _, name)| name.starts_with("mlnode-agent-dashboard-")));
+    let charted = common::needs!(chart(
+        "dashboards: {enabled: true, label: grafana_dashboard, labelValue: \"1\", namespace: monitoring}"
+    ));
+    let dashboards = deploy_dir().join("../dashboards");
+    let mut found = 0;
+    for entry in std::fs::read_dir(&dashboards).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_str().unwrap().to_string();
+        let name = format!("mlnode-agent-dashboard-{}", file.trim_end_matches(".json"));
+        let map = &charted[&("ConfigMap".into(), "monitoring".into(), name)];
+        assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+        assert_eq!(
+            map["data"][&file].as_str().unwrap(),
+            std::fs::read_to_string(&path).unwrap(),
+            "{file} as it is in dashboards/"
+        );
+        found += 1;
+    }
+    assert_eq!(found, 3);
+}
