@@ -14,6 +14,8 @@ the intermediate. With CERT_FLAW set, the chain has one flaw a verifier must cat
 intermediate's validity ended before the signing certificate's began), `not-for-signing` (the
 signing certificate allows key encipherment only), `intermediate-not-ca` (no CA basic constraint),
 `path-length` (the root allows no CA below it, and the intermediate is one).
+With HASH set (blake3 or blake2: model_signing 1.1's `hashing_algorithm`, which only its API
+takes), `files` and `shards` bundles hash the files with it, through the API.
 """
 import os
 import datetime
@@ -112,7 +114,21 @@ def main() -> None:
     curve = sys.argv[6] if len(sys.argv) > 6 else "secp256r1"
     ignored = [arg for path in sys.argv[7:] for arg in ("--ignore-paths", str(pathlib.Path(model) / path))]
     private = ensure_key(pathlib.Path(key_dir), curve)
-    if method == "files":
+    algorithm = os.environ.get("HASH")
+    if algorithm and method in ("files", "shards"):
+        import model_signing
+        from model_signing import hashing
+
+        config = model_signing.signing.Config().use_elliptic_key_signer(private_key=private)
+        if method == "files":
+            hashed = hashing.Config().use_file_serialization(hashing_algorithm=algorithm)
+        else:
+            hashed = hashing.Config().use_shard_serialization(
+                hashing_algorithm=algorithm, shard_size=int(sys.argv[5])
+            )
+        config.set_hashing_config(hashed)
+        config.sign(model, signature)
+    elif method == "files":
         subprocess.run(
             ["model_signing", "sign", "key", "--private_key", str(private), "--signature", signature, *ignored, model],
             check=True,

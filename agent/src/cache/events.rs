@@ -233,7 +233,7 @@ pub fn changes_content(kind: &EventKind) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::manifest::{ExpectedFile, ManifestFormat, Sha256};
+    use crate::cache::manifest::{ContentDigest, ExpectedFile, ManifestFormat, Sha256};
     use notify::event::{CreateKind, Flag, RemoveKind};
 
     fn manifest(paths: &[&str]) -> Manifest {
@@ -246,7 +246,7 @@ mod tests {
                 .map(|(i, p)| ExpectedFile {
                     path: (*p).into(),
                     size: None,
-                    digest: Digest::Whole(Sha256([i as u8; 32])),
+                    digest: Digest::Whole(ContentDigest::Sha256(Sha256([i as u8; 32]))),
                 })
                 .collect(),
         )

@@ -170,6 +170,93 @@ fn manifest_command_output_verifies_the_same_tree() {
     assert_eq!(verify(model.root(), &manifest, &[]).code, 0);
 }
 
+/// `manifest --hash blake3` writes a native manifest of BLAKE3 digests (several times faster to
+/// verify on the same cores) that verifies, and catches a changed byte.
+#[test]
+fn a_blake3_manifest_verifies_and_catches_a_change() {
+    let model = PlainModel::new();
+    let output = agent()
+        .args(["manifest", "--hash", "blake3"])
+        .arg(model.root())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let written: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (name, entry) = written["files"].as_object().unwrap().iter().next().unwrap();
+    let content = std::fs::read(model.path(name)).unwrap();
+    assert_eq!(
+        entry["blake3"],
+        blake3::hash(&content).to_hex().as_str(),
+        "the BLAKE3 of {name}, as the blake3 crate's reference computes it"
+    );
+    assert!(entry.get("sha256").is_none());
+    let (_guard, manifest) = write_temp(&String::from_utf8(output.stdout).unwrap());
+    assert_eq!(verify(model.root(), &manifest, &[]).code, 0);
+    let mut changed = content.clone();
+    changed[0] ^= 1;
+    std::fs::write(model.path(name), changed).unwrap();
+    let out = verify(model.root(), &manifest, &["--json"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("digest_mismatch") && out.stdout.contains("expected blake3"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// model_signing 1.1 signs with BLAKE3 and BLAKE2b too (its API's `hashing_algorithm`): bundles it
+/// made, files and shards, verify with the signer's key, and a changed byte fails them. Asked for
+/// BLAKE3 shards, model_signing hashes whole files (its `use_shard_serialization` says BLAKE3 is
+/// parallel already), so that bundle names plain `blake3`.
+#[test]
+fn blake3_and_blake2b_bundles_from_model_signing_verify() {
+    for (method, shard_size, algorithm, named) in [
+        ("files", 0, "blake3", "blake3"),
+        ("files", 0, "blake2", "blake2b"),
+        ("shards", 1000, "blake3", "blake3"),
+        ("shards", 1000, "blake2", "blake2b-sharded-1000"),
+    ] {
+        use base64::Engine;
+        let signed = sign_hashed(method, shard_size, algorithm);
+        let bundle: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&signed.bundle).unwrap()).unwrap();
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(bundle["dsseEnvelope"]["payload"].as_str().unwrap())
+            .unwrap();
+        let statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(
+            statement["predicate"]["resources"][0]["algorithm"], named,
+            "{method} {algorithm}"
+        );
+        let out = signed.verify(&["--json"]);
+        assert_eq!(
+            out.code, 0,
+            "{method} {algorithm}: {}{}",
+            out.stdout, out.stderr
+        );
+        assert_eq!(
+            json(&out)["root_digest"],
+            statement["subject"][0]["digest"]["sha256"],
+            "{method} {algorithm}: the root digest is the attestation subject model_signing signed"
+        );
+        let weights = signed.model.path("model-00001-of-00002.safetensors");
+        let mut bytes = std::fs::read(&weights).unwrap();
+        bytes[0] ^= 1;
+        std::fs::write(&weights, bytes).unwrap();
+        let out = signed.verify(&["--json"]);
+        assert_eq!(out.code, 1, "{method} {algorithm}: {}", out.stdout);
+        assert!(
+            out.stdout.contains("digest_mismatch"),
+            "{method} {algorithm}: {}",
+            out.stdout
+        );
+    }
+}
+
 #[test]
 fn manifest_command_refuses_an_escaping_symlink() {
     let model = PlainModel::new();
@@ -203,7 +290,25 @@ fn sign_ignoring(method: &str, shard_size: usize, curve: &str, ignored: &[&str])
 
 /// A `certificate` bundle whose chain has `flaw` (tests/model_signing/sign.py's CERT_FLAW).
 fn sign_flawed_certificate(flaw: &str) -> Signed {
-    sign_with("certificate", 0, "secp256r1", &[], Some(flaw))
+    sign_with(
+        "certificate",
+        0,
+        "secp256r1",
+        &[],
+        Some(("CERT_FLAW", flaw)),
+    )
+}
+
+/// A `files` or `shards` bundle whose files model_signing's API hashed with `algorithm` (its
+/// `hashing_algorithm`: blake3, blake2).
+fn sign_hashed(method: &str, shard_size: usize, algorithm: &str) -> Signed {
+    sign_with(
+        method,
+        shard_size,
+        "secp256r1",
+        &[],
+        Some(("HASH", algorithm)),
+    )
 }
 
 fn sign_with(
@@ -211,7 +316,7 @@ fn sign_with(
     shard_size: usize,
     curve: &str,
     ignored: &[&str],
-    cert_flaw: Option<&str>,
+    env: Option<(&str, &str)>,
 ) -> Signed {
     let model = PlainModel::new();
     for path in ignored {
@@ -229,7 +334,7 @@ fn sign_with(
         .arg(shard_size.to_string())
         .arg(curve)
         .args(ignored)
-        .envs(cert_flaw.map(|flaw| ("CERT_FLAW", flaw)))
+        .envs(env)
         .status()
         .expect("python3 runs");
     assert!(
@@ -798,14 +903,14 @@ fn a_signed_bundle_fails_on_added_files_but_not_on_those_it_says_to_ignore() {
     assert_eq!(signed.verify(&["--ignore-unsigned-files"]).code, 0);
 }
 
-/// A bundle hashed with another algorithm (model_signing's `--hash_type blake2`) is named as such,
-/// not mistaken for a malformed SHA-256 digest.
+/// A bundle hashed with an algorithm the verifier has not got (model_signing knows sha256, blake2
+/// and blake3) is named as such, not mistaken for a malformed digest.
 #[test]
-fn a_blake2_bundle_is_refused_as_an_unsupported_algorithm() {
+fn a_bundle_of_an_unknown_hash_is_refused_as_an_unsupported_algorithm() {
     let signed = sign("files", 0);
     rewrite_statement(&signed.bundle, |statement| {
         for resource in statement["predicate"]["resources"].as_array_mut().unwrap() {
-            resource["algorithm"] = "blake2b".into();
+            resource["algorithm"] = "sha3-512".into();
             resource["digest"] = "ab".repeat(64).into();
         }
     });
@@ -813,7 +918,7 @@ fn a_blake2_bundle_is_refused_as_an_unsupported_algorithm() {
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(
         out.stderr
-            .contains("unsupported hash algorithm \"blake2b\""),
+            .contains("unsupported hash algorithm \"sha3-512\""),
         "{}",
         out.stderr
     );

@@ -142,6 +142,7 @@ fn exposition() -> String {
         error: None,
         listing_error: None,
         files: Vec::new(),
+        root_digest: None,
         ok_not_kept: 1,
         expected_bytes: 0,
         bytes_hashed: 0,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::hasher::{self, Algorithm, Control, Job, JobResult};
 use super::layout::{self, Layout};
-use super::manifest::native::{NativeEntryOut, NativeManifestOut};
+use super::manifest::native::{NativeEntryOut, NativeHash, NativeManifestOut};
 use super::safe_open::{OpenFailure, Root};
 use super::walk;
 
@@ -26,10 +26,11 @@ pub enum GenerateError {
 }
 
 /// Builds the manifest of `root_path`: a plain directory, or the snapshot `revision` (default
-/// `main`) of a hub repo cache.
+/// `main`) of a hub repo cache, each file's content recorded with `hash`.
 pub fn generate(
     root_path: &Path,
     revision: Option<&str>,
+    hash: NativeHash,
     control: &Control,
 ) -> Result<NativeManifestOut, GenerateError> {
     let root_error = |e: std::io::Error| GenerateError::Root {
@@ -79,7 +80,7 @@ pub fn generate(
                 len: None,
                 weight,
                 expected: None,
-                algorithm: Algorithm::Sha256,
+                algorithm: Algorithm::from(hash.algorithm()),
             }
         })
         .collect();
@@ -90,13 +91,7 @@ pub fn generate(
     for (path, result) in files.into_iter().zip(results) {
         match result {
             JobResult::Hashed { digest, bytes, .. } => {
-                entries.insert(
-                    path,
-                    NativeEntryOut {
-                        sha256: hex::encode(digest),
-                        size: bytes,
-                    },
-                );
+                entries.insert(path, NativeEntryOut::new(hash, hex::encode(digest), bytes));
             }
             JobResult::Cancelled => return Err(GenerateError::Cancelled),
             JobResult::Open(

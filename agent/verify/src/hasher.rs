@@ -14,6 +14,7 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use sha2::Digest as _;
 
 use super::layout::Layout;
+use super::manifest::HashAlgorithm;
 use super::page_cache::Restorer;
 use super::safe_open::{OpenFailure, OpenedFile, Root, Snapshot};
 use super::throttle::Throttle;
@@ -78,14 +79,29 @@ impl Control {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
     Sha256,
+    Blake3,
+    /// BLAKE2b with a 512-bit digest (Python's `hashlib.blake2b()`, as model_signing uses it).
+    Blake2b,
     /// Git's blob id: SHA-1 of `blob <size>\0` and the content. The Hugging Face hub names the
     /// cached copies of files it keeps in git (not LFS) by it.
     GitBlob,
 }
 
-/// An incremental digest of either kind.
+impl From<HashAlgorithm> for Algorithm {
+    fn from(algorithm: HashAlgorithm) -> Algorithm {
+        match algorithm {
+            HashAlgorithm::Sha256 => Algorithm::Sha256,
+            HashAlgorithm::Blake3 => Algorithm::Blake3,
+            HashAlgorithm::Blake2b => Algorithm::Blake2b,
+        }
+    }
+}
+
+/// An incremental digest of any kind. BLAKE3's hasher is large (its chunk stack): boxed.
 enum Running {
     Sha256(sha2::Sha256),
+    Blake3(Box<blake3::Hasher>),
+    Blake2b(blake2::Blake2b512),
     Sha1(sha1::Sha1),
 }
 
@@ -93,6 +109,8 @@ impl Running {
     fn new(algorithm: Algorithm, size: u64) -> Running {
         match algorithm {
             Algorithm::Sha256 => Running::Sha256(sha2::Sha256::new()),
+            Algorithm::Blake3 => Running::Blake3(Box::new(blake3::Hasher::new())),
+            Algorithm::Blake2b => Running::Blake2b(blake2::Blake2b512::new()),
             Algorithm::GitBlob => {
                 let mut sha1 = sha1::Sha1::new();
                 sha1.update(format!("blob {size}\0").as_bytes());
@@ -104,6 +122,10 @@ impl Running {
     fn update(&mut self, bytes: &[u8]) {
         match self {
             Running::Sha256(h) => h.update(bytes),
+            Running::Blake3(h) => {
+                h.update(bytes);
+            }
+            Running::Blake2b(h) => h.update(bytes),
             Running::Sha1(h) => h.update(bytes),
         }
     }
@@ -111,6 +133,8 @@ impl Running {
     fn finish(self) -> Vec<u8> {
         match self {
             Running::Sha256(h) => h.finalize().to_vec(),
+            Running::Blake3(h) => h.finalize().as_bytes().to_vec(),
+            Running::Blake2b(h) => h.finalize().to_vec(),
             Running::Sha1(h) => h.finalize().to_vec(),
         }
     }

@@ -128,6 +128,10 @@ pub struct Report {
     /// The lines kept: every file's, or only those not `ok` when the verification was asked to
     /// keep no `ok` lines (a daemon: on a million-file cache they would be most of its memory).
     pub files: Vec<FileReport>,
+    /// The bundle's root digest ([`crate::manifest::Manifest::root_digest`]), hex; none for a
+    /// native manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root_digest: Option<String>,
     /// Files found `ok` whose lines were not kept.
     #[serde(skip)]
     pub ok_not_kept: usize,
@@ -148,6 +152,7 @@ impl Report {
             error: Some(error),
             listing_error: None,
             files: Vec::new(),
+            root_digest: None,
             ok_not_kept: 0,
             expected_bytes: 0,
             bytes_hashed: 0,

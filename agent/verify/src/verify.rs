@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::hasher::{self, Algorithm, Control, Job, JobResult};
 use super::layout::{self, Layout, PartialBlobs};
-use super::manifest::{Digest, ExpectedFile, Manifest, ManifestFormat};
+use super::manifest::{ContentDigest, Digest, ExpectedFile, Manifest, ManifestFormat};
 use super::paths::check_relative_path;
 use super::report::{FileReport, FileStatus, Report};
 use super::safe_open::{OpenFailure, Root, Snapshot, Strategy};
@@ -161,6 +161,7 @@ fn verify_tree(
                 .or_else(|| manifest.revision.clone());
             return Ok(Report {
                 seconds: started.elapsed().as_secs_f64(),
+                root_digest: manifest.root_digest.map(|d| d.to_hex()),
                 ..Report::failed(e.to_string(), revision)
             });
         }
@@ -264,6 +265,7 @@ fn verify_tree(
         error: None,
         listing_error,
         files,
+        root_digest: manifest.root_digest.map(|d| d.to_hex()),
         ok_not_kept,
         expected_bytes,
         bytes_hashed: control.hashed_bytes.load(Ordering::Relaxed) - hashed_before,
@@ -303,10 +305,9 @@ fn verify_batch(
                 len: None,
                 weight: snapshot.size,
                 expected: Some(snapshot),
-                algorithm: if matches!(expected.digest, Digest::GitBlob(_)) {
-                    Algorithm::GitBlob
-                } else {
-                    Algorithm::Sha256
+                algorithm: match &expected.digest {
+                    Digest::Whole(digest) => digest.algorithm().into(),
+                    _ => Algorithm::GitBlob,
                 },
             }),
             Digest::Shards(shards) => jobs.extend(shards.iter().map(|shard| Job {
@@ -315,7 +316,7 @@ fn verify_batch(
                 len: Some(shard.end - shard.start),
                 weight: shard.end - shard.start,
                 expected: Some(snapshot),
-                algorithm: Algorithm::Sha256,
+                algorithm: shard.digest.algorithm().into(),
             })),
             // Refused by the first look; nothing to hash.
             Digest::Unaddressed => {}
@@ -409,7 +410,7 @@ fn first_look(
     let blob = match (&link, &expected.digest) {
         (Ok(Some(blob)), _) => Some(blob.clone()),
         // A missing LFS file would be stored under its SHA-256: that names its download marker.
-        (_, Digest::Whole(sha256)) => Some(sha256.to_hex()),
+        (_, Digest::Whole(ContentDigest::Sha256(sha256))) => Some(sha256.to_hex()),
         _ => None,
     };
     let opened = match layout.open(root, &layout.locate(path)) {
@@ -510,7 +511,7 @@ fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> 
         }
     };
     match &expected.digest {
-        Digest::Whole(want) => whole(&want.0, "sha256"),
+        Digest::Whole(want) => whole(want.bytes(), want.algorithm().name()),
         Digest::GitBlob(want) => whole(want, "git blob id"),
         Digest::Unaddressed => FileReport {
             status: FileStatus::UnsafePath,
@@ -521,7 +522,7 @@ fn judge(expected: &ExpectedFile, results: &[JobResult], snapshot: Snapshot) -> 
             let bad: Vec<String> = shards
                 .iter()
                 .zip(&digests)
-                .filter(|(shard, got)| shard.sha256.0.as_slice() != **got)
+                .filter(|(shard, got)| shard.digest.bytes() != **got)
                 .map(|(shard, _)| format!("{}..{}", shard.start, shard.end))
                 .collect();
             if bad.is_empty() {

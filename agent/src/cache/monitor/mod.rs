@@ -591,13 +591,15 @@ fn log_result(name: &str, report: &Report, job: &Running, hashed: u64, seconds: 
         .map(|f| format!("{}={}", f.path, f.status.as_str()))
         .collect();
     let revision = report.revision.as_deref().unwrap_or("");
+    // A bundle's attestation subject, to tie the verified cache to its provenance.
+    let root_digest = report.root_digest.as_deref().unwrap_or("");
     let outcome = if report.is_verified() {
         "verified"
     } else {
         "failed"
     };
     if report.is_verified() {
-        tracing::info!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds, "model cache verified");
+        tracing::info!(model_name = %name, revision, root_digest, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds, "model cache verified");
     } else {
         tracing::warn!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds,
             failing_files = %failing.join(" "), error = report.error.as_deref().unwrap_or(""), "model cache failed verification");

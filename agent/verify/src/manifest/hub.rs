@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256};
+use super::{ContentDigest, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256};
 use crate::layout::{self, Layout, PartialBlobs};
 use crate::safe_open::Root;
 use crate::walk;
@@ -114,7 +114,9 @@ fn snapshot_entries(snapshot: &Path) -> std::io::Result<Vec<(String, Option<Stri
 /// The digest a blob's name is: the SHA-256 of an LFS file, or a git blob id.
 fn digest_of_blob(blob: &str) -> Option<Digest> {
     match blob.len() {
-        64 => Sha256::parse_hex(blob).ok().map(Digest::Whole),
+        64 => Sha256::parse_hex(blob)
+            .ok()
+            .map(|sha256| Digest::Whole(ContentDigest::Sha256(sha256))),
         40 => {
             let mut id = [0u8; 20];
             hex::decode_to_slice(blob, &mut id).ok()?;

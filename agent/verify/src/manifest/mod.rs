@@ -64,18 +64,122 @@ impl<'de> Deserialize<'de> for Sha256 {
     }
 }
 
+/// The hash functions a manifest may pin content with: SHA-256 in every format; BLAKE3 and BLAKE2b
+/// (512-bit) as model_signing 1.1 signs with them (`hashing_algorithm: blake3 | blake2`), and
+/// BLAKE3 in native manifests (`mlnode-agent manifest --hash blake3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HashAlgorithm {
+    Sha256,
+    Blake3,
+    Blake2b,
+}
+
+impl HashAlgorithm {
+    /// The name manifests use: model_signing's `algorithm` (and the key in a native entry).
+    pub fn name(self) -> &'static str {
+        match self {
+            HashAlgorithm::Sha256 => "sha256",
+            HashAlgorithm::Blake3 => "blake3",
+            HashAlgorithm::Blake2b => "blake2b",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<HashAlgorithm> {
+        [
+            HashAlgorithm::Sha256,
+            HashAlgorithm::Blake3,
+            HashAlgorithm::Blake2b,
+        ]
+        .into_iter()
+        .find(|a| a.name() == name)
+    }
+
+    fn digest_len(self) -> usize {
+        match self {
+            HashAlgorithm::Sha256 | HashAlgorithm::Blake3 => 32,
+            HashAlgorithm::Blake2b => 64,
+        }
+    }
+}
+
+/// A content digest under one of the [`HashAlgorithm`]s. A BLAKE2b digest is boxed, so that the
+/// million entries of a large manifest stay as small as SHA-256 alone keeps them.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum ContentDigest {
+    Sha256(Sha256),
+    Blake3([u8; 32]),
+    Blake2b(Box<[u8; 64]>),
+}
+
+impl ContentDigest {
+    pub fn algorithm(&self) -> HashAlgorithm {
+        match self {
+            ContentDigest::Sha256(_) => HashAlgorithm::Sha256,
+            ContentDigest::Blake3(_) => HashAlgorithm::Blake3,
+            ContentDigest::Blake2b(_) => HashAlgorithm::Blake2b,
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            ContentDigest::Sha256(sha256) => &sha256.0,
+            ContentDigest::Blake3(bytes) => bytes,
+            ContentDigest::Blake2b(bytes) => &bytes[..],
+        }
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.bytes())
+    }
+
+    /// Parses a digest of `algorithm` in the only spelling manifests may use: lower-case hex of
+    /// the algorithm's length.
+    pub fn parse_hex(algorithm: HashAlgorithm, text: &str) -> Result<ContentDigest, String> {
+        if algorithm == HashAlgorithm::Sha256 {
+            return Sha256::parse_hex(text).map(ContentDigest::Sha256);
+        }
+        let (name, len) = (algorithm.name().to_uppercase(), algorithm.digest_len());
+        if text.len() != 2 * len || text.chars().any(|c| !matches!(c, '0'..='9' | 'a'..='f')) {
+            return Err(format!(
+                "a {name} digest is {} lower-case hex digits, found {text:?}",
+                2 * len
+            ));
+        }
+        let bytes = hex::decode(text).map_err(|e| e.to_string())?;
+        Ok(match algorithm {
+            HashAlgorithm::Blake3 => ContentDigest::Blake3(bytes.try_into().unwrap_or([0; 32])),
+            _ => ContentDigest::Blake2b(Box::new(bytes.try_into().unwrap_or([0; 64]))),
+        })
+    }
+
+    /// The digest of `algorithm` a hasher computed (`bytes` of the algorithm's length).
+    pub fn from_bytes(algorithm: HashAlgorithm, bytes: &[u8]) -> Option<ContentDigest> {
+        Some(match algorithm {
+            HashAlgorithm::Sha256 => ContentDigest::Sha256(Sha256(bytes.try_into().ok()?)),
+            HashAlgorithm::Blake3 => ContentDigest::Blake3(bytes.try_into().ok()?),
+            HashAlgorithm::Blake2b => ContentDigest::Blake2b(Box::new(bytes.try_into().ok()?)),
+        })
+    }
+}
+
+impl fmt::Debug for ContentDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.algorithm().name(), self.to_hex())
+    }
+}
+
 /// One byte range of a file and the digest of exactly those bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shard {
     pub start: u64,
     pub end: u64,
-    pub sha256: Sha256,
+    pub digest: ContentDigest,
 }
 
 /// How a file's content is pinned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Digest {
-    Whole(Sha256),
+    Whole(ContentDigest),
     /// Contiguous ranges from offset 0 to the file's size, in order. Each is hashed on its own, so
     /// one large file can keep every core busy.
     Shards(Vec<Shard>),
@@ -90,9 +194,9 @@ impl Digest {
     /// The name a Hugging Face cache stores a file with this digest under, in `blobs/`.
     pub fn blob_name(&self) -> Option<String> {
         match self {
-            Digest::Whole(sha256) => Some(sha256.to_hex()),
+            Digest::Whole(ContentDigest::Sha256(sha256)) => Some(sha256.to_hex()),
             Digest::GitBlob(id) => Some(hex::encode(id)),
-            Digest::Shards(_) | Digest::Unaddressed => None,
+            Digest::Whole(_) | Digest::Shards(_) | Digest::Unaddressed => None,
         }
     }
 }
@@ -133,6 +237,10 @@ pub struct Manifest {
     /// (`allow_symlinks`, false unless it says true, as model_signing verifies); a native manifest
     /// allows those that stay inside ROOT.
     pub allow_symlinks: bool,
+    /// A bundle's root digest: the SHA-256 over its resources' digests in order, the in-toto
+    /// subject its signature binds (model_signing's `digest`), checked against the resources before
+    /// the manifest is made. It ties a verified cache to an attestation of the same subject.
+    pub root_digest: Option<Sha256>,
 }
 
 impl Manifest {
@@ -151,6 +259,7 @@ impl Manifest {
             files,
             ignore_paths: Vec::new(),
             allow_symlinks: true,
+            root_digest: None,
         }
     }
 
@@ -536,6 +645,40 @@ fn describe_json_error(e: &serde_json::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each algorithm's digest in the one spelling manifests may use: lower-case hex of its
+    /// length; a SHA-256-length BLAKE2b digest or upper case is refused, not padded or folded.
+    #[test]
+    fn content_digests_parse_strictly_per_algorithm() {
+        let blake3 = ContentDigest::parse_hex(HashAlgorithm::Blake3, &"ab".repeat(32)).unwrap();
+        assert_eq!(blake3.algorithm(), HashAlgorithm::Blake3);
+        assert_eq!(blake3.to_hex(), "ab".repeat(32));
+        let blake2b = ContentDigest::parse_hex(HashAlgorithm::Blake2b, &"cd".repeat(64)).unwrap();
+        assert_eq!(blake2b.bytes().len(), 64);
+        for (algorithm, text) in [
+            (HashAlgorithm::Blake2b, "cd".repeat(32)),
+            (HashAlgorithm::Blake3, "AB".repeat(32)),
+            (HashAlgorithm::Blake3, "ab".repeat(31)),
+        ] {
+            assert!(
+                ContentDigest::parse_hex(algorithm, &text).is_err(),
+                "{algorithm:?} {text}"
+            );
+        }
+        assert_eq!(
+            HashAlgorithm::from_name("blake2b"),
+            Some(HashAlgorithm::Blake2b)
+        );
+        assert_eq!(
+            HashAlgorithm::from_name("blake2"),
+            None,
+            "model_signing's option, not its name"
+        );
+        assert!(
+            std::mem::size_of::<Digest>() <= 40,
+            "a manifest entry's digest stays as small as SHA-256 alone kept it"
+        );
+    }
 
     #[test]
     fn files_are_found_by_path_and_by_directory_without_an_index() {

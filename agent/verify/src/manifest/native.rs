@@ -1,4 +1,5 @@
-//! The native manifest: `{"revision": "<rev>", "files": {"<path>": "<sha256>" | {"sha256", "size"}}}`.
+//! The native manifest: `{"revision": "<rev>", "files": {"<path>": "<sha256>" | {"sha256" | "blake3",
+//! "size"}}}`.
 //!
 //! It is what `mlnode-agent manifest` writes and what a release pipeline publishes next to the
 //! weights. Parsing is strict: unknown keys, duplicate paths and digests in any spelling but 64
@@ -12,7 +13,8 @@ use serde::de::{self, Deserializer, MapAccess};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    parse_json_from, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256,
+    parse_json_from, ContentDigest, Digest, ExpectedFile, HashAlgorithm, Manifest, ManifestError,
+    ManifestFormat, Sha256,
 };
 
 #[derive(Deserialize)]
@@ -41,7 +43,7 @@ impl<'de> Deserialize<'de> for NativeFiles {
                     files.push(ExpectedFile {
                         path: path.into(),
                         size: entry.size,
-                        digest: Digest::Whole(entry.sha256),
+                        digest: Digest::Whole(entry.digest),
                     });
                 }
                 Ok(NativeFiles(files))
@@ -51,9 +53,10 @@ impl<'de> Deserialize<'de> for NativeFiles {
     }
 }
 
-/// A file entry: either the digest alone or `{"sha256", "size"}`.
+/// A file entry: either its SHA-256 alone, or `{"sha256": ..., "size": ...}`, or
+/// `{"blake3": ..., "size": ...}` (`mlnode-agent manifest --hash blake3`).
 struct NativeEntry {
-    sha256: Sha256,
+    digest: ContentDigest,
     size: Option<u64>,
 }
 
@@ -63,22 +66,38 @@ impl<'de> Deserialize<'de> for NativeEntry {
         impl<'de> de::Visitor<'de> for Visitor {
             type Value = NativeEntry;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a SHA-256 hex string or an object {\"sha256\": ..., \"size\": ...}")
+                f.write_str("a SHA-256 hex string or an object {\"sha256\" or \"blake3\": ..., \"size\": ...}")
             }
             fn visit_str<E: de::Error>(self, text: &str) -> Result<NativeEntry, E> {
                 let sha256 = Sha256::parse_hex(text).map_err(E::custom)?;
-                Ok(NativeEntry { sha256, size: None })
+                Ok(NativeEntry {
+                    digest: ContentDigest::Sha256(sha256),
+                    size: None,
+                })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<NativeEntry, A::Error> {
                 #[derive(Deserialize)]
                 #[serde(deny_unknown_fields)]
                 struct Detailed {
-                    sha256: Sha256,
+                    sha256: Option<Sha256>,
+                    blake3: Option<String>,
                     size: u64,
                 }
                 let detailed = Detailed::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let digest = match (detailed.sha256, detailed.blake3) {
+                    (Some(sha256), None) => ContentDigest::Sha256(sha256),
+                    (None, Some(blake3)) => {
+                        ContentDigest::parse_hex(HashAlgorithm::Blake3, &blake3)
+                            .map_err(de::Error::custom)?
+                    }
+                    _ => {
+                        return Err(de::Error::custom(
+                            "an entry has one digest: \"sha256\" or \"blake3\"",
+                        ))
+                    }
+                };
                 Ok(NativeEntry {
-                    sha256: detailed.sha256,
+                    digest,
                     size: Some(detailed.size),
                 })
             }
@@ -131,6 +150,43 @@ pub struct NativeManifestOut {
 
 #[derive(Serialize)]
 pub struct NativeEntryOut {
-    pub sha256: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blake3: Option<String>,
     pub size: u64,
+}
+
+/// The hashes a native manifest records a file's content with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum NativeHash {
+    #[default]
+    Sha256,
+    /// Several times faster to verify on the same cores.
+    Blake3,
+}
+
+impl NativeHash {
+    pub fn algorithm(self) -> HashAlgorithm {
+        match self {
+            NativeHash::Sha256 => HashAlgorithm::Sha256,
+            NativeHash::Blake3 => HashAlgorithm::Blake3,
+        }
+    }
+}
+
+impl NativeEntryOut {
+    /// The entry for a file of `size` bytes whose `hash` digest is `hex`.
+    pub fn new(hash: NativeHash, hex: String, size: u64) -> NativeEntryOut {
+        let (sha256, blake3) = match hash {
+            NativeHash::Sha256 => (Some(hex), None),
+            NativeHash::Blake3 => (None, Some(hex)),
+        };
+        NativeEntryOut {
+            sha256,
+            blake3,
+            size,
+        }
+    }
 }

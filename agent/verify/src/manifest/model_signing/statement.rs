@@ -10,7 +10,8 @@ use serde::Deserialize;
 use sha2::Digest as _;
 
 use crate::manifest::{
-    parse_json, Digest, ExpectedFile, Manifest, ManifestError, ManifestFormat, Sha256, Shard,
+    parse_json, ContentDigest, Digest, ExpectedFile, HashAlgorithm, Manifest, ManifestError,
+    ManifestFormat, Sha256, Shard,
 };
 
 const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
@@ -139,14 +140,19 @@ pub(super) fn to_manifest(path: &Path, statement: Statement) -> Result<Manifest,
         .iter()
         .enumerate()
         .map(|(index, resource)| {
-            let supported = match method {
-                "files" => resource.algorithm == "sha256",
-                _ => resource.algorithm.starts_with("sha256-sharded-"),
+            // `sha256`, `blake3`, `blake2b` for files; `<that>-sharded-<shard size>` for shards.
+            let name = match method {
+                "files" => Some(resource.algorithm.as_str()),
+                _ => resource
+                    .algorithm
+                    .split_once("-sharded-")
+                    .filter(|(_, size)| size.parse::<u64>().is_ok())
+                    .map(|(name, _)| name),
             };
-            if !supported {
+            let Some(algorithm) = name.and_then(HashAlgorithm::from_name) else {
                 return Err(unsupported_algorithm(path, index, &resource.algorithm));
-            }
-            Sha256::parse_hex(&resource.digest).map_err(|reason| {
+            };
+            ContentDigest::parse_hex(algorithm, &resource.digest).map_err(|reason| {
                 ManifestError::invalid(
                     path,
                     at_payload(&format!("predicate.resources[{index}].digest")),
@@ -154,10 +160,12 @@ pub(super) fn to_manifest(path: &Path, statement: Statement) -> Result<Manifest,
                 )
             })
         })
-        .collect::<Result<Vec<Sha256>, ManifestError>>()?;
+        .collect::<Result<Vec<ContentDigest>, ManifestError>>()?;
+    // The subject is SHA-256 over the resources' digests in order, whatever hashed the files
+    // (model_signing's `_manifest_to_statement`).
     let mut root = sha2::Sha256::new();
     for digest in &digests {
-        root.update(digest.0);
+        root.update(digest.bytes());
     }
     let computed = Sha256(root.finalize().into());
     if computed != subject.digest.sha256 {
@@ -181,6 +189,7 @@ pub(super) fn to_manifest(path: &Path, statement: Statement) -> Result<Manifest,
         _ => shards_manifest(path, resources, &digests)?,
     };
     manifest.allow_symlinks = serialization.allow_symlinks;
+    manifest.root_digest = Some(computed);
     manifest.ignore_paths = serialization
         .ignore_paths
         .iter()
@@ -193,7 +202,7 @@ pub(super) fn to_manifest(path: &Path, statement: Statement) -> Result<Manifest,
 fn files_manifest(
     path: &Path,
     resources: &[Resource],
-    digests: &[Sha256],
+    digests: &[ContentDigest],
 ) -> Result<Manifest, ManifestError> {
     let mut seen = HashMap::new();
     let mut files = Vec::with_capacity(resources.len());
@@ -208,7 +217,7 @@ fn files_manifest(
         files.push(ExpectedFile {
             path: resource.name.clone().into(),
             size: None,
-            digest: Digest::Whole(*digest),
+            digest: Digest::Whole(digest.clone()),
         });
     }
     Ok(Manifest::signed(ManifestFormat::ModelSigningFiles, files))
@@ -217,7 +226,7 @@ fn files_manifest(
 fn shards_manifest(
     path: &Path,
     resources: &[Resource],
-    digests: &[Sha256],
+    digests: &[ContentDigest],
 ) -> Result<Manifest, ManifestError> {
     let mut order: Vec<&str> = Vec::new();
     let mut by_file: HashMap<&str, Vec<Shard>> = HashMap::new();
@@ -252,7 +261,7 @@ fn shards_manifest(
         shards.push(Shard {
             start,
             end,
-            sha256: *digest,
+            digest: digest.clone(),
         });
     }
 
@@ -287,6 +296,6 @@ fn unsupported_algorithm(path: &Path, index: usize, algorithm: &str) -> Manifest
     ManifestError::invalid(
         path,
         format!("$[\"dsseEnvelope\"][\"payload\"] (decoded) $.predicate.resources[{index}].algorithm"),
-        format!("unsupported hash algorithm {algorithm:?}; only sha256 bundles are verified (sign with hash_type sha256)"),
+        format!("unsupported hash algorithm {algorithm:?}; bundles hashed with sha256, blake3 or blake2b (model_signing's hashing_algorithm) are verified"),
     )
 }
