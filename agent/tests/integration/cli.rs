@@ -149,11 +149,14 @@ fn unreadable_manifest_and_missing_root_exit_2() {
     assert!(out.stderr.contains("/nonexistent/model"), "{}", out.stderr);
 }
 
-#[test]
-fn manifest_command_output_verifies_the_same_tree() {
-    let model = PlainModel::new();
+/// What `mlnode-agent manifest <args> ROOT` writes for `model`, parsed, and the file it is in.
+fn write_manifest(
+    model: &PlainModel,
+    args: &[&str],
+) -> (serde_json::Value, tempfile::TempDir, PathBuf) {
     let output = agent()
-        .args(["manifest", "--revision", "r7"])
+        .arg("manifest")
+        .args(args)
         .arg(model.root())
         .output()
         .unwrap();
@@ -162,11 +165,18 @@ fn manifest_command_output_verifies_the_same_tree() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let written: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let written = serde_json::from_slice(&output.stdout).unwrap();
+    let (guard, manifest) = write_temp(&String::from_utf8(output.stdout).unwrap());
+    (written, guard, manifest)
+}
+
+#[test]
+fn manifest_command_output_verifies_the_same_tree() {
+    let model = PlainModel::new();
+    let (written, _guard, manifest) = write_manifest(&model, &["--revision", "r7"]);
     let expected: serde_json::Value =
         serde_json::from_str(&model.manifest_json("r7", true)).unwrap();
     assert_eq!(written, expected);
-    let (_guard, manifest) = write_temp(&String::from_utf8(output.stdout).unwrap());
     assert_eq!(verify(model.root(), &manifest, &[]).code, 0);
 }
 
@@ -175,17 +185,7 @@ fn manifest_command_output_verifies_the_same_tree() {
 #[test]
 fn a_blake3_manifest_verifies_and_catches_a_change() {
     let model = PlainModel::new();
-    let output = agent()
-        .args(["manifest", "--hash", "blake3"])
-        .arg(model.root())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let written: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (written, _guard, manifest) = write_manifest(&model, &["--hash", "blake3"]);
     let (name, entry) = written["files"].as_object().unwrap().iter().next().unwrap();
     let content = std::fs::read(model.path(name)).unwrap();
     assert_eq!(
@@ -194,7 +194,6 @@ fn a_blake3_manifest_verifies_and_catches_a_change() {
         "the BLAKE3 of {name}, as the blake3 crate's reference computes it"
     );
     assert!(entry.get("sha256").is_none());
-    let (_guard, manifest) = write_temp(&String::from_utf8(output.stdout).unwrap());
     assert_eq!(verify(model.root(), &manifest, &[]).code, 0);
     let mut changed = content.clone();
     changed[0] ^= 1;
