@@ -23,7 +23,7 @@ pub struct Kubelet {
 
 impl Component for Kubelet {
     fn about(&self) -> About {
-        About::helper("pod labels on device series")
+        About::helper("kubelet pod-resources poller")
     }
 
     fn start<'a>(

@@ -297,8 +297,12 @@ nodeSelector: {pool: inference}
         "mlnode-system".into(),
         "mlnode-agent-config".into(),
     )];
-    let config: Value =
-        serde_saphyr::from_str(config["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let text = config["data"]["config.yaml"].as_str().unwrap();
+    let config: Value = serde_saphyr::from_str(text).unwrap();
+    // The merged config is one the agent starts with.
+    let (_dir, file) = common::write_temp(text);
+    let loaded = mlnode_agent::config::load(Some(&file), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(*loaded.verify.threads, 4);
     assert_eq!(config["models"].as_array().unwrap().len(), 1);
     assert_eq!(config["models"][0]["name"], "qwen");
     assert_eq!(config["verify"]["threads"], 4);
