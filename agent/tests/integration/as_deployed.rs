@@ -844,14 +844,15 @@ fn gpu_node_with(components: &[&str], uid: u32) -> Result<GpuNode, String> {
     gpu_node_from(kustomize::render_with("overlays/gpu", components)?, uid)
 }
 
-/// The objects the Helm chart renders with `values` that a GPU node runs: all but the Neuron
-/// DaemonSet, whose affinity keeps it off GPU nodes.
-fn charted_for_a_gpu_node(values: &str) -> Result<Vec<Value>, String> {
+/// The objects the Helm chart renders with `values` that a `kind` node (gpu, neuron) runs: all
+/// but the other kind's DaemonSet, whose affinity keeps it off this node.
+fn charted_for(kind: &str, values: &str) -> Result<Vec<Value>, String> {
     let objects = common::helm::render(values)?
         .unwrap_or_else(|refused| panic!("helm template refused {values:?}: {refused}"));
+    let ours = format!("mlnode-agent-{kind}");
     Ok(objects
         .into_iter()
-        .filter(|o| !(o["kind"] == "DaemonSet" && o["metadata"]["name"] == "mlnode-agent-neuron"))
+        .filter(|o| o["kind"] != "DaemonSet" || o["metadata"]["name"] == ours.as_str())
         .collect())
 }
 
@@ -921,7 +922,7 @@ fn the_gpu_overlay_with_the_startup_taint_runs_as_deployed() {
 #[test]
 fn the_charts_gpu_daemonset_with_the_startup_taint_runs_as_deployed() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
-    let objects = common::needs!(charted_for_a_gpu_node("startupTaint: {enabled: true}"));
+    let objects = common::needs!(charted_for("gpu", "startupTaint: {enabled: true}"));
     runs_as_deployed_with_the_startup_taint(common::needs!(gpu_node_from(objects, 0)));
 }
 
@@ -1053,6 +1054,17 @@ fn the_non_root_component_runs_without_pod_labels_and_says_why() {
 #[test]
 fn the_neuron_overlay_runs_as_deployed_and_requires_the_driver() {
     let objects = common::needs!(kustomize::render_with("overlays/neuron", &[]));
+    neuron_runs_as_deployed(objects);
+}
+
+/// The chart's Neuron DaemonSet, as the kubelet would start it on an Inf2 node: the same run as
+/// the overlay's, on the chart's RBAC, admission policy and ConfigMaps.
+#[test]
+fn the_charts_neuron_daemonset_runs_as_deployed_and_requires_the_driver() {
+    neuron_runs_as_deployed(common::needs!(charted_for("neuron", "")));
+}
+
+fn neuron_runs_as_deployed(objects: Vec<Value>) {
     common::needs!(container::supported());
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
     let mut node = gpu_node(NODE);
