@@ -31,7 +31,7 @@ impl Component for Kubelet {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
-            let devices = cx.devices.clone();
+            let devices = std::mem::take(&mut cx.devices);
             if devices.resources.is_empty() && devices.dra_drivers.is_empty() {
                 return Err(NotStarted::Absent(
                     "no device collector runs, so there are no devices to label".into(),

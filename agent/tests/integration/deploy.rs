@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use assert_cmd::cargo::CommandCargoExt;
-use common::kustomize::daemonset;
+use common::kustomize::{daemonset, id};
 use common::PlainModel;
 
 fn deploy_dir() -> PathBuf {
@@ -425,19 +425,6 @@ fn the_gpu_and_neuron_overlays_share_a_cluster_overwriting_nothing() {
     let (Some(gpu), Some(neuron)) = (render("overlays/gpu", &[]), render("overlays/neuron", &[]))
     else {
         return;
-    };
-    let id = |o: &serde_json::Value| {
-        (
-            o["kind"].as_str().unwrap_or_default().to_string(),
-            o["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        )
     };
     for object in &gpu {
         if let Some(same) = neuron.iter().find(|o| id(o) == id(object)) {

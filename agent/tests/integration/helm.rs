@@ -9,19 +9,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::helm::{chart_dir, helm};
-use common::kustomize::{self, deploy_dir};
+use common::kustomize::{self, deploy_dir, id};
 use serde_json::Value;
 
 type Id = (String, String, String);
-
-fn id(o: &Value) -> Id {
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-    (
-        text(&o["kind"]),
-        text(&o["metadata"]["namespace"]),
-        text(&o["metadata"]["name"]),
-    )
-}
 
 /// An object as both must agree on it: without the labels Helm adds (kustomize's are checked to
 /// be among them), the pull policy Helm sets, the agent's config parsed, not as text, and PromQL

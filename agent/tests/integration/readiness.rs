@@ -17,9 +17,23 @@ use serde_json::json;
 const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
 
 fn start(api: &FakeApiServer, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
+    let readiness =
+        "  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n";
+    start_with(api, readiness, model.root(), manifest, extra)
+}
+
+/// The agent with the readiness settings `readiness` (indented lines of its section) and the
+/// model `llama` at `root`, against `api`.
+fn start_with(
+    api: &FakeApiServer,
+    readiness: &str,
+    root: &Path,
+    manifest: &Path,
+    extra: &str,
+) -> Agent {
     let config = format!(
-        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n{extra}{}",
-        common::agent::model_config("llama", model.root(), manifest)
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n{readiness}{extra}{}",
+        common::agent::model_config("llama", root, manifest)
     );
     // MLNODE_NODE_NAME overrides the harness's node_name: the agent acts on the node it runs on.
     Agent::start_with_env(
@@ -397,16 +411,12 @@ fn a_verdict_is_written_when_the_verification_ends_not_a_round_later() {
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let later = tempfile::tempdir().unwrap();
     let root = later.path().join("llama");
-    let config = format!(
-        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 1h\n  heartbeat: 1h\n{}",
-        common::agent::model_config("llama", &root, &manifest)
-    );
-    let _agent = Agent::start_with_env(
-        &config,
-        &[
-            ("KUBECONFIG", &api.kubeconfig()),
-            ("MLNODE_NODE_NAME", Path::new(NODE)),
-        ],
+    let _agent = start_with(
+        &api,
+        "  interval: 1h\n  heartbeat: 1h\n",
+        &root,
+        &manifest,
+        "",
     );
     wait_until("the first round", Duration::from_secs(20), || {
         api.condition("ModelCacheVerified")["status"] == "False"

@@ -91,6 +91,16 @@ fn relative_path(from: &Path, to: &Path) -> String {
     path.display().to_string()
 }
 
+/// What names an object in a cluster: its kind, namespace and name (empty where it has none).
+pub fn id(o: &Value) -> (String, String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (
+        text(&o["kind"]),
+        text(&o["metadata"]["namespace"]),
+        text(&o["metadata"]["name"]),
+    )
+}
+
 /// The agent's one DaemonSet in an overlay's objects (`mlnode-agent-gpu`, `mlnode-agent-neuron`).
 pub fn daemonset(objects: &[Value]) -> &Value {
     let found: Vec<&Value> = objects

@@ -146,14 +146,12 @@ impl ContentDigest {
             ));
         }
         let bytes = hex::decode(text).map_err(|e| e.to_string())?;
-        Ok(match algorithm {
-            HashAlgorithm::Blake3 => ContentDigest::Blake3(bytes.try_into().unwrap_or([0; 32])),
-            _ => ContentDigest::Blake2b(Box::new(bytes.try_into().unwrap_or([0; 64]))),
-        })
+        ContentDigest::from_bytes(algorithm, &bytes)
+            .ok_or_else(|| format!("{text:?} is not a {name} digest"))
     }
 
-    /// The digest of `algorithm` a hasher computed (`bytes` of the algorithm's length).
-    pub fn from_bytes(algorithm: HashAlgorithm, bytes: &[u8]) -> Option<ContentDigest> {
+    /// The digest of `algorithm` in `bytes`, None unless they are the algorithm's length.
+    fn from_bytes(algorithm: HashAlgorithm, bytes: &[u8]) -> Option<ContentDigest> {
         Some(match algorithm {
             HashAlgorithm::Sha256 => ContentDigest::Sha256(Sha256(bytes.try_into().ok()?)),
             HashAlgorithm::Blake3 => ContentDigest::Blake3(bytes.try_into().ok()?),
