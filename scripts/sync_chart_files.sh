@@ -11,5 +11,6 @@ for file in config.yaml daemonset.yaml podmonitor.yaml prometheusrule.yaml rbac.
     cp "deploy/daemonset/base/$file" "$chart/base/$file"
 done
 cp deploy/daemonset/components/startup-taint/rbac.yaml "$chart/base/startup-taint-rbac.yaml"
+cp deploy/daemonset/components/model-labels/rbac.yaml "$chart/base/model-labels-rbac.yaml"
 cp deploy/daemonset/components/servicemonitor/service.yaml "$chart/base/servicemonitor.yaml"
 cp dashboards/*.json "$chart/dashboards/"

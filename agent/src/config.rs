@@ -276,7 +276,45 @@ pub fn load_with_sources(
         config.node_name = name;
         sources.node_name = Some(origin);
     }
+    model_labels_possible(&config, &sources)?;
     Ok((config, sources))
+}
+
+/// With `readiness.model_labels`, each model's name must be able to be a node label's name (and
+/// a configured revision its value): refused at start, naming the model, not found out at the
+/// first write.
+fn model_labels_possible(config: &Config, sources: &Sources) -> Result<(), ConfigError> {
+    use crate::readiness::labels::{label_syntax_problem, MODEL_LABEL_PREFIX};
+    if !config.readiness.model_labels {
+        return Ok(());
+    }
+    for (i, model) in config.models.iter().enumerate() {
+        let problems = [
+            ("name", label_syntax_problem(&model.name, true)),
+            (
+                "revision",
+                model
+                    .revision
+                    .as_deref()
+                    .and_then(|r| label_syntax_problem(r, false)),
+            ),
+        ];
+        if let Some((field, problem)) = problems.into_iter().find_map(|(f, p)| Some((f, p?))) {
+            let key = format!("models[{i}].{field}");
+            let reason = format!(
+                "model {:?}: its {field} cannot be a node label {}{} ({problem}); readiness.model_labels is on. Serve it under a label-safe name, or turn model_labels off",
+                model.name,
+                MODEL_LABEL_PREFIX,
+                if field == "name" { "<name>" } else { "<name>=<revision>" },
+            );
+            return Err(ConfigError::Invalid {
+                origin: sources.origin_of(&key, &reason),
+                key,
+                reason,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `models` and `[1].name` make `models[1].name`; `readiness` and `interval`,
@@ -423,6 +461,24 @@ mod tests {
             Duration::from_secs(12 * 3600)
         );
         assert_eq!(*config.verify.threads, 0);
+    }
+
+    #[test]
+    fn with_model_labels_a_name_that_cannot_be_a_label_is_refused_naming_the_model() {
+        let hf_name = "models:\n  - name: meta-llama/Llama-3.1-8B\n    root: /models/llama\n    manifest: /m/llama.json\n";
+        assert!(from_yaml(hf_name, &[]).is_ok(), "fine without labels");
+        let on = [Override::from_flag("readiness.model_labels=true").unwrap()];
+        let error = from_yaml(hf_name, &on).unwrap_err().to_string();
+        assert!(
+            error.contains("models[0].name")
+                && error.contains("\"meta-llama/Llama-3.1-8B\"")
+                && error.contains("'/'"),
+            "{error}"
+        );
+        let revision = format!("{ONE_MODEL}    revision: refs/pr/1\n");
+        let error = from_yaml(&revision, &on).unwrap_err().to_string();
+        assert!(error.contains("models[0].revision"), "{error}");
+        assert!(from_yaml(ONE_MODEL, &on).unwrap().readiness.model_labels);
     }
 
     #[test]

@@ -10,8 +10,8 @@ use crate::cache::priority::Hashers;
 use crate::cache::state::NodeFacts;
 use crate::cache::watch::FileWatch;
 use crate::components::{
-    gpu::Gpu, kubelet::Kubelet, models::Models, neuron::Neuron, readiness::Readiness,
-    startup::Startup,
+    gpu::Gpu, kubelet::Kubelet, models::Models, neuron::Neuron, pod_gates::PodGates,
+    readiness::Readiness, startup::Startup,
 };
 use crate::config::{Config, ModelConfig};
 use crate::metrics::{AgentMetrics, Subsystem};
@@ -69,6 +69,10 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         Box::new(Readiness {
             settings: config.readiness.clone(),
             node_taint: node.taint.clone(),
+        }),
+        Box::new(PodGates {
+            settings: config.readiness.clone(),
+            mounts: config.models.iter().map(ModelConfig::mount).collect(),
         }),
         Box::new(Kubelet {
             socket: kubelet.pod_resources_socket.clone(),

@@ -2,8 +2,14 @@
 //!
 //! - [`kubelet`]: which container holds which device (the pod-resources API, DRA slices);
 //! - [`startup`]: each inference pod's startup phases, from its Pod and Events;
-//! - [`readiness`]: the node's conditions, its startup taint and the repair condition.
+//! - [`readiness`]: the node's conditions, its startup taint and the repair condition;
+//! - [`workloads`]: each pod's readiness gate on its own model, and writable cache mounts;
+//! - [`models`]: where each configured model's cache is, as pods mount it.
 
+mod events;
 pub mod kubelet;
+pub mod models;
 pub mod readiness;
 pub mod startup;
+mod watch;
+pub mod workloads;

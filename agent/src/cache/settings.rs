@@ -7,10 +7,10 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::manifest::{SignerFields, TrustPolicy};
+use crate::models::ModelMount;
 use crate::settings::{
     bounds, days, invalid_field, millis, minutes, seconds, NumberOrText, Within,
 };
-use crate::startup::tracker::ModelMount;
 
 /// A model to keep verified. Read whole or refused: a model without a name, a root or a manifest,
 /// or with contradicting signers, is never built.
@@ -83,7 +83,8 @@ impl ModelConfig {
     pub fn mount(&self) -> ModelMount {
         ModelMount {
             name: self.name.clone(),
-            host_path: self.host_path.clone().unwrap_or_else(|| self.root.clone()),
+            root: self.root.clone(),
+            host_path: self.host_path.clone(),
             pvc: self.pvc.clone(),
         }
     }

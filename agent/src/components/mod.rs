@@ -5,6 +5,7 @@ pub mod gpu;
 pub mod kubelet;
 pub mod models;
 pub mod neuron;
+pub mod pod_gates;
 pub mod readiness;
 pub mod startup;
 

@@ -4,9 +4,10 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use super::kube_for;
+use crate::models::ModelMount;
 use crate::startup::loads::LoadActivity;
 use crate::startup::settings::StartupSettings;
-use crate::startup::tracker::{ModelMount, StartupMetrics, Tracker};
+use crate::startup::tracker::{StartupMetrics, Tracker};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
 

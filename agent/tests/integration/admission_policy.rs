@@ -1,7 +1,8 @@
-//! The ValidatingAdmissionPolicy in deploy/daemonset, evaluated with a CEL engine over a table of
-//! admission requests shaped as the API server builds them: the agent's own condition and taint
-//! changes pass; another node, a kubelet condition, a foreign taint, labels, capacity and cordoning
-//! are denied; requests from anyone else are not this policy's business.
+//! The ValidatingAdmissionPolicies in deploy/daemonset, evaluated with a CEL engine over a table of
+//! admission requests shaped as the API server builds them: the agent's own condition, taint and
+//! `models.mlnode.dev/` label changes pass; another node, a kubelet condition, a foreign taint or
+//! label, capacity and cordoning are denied; on pods, only the `mlnode.dev/` conditions of its own
+//! node's pods pass; requests from anyone else are not the policies' business.
 
 use crate::common;
 
@@ -12,12 +13,19 @@ use serde_json::{json, Value};
 const AGENT: &str = "system:serviceaccount:mlnode-system:mlnode-agent";
 const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
 
-fn policy() -> Value {
+/// The policy named `name` in the base file.
+fn policy_named(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/daemonset/base/validating-admission-policy.yaml");
     let text = std::fs::read_to_string(path).unwrap();
-    let first = text.split("\n---\n").next().unwrap();
-    serde_saphyr::from_str(first).unwrap()
+    text.split("\n---\n")
+        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+        .find(|o| o["kind"] == "ValidatingAdmissionPolicy" && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no policy {name}"))
+}
+
+fn policy() -> Value {
+    policy_named("mlnode-agent-own-node")
 }
 
 fn node() -> Value {
@@ -152,13 +160,38 @@ fn only_the_agents_own_taint_may_change() {
 }
 
 #[test]
-fn labels_annotations_and_cordoning_are_denied() {
+fn only_the_agents_model_labels_may_change() {
     let old = node();
+    let mut ours = node();
+    ours["metadata"]["labels"]["models.mlnode.dev/llama-3.1-8b"] =
+        json!("0e9e39f249a16976918f6564b8830bc894c89659");
+    assert_eq!(admit(request(AGENT, Some(NODE), ""), &old, &ours), Ok(()));
+    assert_eq!(
+        admit(request(AGENT, Some(NODE), ""), &ours, &old),
+        Ok(()),
+        "and removed"
+    );
     let mut label = node();
     label["metadata"]["labels"]["nvidia.com/gpu.present"] = json!("false");
     assert!(admit(request(AGENT, Some(NODE), ""), &old, &label)
         .unwrap_err()
-        .contains("labels"));
+        .contains("own node labels"));
+    let mut removed = node();
+    removed["metadata"]["labels"] = json!({});
+    assert!(admit(request(AGENT, Some(NODE), ""), &old, &removed).is_err());
+    let mut changed = node();
+    changed["metadata"]["labels"]["kubernetes.io/hostname"] = json!("other");
+    assert!(admit(request(AGENT, Some(NODE), ""), &old, &changed).is_err());
+}
+
+#[test]
+fn annotations_and_cordoning_are_denied() {
+    let old = node();
+    let mut annotated = node();
+    annotated["metadata"]["annotations"]["example.com/x"] = json!("1");
+    assert!(admit(request(AGENT, Some(NODE), ""), &old, &annotated)
+        .unwrap_err()
+        .contains("annotations"));
     let mut cordon = node();
     cordon["spec"]["unschedulable"] = json!(true);
     assert!(admit(request(AGENT, Some(NODE), ""), &old, &cordon)
@@ -222,4 +255,81 @@ fn the_repair_condition_component_allows_exactly_that_type_more() {
     assert!(env.contains(
         &json!({"name": "MLNODE_READINESS__REPAIR_CONDITION", "value": "AcceleratedHardwareReady"})
     ));
+}
+
+/// A vLLM pod on `node`, as the API server stores it (common::pods), with the readiness gate.
+fn gated_pod(node: &str) -> Value {
+    common::pods::gated_vllm_pod("u1", "vllm-0", node, "/var/lib/models", json!({}))
+}
+
+fn with_pod_condition(mut pod: Value, condition: Value) -> Value {
+    pod["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(condition);
+    pod
+}
+
+fn admit_pod(claim: Option<&str>, old: &Value, new: &Value) -> Result<(), String> {
+    let policy = policy_named("mlnode-agent-own-pods");
+    assert!(common::admission::matches(&policy, "UPDATE", "pods/status"));
+    common::admission::admit(&policy, request(AGENT, claim, "status"), old, new)
+}
+
+#[test]
+fn the_agent_may_write_its_own_condition_on_its_own_nodes_pods_only() {
+    let verified = json!({"type": "mlnode.dev/ModelVerified", "status": "True", "reason": "ModelVerified", "message": "model llama verified"});
+    let old = gated_pod(NODE);
+    let new = with_pod_condition(gated_pod(NODE), verified.clone());
+    assert_eq!(admit_pod(Some(NODE), &old, &new), Ok(()));
+    let other = "ip-10-0-9-99.us-east-2.compute.internal";
+    assert!(admit_pod(Some(other), &old, &new)
+        .unwrap_err()
+        .contains("pods bound to the node it runs on"));
+    let (old_there, new_there) = (
+        gated_pod(other),
+        with_pod_condition(gated_pod(other), verified),
+    );
+    assert!(
+        admit_pod(Some(NODE), &old_there, &new_there).is_err(),
+        "another node's pod"
+    );
+    assert!(admit_pod(None, &old, &new).is_err(), "no node claim");
+}
+
+#[test]
+fn a_pods_other_conditions_and_status_are_not_the_agents_to_change() {
+    let old = gated_pod(NODE);
+    let mut ready = gated_pod(NODE);
+    for condition in ready["status"]["conditions"].as_array_mut().unwrap() {
+        if condition["type"] == "Ready" {
+            condition["status"] = json!("True");
+        }
+    }
+    assert!(admit_pod(Some(NODE), &old, &ready)
+        .unwrap_err()
+        .contains("own pod condition types"));
+    let foreign = with_pod_condition(
+        gated_pod(NODE),
+        json!({"type": "example.com/Other", "status": "True"}),
+    );
+    assert!(
+        admit_pod(Some(NODE), &old, &foreign).is_err(),
+        "a foreign condition type"
+    );
+    let mut phase = gated_pod(NODE);
+    phase["status"]["phase"] = json!("Failed");
+    assert!(admit_pod(Some(NODE), &old, &phase)
+        .unwrap_err()
+        .contains("phase"));
+    let mut restarted = gated_pod(NODE);
+    restarted["status"]["containerStatuses"][0]["restartCount"] = json!(3);
+    assert!(admit_pod(Some(NODE), &old, &restarted)
+        .unwrap_err()
+        .contains("container statuses"));
+    let mut labelled = gated_pod(NODE);
+    labelled["metadata"]["labels"]["app"] = json!("other");
+    assert!(admit_pod(Some(NODE), &old, &labelled)
+        .unwrap_err()
+        .contains("labels"));
 }

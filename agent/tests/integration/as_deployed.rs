@@ -684,6 +684,47 @@ fn prepare_mount_points(rootfs: &Path, mounts: &[Mount]) {
     }
 }
 
+/// The agent's own pod as the API server stores it: the rendered DaemonSet's template, bound to
+/// the node (the agent derives its models' host paths from it).
+fn own_pod(objects: &[Value]) -> Value {
+    let ds = kustomize::daemonset(objects);
+    let (metadata, spec) = pod_template(objects);
+    let mut metadata = metadata.clone();
+    metadata["name"] = json!(POD);
+    metadata["namespace"] = ds["metadata"]["namespace"].clone();
+    metadata["uid"] = json!("a9c1e0f2-0000-4000-8000-00000000a9c1");
+    let mut spec = spec.clone();
+    spec["nodeName"] = json!(NODE);
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
+           "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+}
+
+/// A vLLM pod serving the base config's model from the node's model directory, with the model's
+/// readiness gate, mounting the directory read-only or not.
+fn gated_vllm_pod(uid: &str, name: &str, node: &str, read_only: bool) -> Value {
+    let annotations = json!({"mlnode.dev/model": "llama-3.1-8b"});
+    let mut pod = common::pods::gated_vllm_pod(uid, name, node, "/var/lib/models", annotations);
+    pod["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = json!(read_only);
+    pod
+}
+
+/// A client of the fake API server holding the agent's token, as a process in its pod would.
+fn as_the_agent(api: &FakeApiServer, token: &str) -> kube::Client {
+    use base64::Engine;
+    let body: String = api
+        .ca_pem()
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap();
+    let mut config = kube::Config::new(format!("https://{}", api.addr).parse().unwrap());
+    config.root_cert = Some(vec![der]);
+    config.auth_info.token = Some(token.to_string().into());
+    kube::Client::try_from(config).unwrap()
+}
+
 /// The fake API server as the rendered install authorizes it.
 fn api_server(objects: &[Value], node: Value, token: &str) -> FakeApiServer {
     let ds = kustomize::daemonset(objects);
@@ -836,6 +877,8 @@ struct GpuNode {
     agent: Running,
     node: Value,
     vllm_gpu: String,
+    /// The agent's service-account token.
+    token: String,
     _kubelet: FakeKubelet,
     _dirs: (Host, tempfile::TempDir),
 }
@@ -863,6 +906,10 @@ fn gpu_node_from(objects: Vec<Value>, uid: u32) -> Result<GpuNode, String> {
     let token = format!("eyJhbGciOiJSUzI1NiJ9.{}", std::process::id());
     let node = gpu_node(NODE);
     let api = api_server(&objects, node.clone(), &token);
+    api.put_pod(own_pod(&objects));
+    for (uid, name, read_only) in [("g1", "vllm-gated", true), ("w1", "vllm-writable", false)] {
+        api.put_pod(gated_vllm_pod(uid, name, NODE, read_only));
+    }
     // The kubelet's socket sits where the pod-resources hostPath volume points.
     let socket_dir = host.path("/var/lib/kubelet/pod-resources");
     std::fs::create_dir_all(&socket_dir).unwrap();
@@ -903,26 +950,31 @@ fn gpu_node_from(objects: Vec<Value>, uid: u32) -> Result<GpuNode, String> {
         agent,
         node,
         vllm_gpu,
+        token,
         _kubelet: kubelet,
         _dirs: (host, volumes),
     })
 }
 
+/// The GPU overlay with the startup taint and the model labels, as the kubelet would start it.
 #[test]
 fn the_gpu_overlay_with_the_startup_taint_runs_as_deployed() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
     runs_as_deployed_with_the_startup_taint(common::needs!(gpu_node_with(
-        &["components/startup-taint"],
+        &["components/startup-taint", "components/model-labels"],
         0
     )));
 }
 
-/// The chart's GPU DaemonSet with `startupTaint.enabled`, as the kubelet would start it: the same
-/// run as the overlay's, on the chart's own RBAC, admission policy and ConfigMaps.
+/// The chart's GPU DaemonSet with `startupTaint.enabled` and `modelLabels.enabled`: the same run
+/// as the overlay's, on the chart's own RBAC, admission policy and ConfigMaps.
 #[test]
 fn the_charts_gpu_daemonset_with_the_startup_taint_runs_as_deployed() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
-    let objects = common::needs!(charted_for("gpu", "startupTaint: {enabled: true}"));
+    let objects = common::needs!(charted_for(
+        "gpu",
+        "startupTaint: {enabled: true}\nmodelLabels: {enabled: true}"
+    ));
     runs_as_deployed_with_the_startup_taint(common::needs!(gpu_node_from(objects, 0)));
 }
 
@@ -932,6 +984,7 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
         mut agent,
         node,
         vllm_gpu,
+        token,
         _kubelet,
         _dirs,
     } = gpu_node;
@@ -1000,8 +1053,42 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
         node_now["spec"]["taints"],
         json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
     );
+    // The model advertised on the node, through the component's RBAC and the policy's prefix.
+    agent.wait("the model label", Duration::from_secs(30), |_| {
+        api.node()["metadata"]["labels"]["models.mlnode.dev/llama-3.1-8b"]
+            == "0e9e39f249a16976918f6564b8830bc894c89659"
+    });
+    // The gated pod's condition, and the writable mount found: the model's path on the node is
+    // derived from the agent's own hostPath mount (the base config sets none).
+    agent.wait("the pod's readiness gate", Duration::from_secs(30), |_| {
+        api.pod_condition("inference", "vllm-gated", "mlnode.dev/ModelVerified")["status"] == "True"
+    });
+    agent.wait("the writable mount", Duration::from_secs(30), |a| {
+        a.metrics().is_some_and(|m| {
+            sample(
+                &m,
+                "mlnode_model_cache_writable_mounts",
+                &[("model_name", "llama-3.1-8b"), ("pod", "vllm-writable")],
+            ) == Some(1.0)
+        })
+    });
+    agent.wait("the pod's Warning event", Duration::from_secs(30), |_| {
+        api.requests().iter().any(|r| {
+            r.path == "/api/v1/namespaces/inference/events"
+                && r.body["reason"] == "ModelCacheWritable"
+        })
+    });
+    assert_eq!(
+        sample(
+            &agent.metrics().unwrap(),
+            "mlnode_model_cache_writable_mounts",
+            &[("pod", "vllm-gated")]
+        ),
+        None
+    );
     // Every request authenticated and allowed by the rendered RBAC and admission policy.
     assert_eq!(api.denied(), Vec::<String>::new(), "{}", agent.log());
+    refused_pod_writes(&api, &token);
     let requests = api.requests();
     for (method, path) in [
         ("PATCH", format!("/api/v1/nodes/{NODE}/status")),
@@ -1021,6 +1108,43 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
             .any(|r| r.path.starts_with("/api/v1/pods?") && r.path.contains("spec.nodeName")),
         "the startup tracker watches its node's pods"
     );
+}
+
+/// What the rendered RBAC allows the agent's token but its admission policy refuses: the status
+/// of another node's pod, and a condition type not its own.
+fn refused_pod_writes(api: &FakeApiServer, token: &str) {
+    let other = "ip-10-0-9-99.us-east-2.compute.internal";
+    api.put_pod(gated_vllm_pod("o1", "vllm-elsewhere", other, true));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = runtime.block_on(async { as_the_agent(api, token) });
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client, "inference");
+    let write = |pod: &str, condition_type: &str| {
+        let patch = json!({"status": {"conditions": [{"type": condition_type, "status": "True"}]}});
+        runtime.block_on(pods.patch_status(
+            pod,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(patch),
+        ))
+    };
+    let refusal = |result: Result<_, kube::Error>| match result {
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        other => panic!("not refused: {other:?}"),
+    };
+    let (code, message) = refusal(write("vllm-elsewhere", "mlnode.dev/ModelVerified"));
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("pods bound to the node it runs on"),
+        "{message}"
+    );
+    let (code, message) = refusal(write("vllm-gated", "example.com/Healthy"));
+    assert_eq!(code, 403);
+    assert!(message.contains("own pod condition types"), "{message}");
+    assert!(
+        write("vllm-gated", "mlnode.dev/ModelVerified").is_ok(),
+        "its own type on its own node's pod"
+    );
+    assert_eq!(api.denied().len(), 2, "{:#?}", api.denied());
 }
 
 /// components/non-root's documented cost, as deployed: UID 65532 cannot open the kubelet's

@@ -241,6 +241,7 @@ fn every_component_renders_valid_objects() {
         &["components/non-root"],
         &["components/mig-monitor"],
         &["components/repair-condition"],
+        &["components/model-labels"],
     ] {
         let Some(objects) = render("overlays/gpu", components) else {
             return;
@@ -256,6 +257,7 @@ fn every_component_renders_valid_objects() {
         "components/startup-taint",
         "components/non-root",
         "components/repair-condition",
+        "components/model-labels",
     ] {
         let (Some(with), Some(without)) = (
             render("overlays/neuron", &[component]),
@@ -314,6 +316,29 @@ fn the_startup_taint_component_adds_its_rbac_and_setting() {
         .iter()
         .any(|e| e["name"] == "MLNODE_READINESS__STARTUP_TAINT"
             && e["value"] == "mlnode.dev/not-ready:NoSchedule"));
+}
+
+#[test]
+fn the_model_labels_component_adds_its_rbac_and_setting() {
+    let Some(objects) = render("overlays/gpu", &["components/model-labels"]) else {
+        return;
+    };
+    validate(&objects);
+    let role = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == "ClusterRole" && o["metadata"]["name"] == "mlnode-agent-model-labels"
+        })
+        .unwrap();
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}])
+    );
+    let env = &daemonset(&objects)["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(env
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!({"name": "MLNODE_READINESS__MODEL_LABELS", "value": "true"})));
 }
 
 #[test]

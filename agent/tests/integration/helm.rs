@@ -124,6 +124,7 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
         ("nonRoot: {enabled: true}", &["components/non-root"]),
         ("migMonitor: {enabled: true}", &["components/mig-monitor"]),
         ("repairCondition: {enabled: true}", &["components/repair-condition"]),
+        ("modelLabels: {enabled: true}", &["components/model-labels"]),
     ] {
         let kustomized = common::needs!(kustomize_cluster(components));
         let charted = common::needs!(chart(values));
@@ -170,6 +171,10 @@ fn the_chart_holds_exact_copies_of_what_it_shares_with_kustomize() {
     pairs.push((
         base.join("components/startup-taint/rbac.yaml"),
         files.join("base/startup-taint-rbac.yaml"),
+    ));
+    pairs.push((
+        base.join("components/model-labels/rbac.yaml"),
+        files.join("base/model-labels-rbac.yaml"),
     ));
     pairs.push((
         base.join("components/servicemonitor/service.yaml"),

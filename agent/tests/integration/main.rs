@@ -20,6 +20,7 @@ mod helm;
 mod metrics_doc;
 mod neuron;
 mod neuron_monitor;
+mod pod_gates;
 mod readiness;
 mod scrape;
 mod serve;

@@ -158,6 +158,10 @@ fn exposition() -> String {
     let readiness =
         mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();
     readiness.set_gate("ModelCacheVerified", true);
+    let workloads =
+        mlnode_agent::workloads::controller::WorkloadMetrics::register(&registry).unwrap();
+    workloads.set_gate("inference", "vllm-0", "m", true);
+    workloads.set_writable("m", "inference", "vllm-0", 1);
     register_startup(&registry);
     let tree = common::neuron::NeuronTree::new(common::neuron::INF2_XLARGE);
     // One counter reset and one unreadable file, so those families have samples too.

@@ -25,15 +25,17 @@ pub enum Subsystem {
     Neuron,
     Readiness,
     Startup,
+    PodGates,
 }
 
 impl Subsystem {
-    pub const ALL: [Subsystem; 5] = [
+    pub const ALL: [Subsystem; 6] = [
         Subsystem::ModelCache,
         Subsystem::Nvml,
         Subsystem::Neuron,
         Subsystem::Readiness,
         Subsystem::Startup,
+        Subsystem::PodGates,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -43,6 +45,7 @@ impl Subsystem {
             Subsystem::Neuron => "neuron",
             Subsystem::Readiness => "readiness",
             Subsystem::Startup => "startup",
+            Subsystem::PodGates => "pod_gates",
         }
     }
 }

@@ -7,19 +7,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Taint};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use kube::api::{Api, Patch, PatchParams};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::gates::{self, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
+use super::labels;
 use super::memory;
 use super::node::{
     conditions_patch, differs, has_taint, other_writer, own_conditions, taint_patch, FIELD_MANAGER,
 };
 use super::plan::Planner;
 use super::settings::ReadinessSettings;
+use crate::events;
 use mlnode_core::health::{FromNode, HealthSource};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::state::{ModelState, NodeTaint};
@@ -93,8 +94,8 @@ pub struct Sources {
 }
 
 pub struct Controller {
+    client: kube::Client,
     nodes: Api<Node>,
-    events: Api<Event>,
     node_name: String,
     settings: ReadinessSettings,
     taint: Option<Taint>,
@@ -117,6 +118,8 @@ struct Memory {
     from_node: FromNode,
     /// The last trouble reading the node's memory, said once.
     memory_trouble: String,
+    /// The node's labels under the agent's prefix, as it last showed them.
+    labels: BTreeMap<String, String>,
     /// Who else writes the repair condition, as the node last showed it, and as last said.
     repair_writer: Option<String>,
     repair_writer_said: Option<String>,
@@ -134,7 +137,7 @@ impl Controller {
         let taint = settings.startup_taint.as_ref().map(super::node::taint);
         Controller {
             nodes: Api::all(client.clone()),
-            events: Api::namespaced(client, "default"),
+            client,
             boot_id: read_boot_id(&settings.boot_id_file),
             node_name,
             settings,
@@ -155,6 +158,7 @@ impl Controller {
             conditions: BTreeMap::new(),
             from_node: FromNode::default(),
             memory_trouble: String::new(),
+            labels: BTreeMap::new(),
             repair_writer: None,
             repair_writer_said: None,
         };
@@ -223,9 +227,8 @@ impl Controller {
         Ok(())
     }
 
-    fn gates(&mut self, memory: &mut Memory) -> Vec<Gate> {
-        let models: Vec<gates::ModelFacts> = self
-            .sources
+    fn model_facts(&self) -> Vec<gates::ModelFacts> {
+        self.sources
             .models
             .iter()
             .map(|m| gates::ModelFacts {
@@ -233,7 +236,11 @@ impl Controller {
                 readiness: m.readiness(),
                 watched: m.is_watched(),
             })
-            .collect();
+            .collect()
+    }
+
+    fn gates(&mut self, memory: &mut Memory) -> Vec<Gate> {
+        let models = self.model_facts();
         let now = Instant::now();
         let reports: Vec<_> = self
             .sources
@@ -330,13 +337,34 @@ impl Controller {
                 .await;
             }
         }
-        self.sync_taint(all.iter().all(Gate::ok), memory).await
+        self.sync_taint(all.iter().all(Gate::ok), memory).await?;
+        self.sync_labels(memory).await
+    }
+
+    /// With `readiness.model_labels`, makes the node's `models.mlnode.dev/` labels those of the
+    /// models verified now, with one merge patch of the keys that differ.
+    async fn sync_labels(&self, memory: &mut Memory) -> Result<(), kube::Error> {
+        if !self.settings.model_labels {
+            return Ok(());
+        }
+        let wanted = labels::wanted(&self.model_facts());
+        let Some(patch) = labels::patch(&memory.labels, &wanted) else {
+            return Ok(());
+        };
+        let node = self
+            .nodes
+            .patch(&self.node_name, &as_agent(), &Patch::Merge(&patch))
+            .await?;
+        tracing::info!(node = %self.node_name, labels = %patch["metadata"]["labels"], "model labels updated");
+        self.saw_node(memory, &node);
+        Ok(())
     }
 
     /// Remembers the node's copy of our conditions and whether it has our taint, and tells the
     /// verifiers (their priority).
     fn saw_node(&self, memory: &mut Memory, node: &Node) {
         memory.conditions = own_conditions(node, &self.own_types());
+        memory.labels = labels::current(node);
         memory.repair_writer = self
             .settings
             .repair_condition
@@ -438,28 +466,10 @@ impl Controller {
         Ok(())
     }
 
-    /// A Node event, as node-problem-detector posts them; failures are logged, never fatal.
+    /// A Node event, as node-problem-detector posts them.
     async fn event(&self, kind: &str, reason: &str, message: &str) {
-        let now = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
-        let event: Event = match serde_json::from_value(json!({
-            "metadata": {"generateName": format!("{}.", self.node_name), "namespace": "default"},
-            "involvedObject": {"kind": "Node", "apiVersion": "v1", "name": self.node_name, "uid": self.node_name},
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": "mlnode-agent", "host": self.node_name},
-            "reportingComponent": "mlnode-agent",
-            "reportingInstance": self.node_name,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        })) {
-            Ok(event) => event,
-            Err(e) => return tracing::warn!(error = %e, "cannot build a Node event"),
-        };
-        if let Err(e) = self.events.create(&PostParams::default(), &event).await {
-            tracing::warn!(error = %e, reason, "cannot post a Node event");
-        }
+        let about = events::About::node(&self.node_name);
+        events::post(&self.client, &self.node_name, &about, kind, reason, message).await;
     }
 }
 

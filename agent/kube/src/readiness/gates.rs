@@ -53,7 +53,7 @@ impl Gate {
 /// Kubernetes caps a condition message at 32 KiB; kubectl shows one line. Keep it readable.
 const MESSAGE_LIMIT: usize = 1000;
 
-fn truncate(mut message: String) -> String {
+pub(crate) fn truncate(mut message: String) -> String {
     if message.len() > MESSAGE_LIMIT {
         let cut = (0..=MESSAGE_LIMIT)
             .rev()
@@ -209,10 +209,10 @@ pub fn repair_gate(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn model(name: &str, readiness: Readiness) -> ModelFacts {
+    pub(crate) fn model(name: &str, readiness: Readiness) -> ModelFacts {
         ModelFacts {
             name: name.into(),
             readiness,

@@ -9,7 +9,8 @@
 
 pub mod controller;
 pub mod gates;
+pub mod labels;
 mod memory;
-mod node;
+pub(crate) mod node;
 pub mod plan;
 pub mod settings;

@@ -135,6 +135,8 @@ pub struct ReadinessSettings {
     pub boot_id_file: PathBuf,
     /// Also write the condition a node-repair engine acts on; off by default.
     pub repair_condition: Option<RepairCondition>,
+    /// Keep a node label `models.mlnode.dev/<name>: <revision>` for each model verified here.
+    pub model_labels: bool,
 }
 
 /// `readiness.repair_condition`: a condition type that node-repair engines replace or reboot a
@@ -166,6 +168,7 @@ impl Default for ReadinessSettings {
             heartbeat: Within::default_of(minutes(5)),
             boot_id_file: PathBuf::from("/proc/sys/kernel/random/boot_id"),
             repair_condition: None,
+            model_labels: false,
         }
     }
 }

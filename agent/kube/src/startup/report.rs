@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams};
 
 use super::phases::{compute, Phase, Startup};
-use super::tracker::{model_of, ModelMount};
+use crate::models::{model_of, ModelMount};
 
 /// Lists the node's pods (or the one named) and their events, and computes each startup.
 pub async fn collect(

@@ -4,7 +4,6 @@
 //! startup into phases, exports them and logs one line. No cluster-wide event watch, no polling.
 
 use std::collections::{HashSet, VecDeque};
-use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -16,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::loads::{unix_now, LoadActivity};
 use super::phases::{self, Phase, Startup};
 use super::settings::StartupSettings;
+use crate::models::{model_of, ModelMount};
+use crate::watch::ErrorsOnlyBackoff;
 
 /// kubelet's `kubelet_pod_start_sli_duration_seconds` buckets, so the two line up.
 pub const POD_START_BUCKETS: [f64; 25] = [
@@ -96,68 +97,6 @@ impl StartupMetrics {
             }
         }
     }
-}
-
-/// The pod watch's backoff. kube's `default_backoff` starts again from 800 ms at every event it
-/// passes on, and a relist is a burst of events: an API server answering every watch with 410 Gone
-/// would be relisted about once a second, forever. Here events do not reset it; only two minutes
-/// without an error do (the timer inside kube's `DefaultBackoff`), so a persistent 410 backs off
-/// to 30 s between relists.
-#[derive(Default)]
-struct ErrorsOnlyBackoff(watcher::DefaultBackoff);
-
-impl Iterator for ErrorsOnlyBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.0.next()
-    }
-}
-
-impl kube::runtime::utils::Backoff for ErrorsOnlyBackoff {
-    fn reset(&mut self) {}
-}
-
-/// Where a configured model's cache is on the node, as pods mount it: what names the model a pod
-/// serves when its annotation does not.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModelMount {
-    pub name: String,
-    /// The cache's path on the node (a pod's hostPath volume at, above or below it).
-    pub host_path: PathBuf,
-    /// The PersistentVolumeClaim pods mount the cache from, if they do.
-    pub pvc: Option<String>,
-}
-
-/// The model a pod serves: its `mlnode.dev/model-name` annotation, else the configured model whose
-/// cache it mounts (a hostPath at, above or below the model's `host_path`, or the model's PVC).
-pub fn model_of(pod: &Pod, models: &[ModelMount]) -> Option<String> {
-    if let Some(name) = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("mlnode.dev/model-name"))
-    {
-        return Some(name.clone());
-    }
-    let volumes = pod.spec.as_ref()?.volumes.as_ref()?;
-    models
-        .iter()
-        .find(|m| {
-            let host = m.host_path.as_path();
-            volumes.iter().any(|v| {
-                let host_match = v.host_path.as_ref().is_some_and(|h| {
-                    let mounted = Path::new(&h.path);
-                    host.starts_with(mounted) || mounted.starts_with(host)
-                });
-                let pvc_match = v
-                    .persistent_volume_claim
-                    .as_ref()
-                    .is_some_and(|c| m.pvc.as_deref() == Some(c.claim_name.as_str()));
-                host_match || pvc_match
-            })
-        })
-        .map(|m| m.name.clone())
 }
 
 pub struct Tracker {
@@ -350,25 +289,4 @@ fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
         t.0.as_millisecond() as f64 / 1000.0
     };
     Some((seconds(started) - 1.0, seconds(ready) + 1.0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_relist_does_not_reset_the_watch_backoff() {
-        use kube::runtime::utils::Backoff;
-        let mut backoff = ErrorsOnlyBackoff::default();
-        let mut last = std::time::Duration::ZERO;
-        // Error, relist (events reset a default backoff), error, relist, ...
-        for _ in 0..6 {
-            last = backoff.next().unwrap();
-            backoff.reset();
-        }
-        assert!(
-            last >= std::time::Duration::from_secs(5),
-            "still {last:?} after 6 failed watches"
-        );
-    }
 }

@@ -104,9 +104,11 @@ async fn authorize(
     next.run(request).await
 }
 
-/// The admission policies on an update of a node (a patch is an UPDATE to admission).
-fn admit_node_update(
+/// The admission policies on an update (a patch is an UPDATE to admission) of `resource`
+/// (`nodes`, `pods`) or its `subresource`.
+fn admit_update(
     state: &ApiState,
+    resource: &str,
     subresource: &str,
     old: &Value,
     new: &Value,
@@ -115,9 +117,9 @@ fn admit_node_update(
         return Ok(());
     };
     let resource = if subresource.is_empty() {
-        "nodes".to_string()
+        resource.to_string()
     } else {
-        format!("nodes/{subresource}")
+        format!("{resource}/{subresource}")
     };
     for policy in &access.policies {
         if !super::admission::matches(policy, "UPDATE", &resource) {
@@ -255,6 +257,24 @@ fn accept(
     Ok(patch)
 }
 
+/// [`accept`] for a status subresource: only a strategic merge patch.
+fn accept_strategic(
+    state: &ApiState,
+    path: String,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Value, Box<Response>> {
+    let expected = "application/strategic-merge-patch+json";
+    accept(
+        state,
+        path,
+        headers,
+        body,
+        expected,
+        "expected a strategic merge patch",
+    )
+}
+
 fn content_type_is(headers: &HeaderMap, expected: &str) -> bool {
     headers.get("content-type").and_then(|v| v.to_str().ok()) == Some(expected)
 }
@@ -351,28 +371,10 @@ fn manage_conditions(node: &mut Value, manager: &str, changed: &[Value]) {
     }
 }
 
-async fn patch_status(
-    State(state): State<Arc<ApiState>>,
-    Path(name): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let patch = match accept(
-        &state,
-        format!("/api/v1/nodes/{name}/status"),
-        &headers,
-        &body,
-        "application/strategic-merge-patch+json",
-        "expected a strategic merge patch",
-    ) {
-        Ok(patch) => patch,
-        Err(refused) => return *refused,
-    };
-    let mut node = state.node.lock().unwrap();
-    let mut updated = node.clone();
-    // Strategic merge of conditions: patchMergeKey "type".
-    let conditions = updated["status"]["conditions"].as_array_mut().unwrap();
+/// A strategic merge of `patch`'s `status.conditions` into `object`'s (patchMergeKey `type`, for
+/// NodeStatus and PodStatus alike); returns the types that changed.
+fn merge_conditions(object: &mut Value, patch: &Value) -> Vec<Value> {
+    let conditions = object["status"]["conditions"].as_array_mut().unwrap();
     let mut changed = Vec::new();
     for new in patch["status"]["conditions"]
         .as_array()
@@ -391,12 +393,30 @@ async fn patch_status(
             }
         }
     }
+    changed
+}
+
+async fn patch_status(
+    State(state): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/api/v1/nodes/{name}/status");
+    let patch = match accept_strategic(&state, path, &headers, &body) {
+        Ok(patch) => patch,
+        Err(refused) => return *refused,
+    };
+    let mut node = state.node.lock().unwrap();
+    let mut updated = node.clone();
+    let changed = merge_conditions(&mut updated, &patch);
     manage_conditions(
         &mut updated,
         &field_manager(query.as_deref(), &headers),
         &changed,
     );
-    if let Err(refused) = admit_node_update(&state, "status", &node, &updated) {
+    if let Err(refused) = admit_update(&state, "nodes", "status", &node, &updated) {
         return *refused;
     }
     *node = updated;
@@ -410,13 +430,20 @@ async fn patch_node(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    // The taint is a guarded JSON patch, the labels a merge patch: the API server takes both.
+    let merge = content_type_is(&headers, "application/merge-patch+json");
+    let expected = if merge {
+        "application/merge-patch+json"
+    } else {
+        "application/json-patch+json"
+    };
     let patch = match accept(
         &state,
         format!("/api/v1/nodes/{name}"),
         &headers,
         &body,
-        "application/json-patch+json",
-        "expected a JSON patch",
+        expected,
+        "expected a JSON patch or a merge patch",
     ) {
         Ok(patch) => patch,
         Err(refused) => return *refused,
@@ -429,11 +456,20 @@ async fn patch_node(
             .push(json!({"key": "example.com/maintenance", "effect": "NoExecute"}));
         bump(&mut node);
     }
+    let mut updated = node.clone();
+    if merge {
+        json_patch::merge(&mut updated, &patch);
+        if let Err(refused) = admit_update(&state, "nodes", "", &node, &updated) {
+            return *refused;
+        }
+        bump(&mut updated);
+        *node = updated;
+        return axum::Json(node.clone()).into_response();
+    }
     let operations: json_patch::Patch = match serde_json::from_value(patch) {
         Ok(p) => p,
         Err(e) => return status(400, "BadRequest", &e.to_string()),
     };
-    let mut updated = node.clone();
     if let Err(e) = json_patch::patch(&mut updated, &operations) {
         return status(
             422,
@@ -441,7 +477,7 @@ async fn patch_node(
             &format!("the server rejected our request due to an error in our request: {e}"),
         );
     }
-    if let Err(refused) = admit_node_update(&state, "", &node, &updated) {
+    if let Err(refused) = admit_update(&state, "nodes", "", &node, &updated) {
         return *refused;
     }
     bump(&mut updated);
@@ -474,12 +510,57 @@ async fn create_event(
     (StatusCode::CREATED, axum::Json(event)).into_response()
 }
 
+/// Pods, honouring a `spec.nodeName` field selector (on the list; the watch sends every pod
+/// change, and the agent's watch only ever asks for its node's).
 async fn pods(
     State(state): State<Arc<ApiState>>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
-    let items = state.pods.lock().unwrap().clone();
-    list_or_watch(&state, "/api/v1/pods", "PodList", "v1", items, query)
+    let node = field_selector(query.as_deref().unwrap_or_default())
+        .and_then(|s| s.strip_prefix("spec.nodeName=").map(str::to_string));
+    let items = state
+        .pods
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|p| node.as_deref().is_none_or(|n| p["spec"]["nodeName"] == n))
+        .cloned()
+        .collect();
+    list_or_watch(&state, "/api/v1/pods", "PodList", "v1", items, query, node)
+}
+
+/// A strategic-merge patch of a pod's status (conditions merge on `type`), through admission as
+/// an UPDATE of `pods/status`; the stored pod's watchers are told.
+async fn patch_pod_status(
+    State(state): State<Arc<ApiState>>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/api/v1/namespaces/{namespace}/pods/{name}/status");
+    let patch = match accept_strategic(&state, path, &headers, &body) {
+        Ok(patch) => patch,
+        Err(refused) => return *refused,
+    };
+    let mut pods = state.pods.lock().unwrap();
+    let Some(pod) = pods.iter_mut().find(|p| {
+        p["metadata"]["namespace"] == namespace.as_str() && p["metadata"]["name"] == name.as_str()
+    }) else {
+        return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+    };
+    let mut updated = pod.clone();
+    merge_conditions(&mut updated, &patch);
+    if let Err(refused) = admit_update(&state, "pods", "status", pod, &updated) {
+        return *refused;
+    }
+    let version = state.resource_version.fetch_add(1, Ordering::Relaxed) + 1;
+    updated["metadata"]["resourceVersion"] = json!(version.to_string());
+    *pod = updated.clone();
+    drop(pods);
+    if let Some(tx) = state.watch.lock().unwrap().as_ref() {
+        let _ = tx.send(json!({"type": "MODIFIED", "object": updated}));
+    }
+    axum::Json(updated).into_response()
 }
 
 /// ResourceSlices, as resource.k8s.io/v1 serves them, honouring a `spec.nodeName` field selector.
@@ -504,6 +585,7 @@ async fn resource_slices(
         "resource.k8s.io/v1",
         items,
         query,
+        node,
     )
 }
 
@@ -515,7 +597,8 @@ fn field_selector(query: &str) -> Option<String> {
 }
 
 /// A list (`items` at the current resourceVersion) or, with `watch=true`, the stream of watch
-/// events for objects of `api_version` as they change.
+/// events for objects of `api_version` as they change (of `node`'s, when the field selector names
+/// one).
 fn list_or_watch(
     state: &ApiState,
     path: &str,
@@ -523,6 +606,7 @@ fn list_or_watch(
     api_version: &'static str,
     items: Vec<Value>,
     query: Option<String>,
+    node: Option<String>,
 ) -> Response {
     let query = query.unwrap_or_default();
     let watching = query
@@ -549,7 +633,11 @@ fn list_or_watch(
         move |line| {
             line.ok()
                 .filter(|v: &Value| {
-                    v["type"] == "ERROR" || v["object"]["apiVersion"] == api_version
+                    v["type"] == "ERROR"
+                        || (v["object"]["apiVersion"] == api_version
+                            && node
+                                .as_deref()
+                                .is_none_or(|n| v["object"]["spec"]["nodeName"] == n))
                 })
                 .map(|v| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))))
         },
@@ -659,6 +747,10 @@ impl FakeApiServer {
                 post(create_event).get(list_events),
             )
             .route("/api/v1/pods", get(pods))
+            .route(
+                "/api/v1/namespaces/{namespace}/pods/{name}/status",
+                axum::routing::patch(patch_pod_status),
+            )
             .route(
                 "/apis/resource.k8s.io/v1/resourceslices",
                 get(resource_slices),
@@ -799,8 +891,29 @@ impl FakeApiServer {
         self.state.node.lock().unwrap().clone()
     }
 
-    /// Sets an annotation on the node, as `kubectl annotate --overwrite` does.
-    #[allow(dead_code)] // not every test binary that shares this module annotates nodes
+    /// The stored pod `namespace`/`name`, or null.
+    pub fn pod(&self, namespace: &str, name: &str) -> Value {
+        self.state
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The pod's condition of type `kind`, or null.
+    pub fn pod_condition(&self, namespace: &str, name: &str, kind: &str) -> Value {
+        self.pod(namespace, name)["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == kind)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Another controller writes `condition` into the node's status under its own field manager, as
     /// eks-node-monitoring-agent's status patches do.
     pub fn write_condition_as(&self, manager: &str, condition: Value) {
@@ -813,6 +926,7 @@ impl FakeApiServer {
         bump(&mut node);
     }
 
+    /// Sets an annotation on the node, as `kubectl annotate --overwrite` does.
     pub fn annotate_node(&self, key: &str, value: &str) {
         let mut node = self.state.node.lock().unwrap();
         node["metadata"]["annotations"][key] = json!(value);

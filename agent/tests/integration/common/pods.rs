@@ -108,3 +108,29 @@ pub fn kubelet_event(
         "eventTime": null, "reportingComponent": "kubelet", "reportingInstance": NODE,
     })
 }
+
+/// A vLLM pod that started half a minute ago on `node`, not yet Ready, listing the agent's
+/// readiness gate (`spec.readinessGates`, kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle)
+/// with these annotations.
+pub fn gated_vllm_pod(
+    uid: &str,
+    name: &str,
+    node: &str,
+    host_path: &str,
+    annotations: Value,
+) -> Value {
+    let now = unix_now();
+    let times = PodTimes {
+        created: now - 60.0,
+        scheduled: now - 59.0,
+        started: now - 30.0,
+        ready: None,
+        restart_count: 0,
+        last_finished: None,
+    };
+    let mut pod = vllm_pod(uid, name, host_path, &times);
+    pod["spec"]["nodeName"] = json!(node);
+    pod["spec"]["readinessGates"] = json!([{"conditionType": "mlnode.dev/ModelVerified"}]);
+    pod["metadata"]["annotations"] = annotations;
+    pod
+}

@@ -1,0 +1,381 @@
+//! The pod-gate loop: one watch of this node's pods (a reflector store), and each round, for every
+//! pod with the `mlnode.dev/ModelVerified` readiness gate, its condition written to `pods/status`
+//! when [`gate::due`] says so; for every pod mounting a model cache writable, a Warning event once
+//! and a series while it runs. Woken by a pod change, a model's new verdict, or the interval.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio_util::sync::CancellationToken;
+
+use super::exposure::{writable_mounts, WritableMount};
+use super::gate::{self, PodGate, Written};
+use crate::events::{self, About};
+use crate::models::ModelMount;
+use crate::readiness::node::FIELD_MANAGER;
+use crate::watch::ErrorsOnlyBackoff;
+use mlnode_core::metrics::{AgentMetrics, Subsystem};
+use mlnode_core::state::{ModelState, Readiness};
+
+/// `mlnode_pod_model_gate`, `mlnode_pod_gate_updates_total` and
+/// `mlnode_model_cache_writable_mounts`.
+#[derive(Clone)]
+pub struct WorkloadMetrics {
+    gate: IntGaugeVec,
+    updates: IntCounterVec,
+    writable: IntGaugeVec,
+}
+
+impl WorkloadMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<WorkloadMetrics> {
+        let metrics = WorkloadMetrics {
+            gate: IntGaugeVec::new(
+                Opts::new(
+                    "mlnode_pod_model_gate",
+                    "1 while a pod's mlnode.dev/ModelVerified readiness gate is True (its model verified, at the revision it requires), 0 otherwise; one series per pod on this node with the gate.",
+                ),
+                &["namespace", "pod", "model_name"],
+            )?,
+            updates: IntCounterVec::new(
+                Opts::new(
+                    "mlnode_pod_gate_updates_total",
+                    "Writes of pods' mlnode.dev/ModelVerified condition: written, or error (the API server refused or was unreachable).",
+                ),
+                &["result"],
+            )?,
+            writable: IntGaugeVec::new(
+                Opts::new(
+                    "mlnode_model_cache_writable_mounts",
+                    "Mounts of a model's cache that a running pod's containers can write (readOnly unset or false): what verification checks, the pod can change.",
+                ),
+                &["model_name", "namespace", "pod"],
+            )?,
+        };
+        registry.register(Box::new(metrics.gate.clone()))?;
+        registry.register(Box::new(metrics.updates.clone()))?;
+        registry.register(Box::new(metrics.writable.clone()))?;
+        for result in ["written", "error"] {
+            metrics.updates.with_label_values(&[result]).inc_by(0);
+        }
+        Ok(metrics)
+    }
+
+    pub fn set_gate(&self, namespace: &str, pod: &str, model: &str, ok: bool) {
+        self.gate
+            .with_label_values(&[namespace, pod, model])
+            .set(i64::from(ok));
+    }
+
+    pub fn set_writable(&self, model: &str, namespace: &str, pod: &str, mounts: i64) {
+        self.writable
+            .with_label_values(&[model, namespace, pod])
+            .set(mounts);
+    }
+}
+
+/// The agent's own pod, from the downward API (`POD_NAMESPACE`, `POD_NAME`): where a model's host
+/// path is derived from.
+#[derive(Clone, Debug)]
+pub struct OwnPod {
+    pub namespace: String,
+    pub name: String,
+}
+
+pub struct PodController {
+    pub client: kube::Client,
+    pub node_name: String,
+    pub models: Vec<Arc<ModelState>>,
+    pub mounts: Vec<ModelMount>,
+    pub own_pod: Option<OwnPod>,
+    /// How often the pods are looked at without a change, and how long a write may take to show.
+    pub interval: Duration,
+    /// The condition is rewritten at least this often.
+    pub heartbeat: Duration,
+    pub metrics: WorkloadMetrics,
+    pub up: AgentMetrics,
+}
+
+/// What the loop remembers between rounds.
+#[derive(Default)]
+struct Memory {
+    /// The last gate written to each pod (by uid).
+    written: HashMap<String, Written>,
+    /// The series each pod (by uid) has now: its namespace and name, and the gate's and the
+    /// writable mounts' models.
+    series: HashMap<String, Series>,
+    /// (pod uid, model) pairs whose writable mount was warned about.
+    warned: HashSet<(String, String)>,
+    host_paths_derived: bool,
+    last_error: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Series {
+    namespace: String,
+    pod: String,
+    /// The gate's model and whether it passes.
+    gate: Option<(String, bool)>,
+    writable: BTreeMap<String, i64>,
+}
+
+impl PodController {
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let config =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(pods, config))
+            .backoff(ErrorsOnlyBackoff::default());
+        let mut stream = std::pin::pin!(stream);
+        let mut memory = Memory::default();
+        let mut watch_error = String::new();
+        loop {
+            let model_changed = async {
+                match self.models.is_empty() {
+                    true => std::future::pending().await,
+                    false => {
+                        let changes = self.models.iter().map(|m| Box::pin(m.readiness_changed()));
+                        futures_util::future::select_all(changes).await;
+                    }
+                }
+            };
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                event = stream.next() => Some(event),
+                _ = model_changed => None,
+                _ = tokio::time::sleep(self.interval) => None,
+            };
+            let mut events: Vec<_> = event.into_iter().collect();
+            // A relist is a burst of events: one round for all of them.
+            while let Some(next) = stream.next().now_or_never() {
+                events.push(next);
+            }
+            for event in events {
+                match event {
+                    None => return,
+                    Some(Err(e)) => {
+                        let message = e.to_string();
+                        if message != watch_error {
+                            tracing::warn!(error = %message, "pod watch failed; pod readiness gates wait for it (retrying with backoff)");
+                            watch_error = message;
+                        }
+                        self.up.set_up(Subsystem::PodGates, false);
+                    }
+                    Some(Ok(_)) => {
+                        if !watch_error.is_empty() {
+                            tracing::info!("pod watch works again");
+                            watch_error.clear();
+                        }
+                    }
+                }
+            }
+            if store.wait_until_ready().now_or_never().is_some() && watch_error.is_empty() {
+                self.round(&store, &mut memory).await;
+            }
+        }
+    }
+
+    /// Once the agent's own pod is seen: the host path of each model that sets none, from the
+    /// hostPath the agent mounts it from.
+    fn derive_host_paths(&mut self, store: &Store<Pod>, memory: &mut Memory) {
+        let Some(own) = &self.own_pod else { return };
+        if memory.host_paths_derived {
+            return;
+        }
+        let found = store.state().into_iter().find(|p| {
+            p.metadata.namespace.as_deref() == Some(own.namespace.as_str())
+                && p.metadata.name.as_deref() == Some(own.name.as_str())
+        });
+        let Some(pod) = found else { return };
+        memory.host_paths_derived = true;
+        for mount in &mut self.mounts {
+            let was_set = mount.host_path.is_some();
+            mount.derive_host_path(&pod);
+            if !was_set {
+                tracing::info!(model_name = %mount.name, root = %mount.root.display(), host_path = %mount.node_path().display(),
+                    derived = mount.host_path.is_some(), "the model cache's path on the node, for pods mounting it");
+            }
+        }
+    }
+
+    async fn round(&mut self, store: &Store<Pod>, memory: &mut Memory) {
+        self.derive_host_paths(store, memory);
+        let verdicts: BTreeMap<String, Readiness> = self
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.readiness()))
+            .collect();
+        let pods = store.state();
+        let mut seen = HashSet::new();
+        let mut synced = true;
+        for pod in pods.iter().filter(|p| is_running(p)) {
+            let (Some(uid), Some(namespace), Some(name)) = (
+                pod.metadata.uid.clone(),
+                pod.metadata.namespace.clone(),
+                pod.metadata.name.clone(),
+            ) else {
+                continue;
+            };
+            seen.insert(uid.clone());
+            let mut series = Series {
+                namespace: namespace.clone(),
+                pod: name.clone(),
+                ..Series::default()
+            };
+            if gate::has_gate(pod) {
+                let decided = gate::decide(pod, &verdicts);
+                series.gate = Some((decided.model.clone(), decided.ok()));
+                synced &= self.write_gate(pod, &uid, &decided, memory).await;
+            }
+            let writable = writable_mounts(pod, &self.mounts);
+            for mount in &writable {
+                *series.writable.entry(mount.model.clone()).or_default() += 1;
+                if memory.warned.insert((uid.clone(), mount.model.clone())) {
+                    self.warn_writable(&namespace, &name, &uid, mount).await;
+                }
+            }
+            self.export(memory.series.get(&uid), &series);
+            memory.series.insert(uid, series);
+        }
+        // Pods gone (or finished): their series and memory go with them.
+        let gone: Vec<String> = memory
+            .series
+            .keys()
+            .filter(|uid| !seen.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
+            if let Some(old) = memory.series.remove(&uid) {
+                self.export(Some(&old), &Series::default());
+            }
+            memory.written.remove(&uid);
+            memory.warned.retain(|(u, _)| *u != uid);
+        }
+        self.up.set_up(Subsystem::PodGates, synced);
+    }
+
+    /// Writes the pod's condition when due; false when the API server refused.
+    async fn write_gate(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        decided: &PodGate,
+        memory: &mut Memory,
+    ) -> bool {
+        let current = gate::current(pod);
+        let now = Instant::now();
+        let last = memory.written.get(uid);
+        if !gate::due(decided, current, last, now, self.heartbeat, self.interval) {
+            return true;
+        }
+        let changed = last.is_none_or(|l| l.gate != *decided);
+        let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            return true;
+        };
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let body = gate::condition_patch(decided, current, &stamp);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        match pods
+            .patch_status(name, &params, &Patch::Strategic(body))
+            .await
+        {
+            Ok(_) => {
+                self.metrics.updates.with_label_values(&["written"]).inc();
+                memory.written.insert(
+                    uid.to_string(),
+                    Written {
+                        gate: decided.clone(),
+                        at: now,
+                    },
+                );
+                if changed {
+                    tracing::info!(namespace = %namespace, pod = %name, model_name = %decided.model, status = decided.status.as_str(), reason = decided.reason, message = %decided.message, "pod readiness gate changed");
+                }
+                if !memory.last_error.is_empty() {
+                    tracing::info!("pod conditions can be written again");
+                    memory.last_error.clear();
+                }
+                true
+            }
+            // Deleted between the watch and the write: the watch will say so.
+            Err(kube::Error::Api(status)) if status.code == 404 => true,
+            Err(e) => {
+                self.metrics.updates.with_label_values(&["error"]).inc();
+                let message = e.to_string();
+                if message != memory.last_error {
+                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, "cannot write the pod's mlnode.dev/ModelVerified condition (RBAC: patch pods/status; the admission policy: pods on this node only)");
+                    memory.last_error = message;
+                }
+                false
+            }
+        }
+    }
+
+    async fn warn_writable(&self, namespace: &str, name: &str, uid: &str, mount: &WritableMount) {
+        let message = format!(
+            "container {} mounts the cache of model {} writable (volume {} at {}): the pod can change what the agent verifies; mount it readOnly: true",
+            mount.container, mount.model, mount.volume, mount.mount_path
+        );
+        tracing::warn!(namespace, pod = name, model_name = %mount.model, container = %mount.container, "a pod mounts a model cache writable");
+        let about = About::pod(namespace, name, uid);
+        events::post(
+            &self.client,
+            &self.node_name,
+            &about,
+            "Warning",
+            "ModelCacheWritable",
+            &message,
+        )
+        .await;
+    }
+
+    /// Moves a pod's series from `old` to `new`: sets what `new` has, removes what only `old` had.
+    fn export(&self, old: Option<&Series>, new: &Series) {
+        if let Some(old) = old {
+            if let Some((model, _)) = old
+                .gate
+                .as_ref()
+                .filter(|(m, _)| new.gate.as_ref().map(|(n, _)| n) != Some(m))
+            {
+                let _ = self
+                    .metrics
+                    .gate
+                    .remove_label_values(&[&old.namespace, &old.pod, model]);
+            }
+            for model in old
+                .writable
+                .keys()
+                .filter(|m| !new.writable.contains_key(*m))
+            {
+                let _ =
+                    self.metrics
+                        .writable
+                        .remove_label_values(&[model, &old.namespace, &old.pod]);
+            }
+        }
+        if let Some((model, ok)) = &new.gate {
+            self.metrics.set_gate(&new.namespace, &new.pod, model, *ok);
+        }
+        for (model, count) in &new.writable {
+            self.metrics
+                .set_writable(model, &new.namespace, &new.pod, *count);
+        }
+    }
+}
+
+/// A pod whose containers can still serve: not Succeeded or Failed, not being deleted.
+fn is_running(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+}

@@ -1,0 +1,384 @@
+//! A pod's `mlnode.dev/ModelVerified` readiness gate, as plain data decided from the pod's own
+//! annotations and the agent's verdicts, and when it is written. Trust never comes from the pod:
+//! its annotations only name which of the node's configured models (their manifests and signers
+//! are the agent's config) it relies on.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use serde_json::{json, Value};
+
+use crate::models::{annotated_model, MODEL_ANNOTATION, REVISION_ANNOTATION};
+use crate::readiness::gates::{truncate, Status};
+use mlnode_core::state::Readiness;
+
+/// The condition type a pod lists in `spec.readinessGates` to wait for its model.
+pub const MODEL_VERIFIED: &str = "mlnode.dev/ModelVerified";
+/// Every pod condition the agent writes has this prefix, and the admission policy lets it write
+/// no other.
+pub const CONDITION_PREFIX: &str = "mlnode.dev/";
+
+/// Whether the pod waits for [`MODEL_VERIFIED`]: it opts in through its own spec.
+pub fn has_gate(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|g| g.condition_type == MODEL_VERIFIED))
+}
+
+/// The condition's content, without times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodGate {
+    /// The model the pod names; empty when it names none.
+    pub model: String,
+    pub status: Status,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl PodGate {
+    pub fn ok(&self) -> bool {
+        self.status == Status::True
+    }
+}
+
+/// The gate of a pod that names its model by annotation, from the verdicts of the models
+/// configured on this node (by name).
+pub fn decide(pod: &Pod, verdicts: &BTreeMap<String, Readiness>) -> PodGate {
+    let model = annotated_model(pod).unwrap_or_default().to_string();
+    let required = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REVISION_ANNOTATION))
+        .filter(|r| !r.is_empty());
+    let gate = |ok, reason, message: String| PodGate {
+        model: model.clone(),
+        status: Status::of(ok),
+        reason,
+        message: truncate(message),
+    };
+    let configured = || verdicts.keys().cloned().collect::<Vec<_>>().join(", ");
+    if model.is_empty() {
+        return gate(
+            false,
+            "ModelNotNamed",
+            format!("the pod names no model: annotate it {MODEL_ANNOTATION}: <name> (configured on this node: {})", configured()),
+        );
+    }
+    match verdicts.get(&model) {
+        None => gate(
+            false,
+            "ModelNotOnNode",
+            format!(
+                "model {model:?} is not configured on this node (configured: {})",
+                configured()
+            ),
+        ),
+        Some(Readiness::Starting) => gate(
+            false,
+            "VerificationInProgress",
+            format!("model {model} is being verified"),
+        ),
+        Some(Readiness::Failed { reason }) => gate(
+            false,
+            "ModelNotVerified",
+            format!("model {model}: {reason}"),
+        ),
+        Some(Readiness::Verified { revision }) => match required {
+            Some(required) if !revision_matches(required, revision.as_deref()) => gate(
+                false,
+                "RevisionMismatch",
+                format!(
+                    "model {model} is verified at revision {}, the pod requires {required}",
+                    revision
+                        .as_deref()
+                        .unwrap_or("(none: its manifest names no revision)")
+                ),
+            ),
+            _ => gate(
+                true,
+                "ModelVerified",
+                format!(
+                    "model {model} verified (revision {})",
+                    revision.as_deref().unwrap_or("not given")
+                ),
+            ),
+        },
+    }
+}
+
+/// The revision the pod requires is the verified one, or an abbreviation of its commit (seven or
+/// more hex digits, as git abbreviates).
+fn revision_matches(required: &str, verified: Option<&str>) -> bool {
+    let Some(verified) = verified else {
+        return false;
+    };
+    let abbreviated = required.len() >= 7
+        && required.bytes().all(|b| b.is_ascii_hexdigit())
+        && verified.len() > required.len()
+        && verified.bytes().all(|b| b.is_ascii_hexdigit())
+        && verified[..required.len()].eq_ignore_ascii_case(required);
+    verified == required || abbreviated
+}
+
+/// The pod's [`MODEL_VERIFIED`] condition as the API server has it now.
+pub fn current(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == MODEL_VERIFIED)
+}
+
+/// Whether `gate` says something other than `current`.
+pub fn differs(gate: &PodGate, current: Option<&PodCondition>) -> bool {
+    current.is_none_or(|c| {
+        c.status != gate.status.as_str()
+            || c.reason.as_deref() != Some(gate.reason)
+            || c.message.as_deref() != Some(gate.message.as_str())
+    })
+}
+
+/// What the agent last wrote to one pod, and when.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub gate: PodGate,
+    pub at: Instant,
+}
+
+/// Whether the gate is written now: never written by this agent, changed since its last write,
+/// the heartbeat due, or the pod still showing something else `settle` after the write (the
+/// write was lost, or someone overwrote it).
+pub fn due(
+    gate: &PodGate,
+    current: Option<&PodCondition>,
+    last: Option<&Written>,
+    now: Instant,
+    heartbeat: Duration,
+    settle: Duration,
+) -> bool {
+    let Some(last) = last else {
+        return true;
+    };
+    last.gate != *gate
+        || now >= last.at + heartbeat
+        || (differs(gate, current) && now >= last.at + settle)
+}
+
+/// The strategic-merge patch body for `pods/<name>/status`: only the agent's condition
+/// (conditions merge on `type`, so the kubelet's are never touched). `lastTransitionTime` moves
+/// only when the status flips; `lastProbeTime` is `now`, the heartbeat.
+pub fn condition_patch(gate: &PodGate, current: Option<&PodCondition>, now: &str) -> Value {
+    let status = gate.status.as_str();
+    let transition = current
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.as_ref())
+        .and_then(|t| serde_json::to_value(t).ok())
+        .unwrap_or_else(|| json!(now));
+    json!({"status": {"conditions": [{
+        "type": MODEL_VERIFIED,
+        "status": status,
+        "reason": gate.reason,
+        "message": gate.message,
+        "lastProbeTime": now,
+        "lastTransitionTime": transition,
+    }]}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COMMIT: &str = "0e9e39f249a16976918f6564b8830bc894c89659";
+
+    /// A pod spec with a readiness gate, as kubernetes.io/docs/concepts/workloads/pods/
+    /// pod-lifecycle/#pod-readiness-gate shows it, and the kubelet's own conditions in its status.
+    fn pod(annotations: serde_json::Value, gate: bool) -> Pod {
+        let gates = if gate {
+            json!([{"conditionType": MODEL_VERIFIED}])
+        } else {
+            json!([])
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "vllm-0", "namespace": "inference", "uid": "u1", "annotations": annotations},
+            "spec": {"nodeName": "n", "readinessGates": gates, "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}]},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady", "message": "corresponding condition of pod readiness gate \"mlnode.dev/ModelVerified\" does not exist.", "lastProbeTime": null, "lastTransitionTime": "2026-12-01T10:00:00Z"},
+                {"type": "ContainersReady", "status": "True", "lastProbeTime": null, "lastTransitionTime": "2026-12-01T10:00:00Z"},
+            ]},
+        }))
+        .unwrap()
+    }
+
+    fn verdicts(readiness: Readiness) -> BTreeMap<String, Readiness> {
+        BTreeMap::from([
+            ("llama".to_string(), readiness),
+            (
+                "mistral".to_string(),
+                Readiness::Verified { revision: None },
+            ),
+        ])
+    }
+
+    fn verified() -> Readiness {
+        Readiness::Verified {
+            revision: Some(COMMIT.into()),
+        }
+    }
+
+    #[test]
+    fn only_a_pod_listing_the_gate_waits_for_it() {
+        assert!(has_gate(&pod(json!({}), true)));
+        assert!(!has_gate(&pod(json!({"mlnode.dev/model": "llama"}), false)));
+    }
+
+    #[test]
+    fn each_reason_from_the_pods_model_and_its_verdict() {
+        let decided = |annotations, readiness| {
+            let gate = decide(&pod(annotations, true), &verdicts(readiness));
+            (gate.status, gate.reason, gate.message)
+        };
+        let llama = json!({"mlnode.dev/model": "llama"});
+        assert_eq!(
+            decided(llama.clone(), verified()),
+            (
+                Status::True,
+                "ModelVerified",
+                format!("model llama verified (revision {COMMIT})")
+            )
+        );
+        assert_eq!(
+            decided(llama.clone(), Readiness::Starting).1,
+            "VerificationInProgress"
+        );
+        let failed = Readiness::Failed {
+            reason: "model-00001-of-00004.safetensors digest_mismatch".into(),
+        };
+        assert_eq!(
+            decided(llama.clone(), failed),
+            (
+                Status::False,
+                "ModelNotVerified",
+                "model llama: model-00001-of-00004.safetensors digest_mismatch".into()
+            )
+        );
+        let (status, reason, message) = decided(json!({"mlnode.dev/model": "qwen"}), verified());
+        assert_eq!((status, reason), (Status::False, "ModelNotOnNode"));
+        assert!(message.contains("configured: llama, mistral"), "{message}");
+        assert_eq!(decided(json!({}), verified()).1, "ModelNotNamed");
+        assert_eq!(
+            decided(json!({"mlnode.dev/model-name": "llama"}), verified()).1,
+            "ModelVerified",
+            "the startup tracker's earlier annotation names it too"
+        );
+    }
+
+    #[test]
+    fn a_required_revision_is_the_verified_commit_or_its_abbreviation() {
+        let with = |revision: &str, readiness| {
+            decide(
+                &pod(
+                    json!({"mlnode.dev/model": "llama", "mlnode.dev/model-revision": revision}),
+                    true,
+                ),
+                &verdicts(readiness),
+            )
+            .reason
+        };
+        assert_eq!(with(COMMIT, verified()), "ModelVerified");
+        assert_eq!(with("0e9e39f", verified()), "ModelVerified");
+        assert_eq!(with("0E9E39F2", verified()), "ModelVerified");
+        assert_eq!(
+            with("0e9e39", verified()),
+            "RevisionMismatch",
+            "too short to abbreviate"
+        );
+        assert_eq!(with("1e9e39f", verified()), "RevisionMismatch");
+        assert_eq!(with("main", verified()), "RevisionMismatch");
+        assert_eq!(
+            with(COMMIT, Readiness::Verified { revision: None }),
+            "RevisionMismatch",
+            "a manifest without a revision cannot satisfy one"
+        );
+        assert_eq!(
+            with("", verified()),
+            "ModelVerified",
+            "empty: none required"
+        );
+    }
+
+    #[test]
+    fn written_on_a_change_at_the_heartbeat_and_when_the_pod_still_differs_after_settling() {
+        let t0 = Instant::now();
+        let (heartbeat, settle) = (Duration::from_secs(300), Duration::from_secs(10));
+        let pod = pod(json!({"mlnode.dev/model": "llama"}), true);
+        let gate = decide(&pod, &verdicts(verified()));
+        let shown = |gate: &PodGate| -> PodCondition {
+            serde_json::from_value(
+                condition_patch(gate, None, "2026-12-01T10:00:01Z")["status"]["conditions"][0]
+                    .clone(),
+            )
+            .unwrap()
+        };
+        let due_at = |current: Option<&PodCondition>, last: Option<&Written>, after: Duration| {
+            due(&gate, current, last, t0 + after, heartbeat, settle)
+        };
+        assert!(due_at(None, None, Duration::ZERO), "never written");
+        let last = Written {
+            gate: gate.clone(),
+            at: t0,
+        };
+        let now_shown = shown(&gate);
+        assert!(!due_at(
+            Some(&now_shown),
+            Some(&last),
+            Duration::from_secs(1)
+        ));
+        assert!(
+            !due_at(None, Some(&last), Duration::from_secs(1)),
+            "the watch has not caught up yet"
+        );
+        assert!(
+            due_at(None, Some(&last), settle),
+            "still not there: lost or overwritten"
+        );
+        assert!(due_at(Some(&now_shown), Some(&last), heartbeat));
+        let changed = Written {
+            gate: decide(&pod, &verdicts(Readiness::Starting)),
+            at: t0,
+        };
+        assert!(due_at(
+            Some(&now_shown),
+            Some(&changed),
+            Duration::from_secs(1)
+        ));
+    }
+
+    #[test]
+    fn the_patch_carries_only_the_agents_condition_and_keeps_the_transition_time() {
+        let gate = decide(
+            &pod(json!({"mlnode.dev/model": "llama"}), true),
+            &verdicts(verified()),
+        );
+        let first = condition_patch(&gate, None, "2026-12-01T10:00:01Z");
+        let conditions = first["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(first.as_object().unwrap().len(), 1, "nothing but status");
+        assert_eq!(conditions[0]["type"], MODEL_VERIFIED);
+        assert_eq!(conditions[0]["lastTransitionTime"], "2026-12-01T10:00:01Z");
+        let shown: PodCondition = serde_json::from_value(conditions[0].clone()).unwrap();
+        let again = condition_patch(&gate, Some(&shown), "2026-12-01T10:05:01Z");
+        assert_eq!(
+            again["status"]["conditions"][0]["lastTransitionTime"],
+            "2026-12-01T10:00:01Z"
+        );
+        assert_eq!(
+            again["status"]["conditions"][0]["lastProbeTime"],
+            "2026-12-01T10:05:01Z"
+        );
+        assert!(!differs(&gate, Some(&shown)));
+    }
+}

@@ -1,0 +1,68 @@
+//! Per-workload model trust: each pod's `mlnode.dev/ModelVerified` readiness gate and the
+//! writable-mount warnings. On wherever the readiness controller runs (`readiness.enabled`): a pod
+//! opts in through its own spec, so there is nothing else to configure.
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use super::kube_for;
+use crate::models::ModelMount;
+use crate::readiness::settings::ReadinessSettings;
+use crate::workloads::controller::{OwnPod, PodController, WorkloadMetrics};
+use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
+use mlnode_core::metrics::Subsystem;
+
+pub struct PodGates {
+    pub settings: ReadinessSettings,
+    /// Where each configured model's cache is mounted from.
+    pub mounts: Vec<ModelMount>,
+}
+
+/// The agent's own pod, as the DaemonSet passes it through the downward API.
+fn own_pod() -> Option<OwnPod> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    Some(OwnPod {
+        namespace: var("POD_NAMESPACE")?,
+        name: var("POD_NAME")?,
+    })
+}
+
+impl Component for PodGates {
+    fn about(&self) -> About {
+        About::part(
+            Subsystem::PodGates,
+            "pod readiness gates",
+            self.settings.enabled,
+        )
+    }
+
+    fn start<'a>(
+        self: Box<Self>,
+        cx: &'a mut StartContext,
+    ) -> BoxFuture<'a, Result<Started, NotStarted>> {
+        async move {
+            let client = kube_for(self.settings.enabled, "readiness")
+                .await
+                .map_err(NotStarted::Absent)?;
+            let own_pod = own_pod();
+            if own_pod.is_none() && self.mounts.iter().any(|m| m.host_path.is_none()) {
+                tracing::info!("POD_NAMESPACE and POD_NAME are not set: a model without host_path is taken to be at its root on the node");
+            }
+            let controller = PodController {
+                client,
+                node_name: cx.node_name.clone(),
+                models: cx.models.clone(),
+                mounts: self.mounts,
+                own_pod,
+                interval: self.settings.interval.get(),
+                heartbeat: self.settings.heartbeat.get(),
+                metrics: WorkloadMetrics::register(&cx.registry)?,
+                up: cx.up.clone(),
+            };
+            cx.tasks.spawn(controller.run(cx.shutdown.child_token()));
+            // Up once the node's pods are listed and their gates written, down while that fails.
+            Ok(Started::reporting(format!("pods on node {}", cx.node_name)))
+        }
+        .boxed()
+    }
+}
