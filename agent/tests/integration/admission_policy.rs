@@ -333,3 +333,22 @@ fn a_pods_other_conditions_and_status_are_not_the_agents_to_change() {
         .unwrap_err()
         .contains("labels"));
 }
+
+/// deploy/examples/vllm-with-model-gate.yaml's pod, bound to the agent's node: the condition the
+/// agent writes on it (the agent's own patch body, merged on `type`) is admitted.
+#[test]
+fn the_agents_write_on_the_example_pod_is_admitted() {
+    let old = common::pods::gated_example_pod("e1", "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", NODE);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(old.clone()).unwrap();
+    let verdicts = std::collections::BTreeMap::from([(
+        "llama-3.1-8b".to_string(),
+        mlnode_agent::cache::state::Readiness::Verified {
+            revision: Some("0e9e39f249a16976918f6564b8830bc894c89659".into()),
+        },
+    )]);
+    let gate = mlnode_agent::workloads::gate::decide(&pod, &verdicts);
+    assert!(gate.ok(), "{gate:?}");
+    let patch = mlnode_agent::workloads::gate::condition_patch(&gate, None, "2026-12-01T10:00:00Z");
+    let new = with_pod_condition(old.clone(), patch["status"]["conditions"][0].clone());
+    assert_eq!(admit_pod(Some(NODE), &old, &new), Ok(()));
+}

@@ -209,6 +209,87 @@ fn each_pod_follows_its_own_models_verification() {
     );
 }
 
+/// A pod whose status the API server refuses, and one deleted while the agent writes it: each
+/// is counted or passed over, with bounded retries (one write per pod per round), and every other
+/// pod and the node's own conditions are written as ever.
+#[test]
+fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
+    let api = FakeApiServer::start(gpu_node(NODE));
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let llama = json!({"mlnode.dev/model": "llama"});
+    for (uid, name) in [
+        ("u0", "vllm-0"),
+        ("u1", "vllm-refused"),
+        ("u2", "vllm-vanished"),
+    ] {
+        api.put_pod(gated(uid, name, NODE, llama.clone(), "/var/lib/models"));
+    }
+    api.state
+        .refuse_pod_status
+        .lock()
+        .unwrap()
+        .push("vllm-refused".into());
+    let agent = start(&api, &model, &manifest);
+    let condition = |pod: &str| api.pod_condition("inference", pod, GATE);
+    wait_until("the gates True", || {
+        condition("vllm-0")["status"] == "True" && condition("vllm-vanished")["status"] == "True"
+    });
+    wait_until("the node's condition", || {
+        api.condition("ModelCacheVerified")["status"] == "True"
+    });
+    let errors = |a: &Agent| {
+        sample(
+            &a.metrics(),
+            "mlnode_pod_gate_updates_total",
+            &[("result", "error")],
+        )
+        .unwrap_or(0.0)
+    };
+    wait_until("the refusal counted", || errors(&agent) >= 2.0);
+    // Deleted, and the watch not yet told; then a verdict changes: the write to it finds no pod.
+    api.forget_pod("u2");
+    let vanished_before = status_patches(&api, "vllm-vanished").len();
+    std::fs::write(model.path("config.json"), b"{}").unwrap();
+    wait_until("vllm-0's gate False", || {
+        condition("vllm-0")["status"] == "False"
+    });
+    wait_until("the vanished pod tried", || {
+        status_patches(&api, "vllm-vanished").len() > vanished_before
+    });
+    wait_until("the node's condition False", || {
+        api.condition("ModelCacheVerified")["status"] == "False"
+    });
+    // One write per round to the refused pod: every refused write is counted once, and the
+    // vanished pod's 404 not at all.
+    let refused = status_patches(&api, "vllm-refused").len() as f64;
+    let counted = errors(&agent);
+    assert!(
+        counted <= refused && counted >= refused - 1.0,
+        "{counted} errors, {refused} refused writes"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("cannot write the pod's mlnode.dev/ModelVerified condition")
+            && log.contains("pod-guard.example.com"),
+        "{log}"
+    );
+    let said = log
+        .lines()
+        .filter(|l| l.contains("cannot write the pod's") && l.contains("vllm-refused"))
+        .count();
+    assert_eq!(said, 1, "said once: {log}");
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_collector_up",
+            &[("collector", "pod_gates")]
+        ),
+        Some(0.0),
+        "a refused write is the collector failing"
+    );
+}
+
 #[test]
 fn a_pod_mounting_the_cache_writable_is_warned_once_and_counted() {
     let api = FakeApiServer::start(gpu_node(NODE));
@@ -307,30 +388,12 @@ fn matches(term: &Value, labels: &Value) -> bool {
 /// the node, is gated on its model and prefers the node once the agent labels it.
 #[test]
 fn the_example_deployment_is_gated_on_its_model_and_prefers_its_node() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/vllm-with-model-gate.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let deployment: Value = text
-        .split("\n---\n")
-        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
-        .find(|o| o["kind"] == "Deployment")
-        .unwrap();
+    let deployment = common::pods::gated_example();
     let template = &deployment["spec"]["template"];
     let revision = template["metadata"]["annotations"]["mlnode.dev/model-revision"]
         .as_str()
         .unwrap();
-    let mut pod = gated(
-        "e1",
-        "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p",
-        NODE,
-        json!({}),
-        "/var/lib/models",
-    );
-    pod["metadata"]["labels"] = template["metadata"]["labels"].clone();
-    pod["metadata"]["annotations"] = template["metadata"]["annotations"].clone();
-    let mut spec = template["spec"].clone();
-    spec["nodeName"] = json!(NODE);
-    pod["spec"] = spec;
+    let pod = common::pods::gated_example_pod("e1", "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", NODE);
     let api = FakeApiServer::start(gpu_node(NODE));
     api.put_pod(pod);
     let model = PlainModel::new();

@@ -113,7 +113,8 @@ struct Memory {
     /// (pod uid, model) pairs whose writable mount was warned about.
     warned: HashSet<(String, String)>,
     host_paths_derived: bool,
-    last_error: String,
+    /// The last write error of each pod (by uid) that is failing, said once.
+    failing: HashMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -256,6 +257,7 @@ impl PodController {
                 self.export(Some(&old), &Series::default());
             }
             memory.written.remove(&uid);
+            memory.failing.remove(&uid);
             memory.warned.retain(|(u, _)| *u != uid);
         }
         self.up.set_up(Subsystem::PodGates, synced);
@@ -302,9 +304,8 @@ impl PodController {
                 if changed {
                     tracing::info!(namespace = %namespace, pod = %name, model_name = %decided.model, status = decided.status.as_str(), reason = decided.reason, message = %decided.message, "pod readiness gate changed");
                 }
-                if !memory.last_error.is_empty() {
-                    tracing::info!("pod conditions can be written again");
-                    memory.last_error.clear();
+                if memory.failing.remove(uid).is_some() {
+                    tracing::info!(namespace = %namespace, pod = %name, "the pod's condition can be written again");
                 }
                 true
             }
@@ -313,9 +314,9 @@ impl PodController {
             Err(e) => {
                 self.metrics.updates.with_label_values(&["error"]).inc();
                 let message = e.to_string();
-                if message != memory.last_error {
-                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, "cannot write the pod's mlnode.dev/ModelVerified condition (RBAC: patch pods/status; the admission policy: pods on this node only)");
-                    memory.last_error = message;
+                if memory.failing.get(uid) != Some(&message) {
+                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, "cannot write the pod's mlnode.dev/ModelVerified condition (RBAC: patch pods/status; the admission policy: pods on this node only); retried every round");
+                    memory.failing.insert(uid.to_string(), message);
                 }
                 false
             }

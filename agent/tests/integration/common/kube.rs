@@ -45,6 +45,9 @@ pub struct ApiState {
     pub access: Option<Access>,
     /// Requests refused by authentication, RBAC or admission, with why.
     pub denied: Mutex<Vec<String>>,
+    /// Pods (by name) whose status writes are refused with a 403, as a webhook of another
+    /// controller (or a stricter policy) would refuse them.
+    pub refuse_pod_status: Mutex<Vec<String>>,
 }
 
 /// Who may do what: the one service-account token the server accepts, the identity it stands for
@@ -542,6 +545,10 @@ async fn patch_pod_status(
         Ok(patch) => patch,
         Err(refused) => return *refused,
     };
+    if state.refuse_pod_status.lock().unwrap().contains(&name) {
+        let message = format!("admission webhook \"pod-guard.example.com\" denied the request: pods \"{name}\" is protected");
+        return status(403, "Forbidden", &message);
+    }
     let mut pods = state.pods.lock().unwrap();
     let Some(pod) = pods.iter_mut().find(|p| {
         p["metadata"]["namespace"] == namespace.as_str() && p["metadata"]["name"] == name.as_str()
@@ -699,6 +706,15 @@ impl FakeApiServer {
         };
         drop(pods);
         self.send(json!({"type": kind, "object": pod}));
+    }
+
+    /// Deletes a pod without telling the watches yet, as a deletion the watch has not delivered.
+    pub fn forget_pod(&self, uid: &str) {
+        self.state
+            .pods
+            .lock()
+            .unwrap()
+            .retain(|p| p["metadata"]["uid"] != uid);
     }
 
     pub fn delete_pod(&self, uid: &str) {

@@ -134,3 +134,25 @@ pub fn gated_vllm_pod(
     pod["metadata"]["annotations"] = annotations;
     pod
 }
+
+/// deploy/examples/vllm-with-model-gate.yaml's Deployment, as users apply it.
+pub fn gated_example() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/examples/vllm-with-model-gate.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    text.split("\n---\n")
+        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap()
+}
+
+/// A pod of that Deployment's template bound to `node`, with a running container's status.
+pub fn gated_example_pod(uid: &str, name: &str, node: &str) -> Value {
+    let template = &gated_example()["spec"]["template"];
+    let mut pod = gated_vllm_pod(uid, name, node, "/var/lib/models", json!({}));
+    pod["metadata"]["annotations"] = template["metadata"]["annotations"].clone();
+    pod["metadata"]["labels"] = template["metadata"]["labels"].clone();
+    pod["spec"] = template["spec"].clone();
+    pod["spec"]["nodeName"] = json!(node);
+    pod
+}
