@@ -280,16 +280,14 @@ fn admit_pod(claim: Option<&str>, old: &Value, new: &Value) -> Result<(), String
 fn the_agent_may_write_its_own_condition_on_its_own_nodes_pods_only() {
     let verified = json!({"type": "mlnode.dev/ModelVerified", "status": "True", "reason": "ModelVerified", "message": "model llama verified"});
     let old = gated_pod(NODE);
-    let new = with_pod_condition(gated_pod(NODE), verified.clone());
+    let new = with_pod_condition(old.clone(), verified.clone());
     assert_eq!(admit_pod(Some(NODE), &old, &new), Ok(()));
     let other = "ip-10-0-9-99.us-east-2.compute.internal";
     assert!(admit_pod(Some(other), &old, &new)
         .unwrap_err()
         .contains("pods bound to the node it runs on"));
-    let (old_there, new_there) = (
-        gated_pod(other),
-        with_pod_condition(gated_pod(other), verified),
-    );
+    let old_there = gated_pod(other);
+    let new_there = with_pod_condition(old_there.clone(), verified);
     assert!(
         admit_pod(Some(NODE), &old_there, &new_there).is_err(),
         "another node's pod"
@@ -300,7 +298,7 @@ fn the_agent_may_write_its_own_condition_on_its_own_nodes_pods_only() {
 #[test]
 fn a_pods_other_conditions_and_status_are_not_the_agents_to_change() {
     let old = gated_pod(NODE);
-    let mut ready = gated_pod(NODE);
+    let mut ready = old.clone();
     for condition in ready["status"]["conditions"].as_array_mut().unwrap() {
         if condition["type"] == "Ready" {
             condition["status"] = json!("True");
@@ -310,24 +308,24 @@ fn a_pods_other_conditions_and_status_are_not_the_agents_to_change() {
         .unwrap_err()
         .contains("own pod condition types"));
     let foreign = with_pod_condition(
-        gated_pod(NODE),
+        old.clone(),
         json!({"type": "example.com/Other", "status": "True"}),
     );
     assert!(
         admit_pod(Some(NODE), &old, &foreign).is_err(),
         "a foreign condition type"
     );
-    let mut phase = gated_pod(NODE);
+    let mut phase = old.clone();
     phase["status"]["phase"] = json!("Failed");
     assert!(admit_pod(Some(NODE), &old, &phase)
         .unwrap_err()
         .contains("phase"));
-    let mut restarted = gated_pod(NODE);
+    let mut restarted = old.clone();
     restarted["status"]["containerStatuses"][0]["restartCount"] = json!(3);
     assert!(admit_pod(Some(NODE), &old, &restarted)
         .unwrap_err()
         .contains("container statuses"));
-    let mut labelled = gated_pod(NODE);
+    let mut labelled = old.clone();
     labelled["metadata"]["labels"]["app"] = json!("other");
     assert!(admit_pod(Some(NODE), &old, &labelled)
         .unwrap_err()
