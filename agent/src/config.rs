@@ -14,6 +14,7 @@ use serde_json::Value;
 
 pub use crate::cache::settings::{ModelConfig, VerifySettings};
 use crate::gpu::settings::NvmlSettings;
+use crate::kernel_log::settings::KernelLogSettings;
 use crate::kubelet::settings::KubeletSettings;
 use crate::neuron::settings::NeuronSettings;
 use crate::readiness::settings::ReadinessSettings;
@@ -46,6 +47,7 @@ pub struct Config {
     pub kubelet: KubeletSettings,
     pub readiness: ReadinessSettings,
     pub startup: StartupSettings,
+    pub kernel_log: KernelLogSettings,
 }
 
 impl Default for Config {
@@ -61,6 +63,7 @@ impl Default for Config {
             kubelet: KubeletSettings::default(),
             readiness: ReadinessSettings::default(),
             startup: StartupSettings::default(),
+            kernel_log: KernelLogSettings::default(),
         }
     }
 }
@@ -559,7 +562,7 @@ mod tests {
     fn every_section_is_addressable_by_a_variable() {
         // Read off the type, not a list kept beside it: every field of Config has a key.
         let keys = top_level_keys();
-        assert_eq!(keys.len(), 10, "{keys:?}");
+        assert_eq!(keys.len(), 11, "{keys:?}");
         let values = [
             ("MLNODE_LISTEN", "127.0.0.1:1"),
             ("MLNODE_NODE_NAME", "gpu-7"),
@@ -574,6 +577,7 @@ mod tests {
                 "mlnode.dev/not-ready:NoSchedule",
             ),
             ("MLNODE_STARTUP__RECENT_PODS", "10"),
+            ("MLNODE_KERNEL_LOG__ENABLED", "true"),
         ];
         let overrides = env(&values).unwrap();
         assert_eq!(overrides.len(), keys.len(), "one variable per section");
@@ -599,6 +603,7 @@ mod tests {
             Some("mlnode.dev/not-ready:NoSchedule".parse().unwrap())
         );
         assert_eq!(*config.startup.recent_pods, 10);
+        assert!(config.kernel_log.enabled);
     }
 
     #[test]

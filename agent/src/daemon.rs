@@ -10,8 +10,8 @@ use crate::cache::priority::Hashers;
 use crate::cache::state::NodeFacts;
 use crate::cache::watch::FileWatch;
 use crate::components::{
-    gpu::Gpu, kubelet::Kubelet, models::Models, neuron::Neuron, pod_gates::PodGates,
-    readiness::Readiness, startup::Startup,
+    gpu::Gpu, kernel_log::KernelLog, kubelet::Kubelet, models::Models, neuron::Neuron,
+    pod_gates::PodGates, readiness::Readiness, startup::Startup,
 };
 use crate::config::{Config, ModelConfig};
 use crate::metrics::{AgentMetrics, Subsystem};
@@ -45,7 +45,16 @@ pub enum DaemonError {
 /// `/metrics`, `/healthz` or SIGTERM waiting.
 fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Box<dyn Component>> {
     let kubelet = &config.kubelet;
+    // The kernel log's facts, read by the GPU and Neuron verdicts beside their own.
+    let kernel_log = config
+        .kernel_log
+        .enabled
+        .then(crate::shared::Shared::<crate::kernel_log::facts::LogFacts>::default);
     vec![
+        Box::new(KernelLog {
+            settings: config.kernel_log.clone(),
+            facts: kernel_log.clone().unwrap_or_default(),
+        }),
         Box::new(Gpu {
             settings: config.nvml.clone(),
             resources: kubelet.gpu_resource_names.clone(),
@@ -55,11 +64,13 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
                 .map(|d| d.as_str().to_string())
                 .collect(),
             policy: config.readiness.fatal_xids.clone(),
+            kernel_log: kernel_log.clone(),
         }),
         Box::new(Neuron {
             settings: config.neuron.clone(),
             device_resources: kubelet.neuron_device_resource_names.clone(),
             core_resources: kubelet.neuron_core_resource_names.clone(),
+            kernel_log,
         }),
         Box::new(Startup {
             settings: config.startup.clone(),

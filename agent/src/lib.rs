@@ -18,7 +18,7 @@ pub mod config;
 pub mod daemon;
 pub mod server;
 
-pub use mlnode_accel::{gpu, neuron, pci};
+pub use mlnode_accel::{gpu, kernel_log, neuron, pci};
 pub use mlnode_core::{assignments, health, metrics, settings, shared};
 pub use mlnode_kube::{kubelet, models, readiness, startup, workloads};
 pub use mlnode_verify::files;

@@ -4,8 +4,10 @@
 //!
 //! - [`gpu`]: NVIDIA GPUs through NVML, labelled as dcgm-exporter labels them;
 //! - [`neuron`]: AWS Neuron devices from the driver's sysfs, as neuron-monitor names them;
-//! - [`pci`]: the PCI bus, which both drivers' device counts are checked against.
+//! - [`pci`]: the PCI bus, which both drivers' device counts are checked against;
+//! - [`kernel_log`]: the node's journal, for the faults only the drivers' log lines show.
 
 pub mod gpu;
+pub mod kernel_log;
 pub mod neuron;
 pub mod pci;

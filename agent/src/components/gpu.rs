@@ -8,6 +8,8 @@ use futures_util::FutureExt;
 use crate::gpu::health::{GpuHealth, XidPolicy};
 use crate::gpu::settings::NvmlSettings;
 use crate::gpu::GpuRuntime;
+use crate::kernel_log::facts::LogFacts;
+use crate::shared::Shared;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
 
@@ -23,6 +25,8 @@ pub struct Gpu {
     pub dra_drivers: Vec<String>,
     /// Which XIDs hold the node (`readiness.fatal_xids`).
     pub policy: XidPolicy,
+    /// What the kernel log says, when `kernel_log.enabled`.
+    pub kernel_log: Option<Shared<LogFacts>>,
 }
 
 impl Component for Gpu {
@@ -48,6 +52,7 @@ impl Component for Gpu {
             cx.health.push(Box::new(GpuHealth {
                 state: gpu.state.clone(),
                 policy: self.policy,
+                kernel_log: self.kernel_log,
             }));
             cx.devices.resources.extend(self.resources);
             cx.devices.dra_drivers.extend(self.dra_drivers);

@@ -2,6 +2,7 @@
 //! from the config, and how it starts. The daemon only lists them.
 
 pub mod gpu;
+pub mod kernel_log;
 pub mod kubelet;
 pub mod models;
 pub mod neuron;

@@ -7,9 +7,11 @@ use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use super::kube_for;
+use crate::kernel_log::facts::LogFacts;
 use crate::neuron::health::NeuronHealth;
 use crate::neuron::settings::NeuronSettings;
 use crate::neuron::{self, monitor_input, NodeLabels, SharedNodeLabels};
+use crate::shared::Shared;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
 use mlnode_core::settings::Toggle;
@@ -20,6 +22,8 @@ pub struct Neuron {
     /// indexes (`kubelet.neuron_device_resource_names`, `kubelet.neuron_core_resource_names`).
     pub device_resources: Vec<String>,
     pub core_resources: Vec<String>,
+    /// What the kernel log says, when `kernel_log.enabled`.
+    pub kernel_log: Option<Shared<LogFacts>>,
 }
 
 impl Component for Neuron {
@@ -55,6 +59,7 @@ impl Component for Neuron {
             cx.health.push(Box::new(NeuronHealth::new(
                 settings.sysfs_root.clone(),
                 settings.pci_devices.clone(),
+                self.kernel_log.clone(),
             )));
             cx.devices.resources.extend(self.device_resources.iter().cloned());
             cx.devices.resources.extend(self.core_resources.iter().cloned());

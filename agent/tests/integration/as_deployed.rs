@@ -252,7 +252,7 @@ type AdmissionCase = (
 
 #[test]
 fn every_rendered_pod_is_admitted_by_its_namespace() {
-    let cases: [AdmissionCase; 6] = [
+    let cases: [AdmissionCase; 7] = [
         (
             "overlays/gpu",
             &["components/mig-monitor"],
@@ -291,6 +291,13 @@ fn every_rendered_pod_is_admitted_by_its_namespace() {
             &["components/non-root"],
             &["hostPathVolumes"],
             &["restrictedVolumes"],
+        ),
+        // The journal, read-only, with no capability: baseline's only exception stays hostPath.
+        (
+            "overlays/gpu",
+            &["components/kernel-log"],
+            &["hostPathVolumes"],
+            &["restrictedVolumes", "runAsNonRoot", "runAsUser"],
         ),
         (
             "overlays/neuron",
@@ -900,8 +907,18 @@ fn charted_for(kind: &str, values: &str) -> Result<Vec<Value>, String> {
 }
 
 fn gpu_node_from(objects: Vec<Value>, uid: u32) -> Result<GpuNode, String> {
+    gpu_node_prepared(objects, uid, |_| Ok(()))
+}
+
+/// [`gpu_node_from`], with `prepare` putting more on the node before the agent starts.
+fn gpu_node_prepared(
+    objects: Vec<Value>,
+    uid: u32,
+    prepare: impl FnOnce(&Host) -> Result<(), String>,
+) -> Result<GpuNode, String> {
     container::supported()?;
     let host = Host::new();
+    prepare(&host)?;
     let manifest = user_model(&host);
     let token = format!("eyJhbGciOiJSUzI1NiJ9.{}", std::process::id());
     let node = gpu_node(NODE);
@@ -1107,6 +1124,77 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
             .iter()
             .any(|r| r.path.starts_with("/api/v1/pods?") && r.path.contains("spec.nodeName")),
         "the startup tracker watches its node's pods"
+    );
+}
+
+/// components/kernel-log as deployed: the host's journal holds, from before the agent started, an
+/// XID only the kernel log can show now (NVML's events were not registered then); the agent, UID 0
+/// with no capability and the journal mounted read-only, holds the node on it at start.
+#[test]
+fn the_kernel_log_component_holds_the_node_on_an_xid_from_before_the_start() {
+    let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    let objects = common::needs!(kustomize::render_with(
+        "overlays/gpu",
+        &["components/kernel-log"]
+    ));
+    let (_, spec) = pod_template(&objects);
+    let container = &spec["containers"][0];
+    assert_eq!(
+        container["securityContext"]["capabilities"],
+        json!({"drop": ["ALL"]}),
+        "no capability added"
+    );
+    let journal_mounts: Vec<&Value> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["mountPath"].as_str().unwrap().ends_with("/log/journal"))
+        .collect();
+    assert_eq!(journal_mounts.len(), 2);
+    assert!(journal_mounts.iter().all(|m| m["readOnly"] == true));
+    let gpu = h100(1);
+    let bus = gpu["pci_bus_id"].as_str().unwrap().to_ascii_lowercase();
+    let slot = format!(
+        "{:04x}:{}",
+        u32::from_str_radix(&bus[..8], 16).unwrap(),
+        &bus[9..14]
+    );
+    let line = format!("NVRM: Xid (PCI:{slot}): 119, pid=2211, name=vllm, Timeout after 6s of waiting for RPC response from GPU1 GSP!");
+    let GpuNode {
+        api,
+        mut agent,
+        _kubelet,
+        _dirs,
+        ..
+    } = common::needs!(gpu_node_prepared(objects, 0, |host| {
+        std::fs::create_dir_all(host.path("/run/log/journal")).unwrap();
+        let dir = host.path("/var/log/journal/4f1c2d3e4b5a69788796a5b4c3d2e1f0");
+        common::journal::write(
+            &dir,
+            "system.journal",
+            &[common::journal::kernel(&line, 120)],
+        )
+        .map(drop)
+    }));
+    agent.wait(
+        "AcceleratorHealthy False on the logged XID",
+        Duration::from_secs(60),
+        |_| api.condition("AcceleratorHealthy")["reason"] == "FatalXID",
+    );
+    let message = api.condition("AcceleratorHealthy")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains(gpu["uuid"].as_str().unwrap())
+            && message.contains("the kernel log has XID 119"),
+        "{message}"
+    );
+    let metrics = agent.metrics().unwrap();
+    assert_eq!(sample(&metrics, "mlnode_kernel_log_up", &[]), Some(1.0));
+    assert_eq!(
+        sample(&metrics, "mlnode_kernel_log_entries_read_total", &[]),
+        Some(1.0)
     );
 }
 

@@ -242,6 +242,7 @@ fn every_component_renders_valid_objects() {
         &["components/mig-monitor"],
         &["components/repair-condition"],
         &["components/model-labels"],
+        &["components/kernel-log"],
     ] {
         let Some(objects) = render("overlays/gpu", components) else {
             return;
@@ -258,6 +259,7 @@ fn every_component_renders_valid_objects() {
         "components/non-root",
         "components/repair-condition",
         "components/model-labels",
+        "components/kernel-log",
     ] {
         let (Some(with), Some(without)) = (
             render("overlays/neuron", &[component]),

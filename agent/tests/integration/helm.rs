@@ -125,6 +125,7 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
         ("migMonitor: {enabled: true}", &["components/mig-monitor"]),
         ("repairCondition: {enabled: true}", &["components/repair-condition"]),
         ("modelLabels: {enabled: true}", &["components/model-labels"]),
+        ("kernelLog: {enabled: true}", &["components/kernel-log"]),
     ] {
         let kustomized = common::needs!(kustomize_cluster(components));
         let charted = common::needs!(chart(values));

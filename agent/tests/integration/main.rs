@@ -17,6 +17,7 @@ mod exposition;
 mod fuzz;
 mod gpu;
 mod helm;
+mod kernel_log;
 mod metrics_doc;
 mod neuron;
 mod neuron_monitor;

@@ -163,6 +163,7 @@ fn exposition() -> String {
     workloads.set_gate("inference", "vllm-0", "m", true);
     workloads.set_writable("m", "inference", "vllm-0", 1);
     register_startup(&registry);
+    register_kernel_log(&registry);
     let tree = common::neuron::NeuronTree::new(common::neuron::INF2_XLARGE);
     // One counter reset and one unreadable file, so those families have samples too.
     register_neuron(&registry, &tree);
@@ -316,6 +317,18 @@ fn register_gpu(registry: &prometheus::Registry) {
 }
 
 /// Startup metrics after one startup with every phase, a pull with a size and a cache hit.
+fn register_kernel_log(registry: &prometheus::Registry) {
+    let metrics = mlnode_agent::kernel_log::journal::KernelLogMetrics::register(registry).unwrap();
+    let mut parser = mlnode_agent::kernel_log::parse::Parser::default();
+    for line in [
+        "NVRM: GPU 0000:5a:00.0: GPU has fallen off the bus.",
+        "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal",
+        "NEURON_HW_ERR=DMA_ERROR nd-id=0",
+    ] {
+        metrics.count(&parser.line(line).unwrap());
+    }
+}
+
 fn register_startup(registry: &prometheus::Registry) {
     use mlnode_agent::startup::phases::{Phase, Pull, Startup};
     let metrics = mlnode_agent::startup::tracker::StartupMetrics::register(registry).unwrap();

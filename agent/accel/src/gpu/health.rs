@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::FabricReading;
+use crate::kernel_log::facts::{LogFacts, Logged};
+use crate::kernel_log::parse::PciAddress;
 use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
 use mlnode_core::shared::Shared;
 
@@ -124,17 +126,131 @@ impl XidPolicy {
     }
 }
 
-/// The GPU collector as a [`HealthSource`]: its state, judged by the XID policy.
+/// The GPU collector as a [`HealthSource`]: its state, judged by the XID policy, and what the
+/// kernel log says of its GPUs when that source runs.
 pub struct GpuHealth {
     pub state: Shared<GpuState>,
     pub policy: XidPolicy,
+    pub kernel_log: Option<Shared<LogFacts>>,
 }
 
 impl HealthSource for GpuHealth {
     fn report(&mut self, from_node: &FromNode, now: Instant) -> Report {
         let state = self.state.borrow();
-        assess(&state, &self.policy, from_node, now)
+        let mut report = assess(&state, &self.policy, from_node, now);
+        if let Some(log) = &self.kernel_log {
+            add_logged(&mut report, &state, &log.borrow(), &self.policy, from_node);
+        }
+        report
     }
+}
+
+/// What the kernel log adds to [`assess`]'s verdict: the XIDs it logged for a GPU that NVML's
+/// events did not deliver (from before the agent started, or while it was not registered), judged
+/// by the same catalog and cleared the same way; each GPU it says fell off the bus (the catalog's
+/// action for XID 79, RESTART_BM); and the same for an address NVML does not list. An XID both
+/// sources saw is one: NVML's holds it already, and the log adds nothing.
+pub fn add_logged(
+    report: &mut Report,
+    state: &GpuState,
+    logged: &LogFacts,
+    policy: &XidPolicy,
+    from_node: &FromNode,
+) {
+    report.problems.extend(logged.pending());
+    let mut listed = Vec::new();
+    for (index, entry) in &state.gpus {
+        let Some(id) = &entry.identity else { continue };
+        let Some(address) = PciAddress::from_nvml(&id.pci_bus_id) else {
+            continue;
+        };
+        listed.push(address);
+        let name = format!("GPU {index} ({}, {})", id.uuid, id.pci_bus_id);
+        let held_by_nvml = report.held.get(&id.uuid).cloned().unwrap_or_default();
+        let action = entry.reading.as_ref().and_then(|r| r.recovery_action);
+        let cleared_by_driver = |xid: u64, at: Instant| {
+            action == Some(0)
+                && catalog(xid).is_some_and(|e| e.recovery_action_linked)
+                && entry
+                    .read_at
+                    .is_some_and(|read| read >= at + state.stall_after)
+        };
+        let xids: Vec<(u64, &Logged)> = logged
+            .xids_of(&address)
+            .filter(|(xid, l)| {
+                policy.holds(*xid)
+                    && !held_by_nvml.contains(xid)
+                    && !cleared_by_driver(*xid, l.last)
+                    && from_node.outlives_clearing(l.last)
+            })
+            .collect();
+        report.problems.extend(logged_problems(
+            &name,
+            &xids,
+            logged.fell_off_bus(&address),
+            from_node,
+        ));
+        if !xids.is_empty() {
+            report
+                .held
+                .entry(id.uuid.clone())
+                .or_default()
+                .extend(xids.iter().map(|(xid, _)| *xid));
+        }
+    }
+    // The GPUs NVML does not list (lost, or never found): the log names them by address.
+    let mut unlisted: BTreeSet<PciAddress> = logged.xids.keys().map(|(a, _)| *a).collect();
+    unlisted.extend(logged.fallen_off_bus.keys());
+    for address in unlisted
+        .into_iter()
+        .filter(|a| !listed.iter().any(|l| l.same_slot(a)))
+    {
+        let xids: Vec<(u64, &Logged)> = logged
+            .xids_of(&address)
+            .filter(|(xid, l)| policy.holds(*xid) && from_node.outlives_clearing(l.last))
+            .collect();
+        let name = format!("the GPU at PCI {address} (not listed by NVML)");
+        report.problems.extend(logged_problems(
+            &name,
+            &xids,
+            logged.fell_off_bus(&address),
+            from_node,
+        ));
+    }
+}
+
+fn logged_problems(
+    name: &str,
+    xids: &[(u64, &Logged)],
+    fell: Option<&Logged>,
+    from_node: &FromNode,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if fell.is_some_and(|l| from_node.outlives_clearing(l.last)) {
+        problems.push(Problem::new(
+            "GPUFallenOffBus",
+            format!("{name} fell off the bus (kernel log, this boot): RESTART_BM, the node must be rebooted"),
+        ));
+    }
+    if !xids.is_empty() {
+        let said: Vec<String> = xids
+            .iter()
+            .map(|(xid, l)| {
+                let action = catalog(*xid).map_or("added by readiness.fatal_xids", |e| e.action);
+                let process = l
+                    .process
+                    .as_deref()
+                    .map(|p| format!(", process {p}"))
+                    .unwrap_or_default();
+                format!("{xid} ({action}{process})")
+            })
+            .collect();
+        problems.push(Problem::new(
+            "FatalXID",
+            format!("{name}: the kernel log has XID {} on this boot, which NVIDIA's catalog says needs the GPU reset or the machine restarted", said.join(", ")),
+        ));
+    }
+    problems
 }
 
 /// The health facts of every GPU: the problems (none: healthy), and the XIDs that hold each GPU
@@ -419,6 +535,143 @@ mod tests {
         };
         state.apply(0, gpu(Some(0)), 1.0, t0);
         state
+    }
+
+    /// [`assess`] and what the kernel log adds, as `GpuHealth::report` combines them.
+    fn with_log(state: &GpuState, lines: &[(&str, Instant)], from_node: &FromNode) -> Report {
+        let mut facts = LogFacts {
+            history_read: true,
+            ..LogFacts::default()
+        };
+        let mut parser = crate::kernel_log::parse::Parser::default();
+        for (line, at) in lines {
+            if let Some(event) = parser.line(line) {
+                facts.apply(event, *at);
+            }
+        }
+        let mut report = assess(state, &XidPolicy::default(), from_node, lines[0].1);
+        add_logged(&mut report, state, &facts, &XidPolicy::default(), from_node);
+        report
+    }
+
+    /// GPU 0 of [`state`] is at 0000:18:00 on the bus.
+    #[test]
+    fn a_logged_xid_holds_like_nvmls_and_one_seen_by_both_is_one() {
+        let t0 = Instant::now();
+        let before_start = t0.checked_sub(Duration::from_secs(60)).unwrap_or(t0);
+        let mut state = state(t0);
+        // XID 119 (RESET_GPU, linked to no recovery action) from before the agent started.
+        let report = with_log(&state, &[("NVRM: Xid (PCI:0000:18:00): 119, pid=77, name=vllm, Timeout after 6s of waiting for RPC response from GPU0 GSP!", before_start)], &FromNode::default());
+        assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+        assert_eq!(report.problems[0].reason, "FatalXID");
+        assert!(report.problems[0].message.contains("GPU 0 (GPU-aaaa, 00000000:18:00.0): the kernel log has XID 119 (RESET_GPU, process vllm)"), "{}", report.problems[0].message);
+        assert_eq!(
+            report.held["GPU-aaaa"],
+            [119].into(),
+            "kept across an agent restart as NVML's are"
+        );
+        // NVML saw it too: one problem, NVML's.
+        state.record_xid(0, 119, None, t0);
+        let report = with_log(
+            &state,
+            &[("NVRM: Xid (PCI:0000:18:00): 119, Timeout", t0)],
+            &FromNode::default(),
+        );
+        assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+        assert!(
+            report.problems[0].message.contains("reported XID 119"),
+            "{}",
+            report.problems[0].message
+        );
+        // An XID that holds nothing, and one another GPU logged: nothing here.
+        let quiet = with_log(
+            &self::state(t0),
+            &[(
+                "NVRM: Xid (PCI:0000:18:00): 13, Graphics SM Warp Exception",
+                t0,
+            )],
+            &FromNode::default(),
+        );
+        assert!(quiet.problems.is_empty());
+    }
+
+    #[test]
+    fn a_logged_xid_the_driver_links_is_cleared_by_a_later_none_and_by_the_operator() {
+        let t0 = Instant::now();
+        let xid_at = t0 + Duration::from_secs(10);
+        let mut state = state(t0);
+        let line = [(
+            "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+            xid_at,
+        )];
+        assert_eq!(
+            with_log(&state, &line, &FromNode::default()).problems[0].reason,
+            "FatalXID"
+        );
+        state.apply(0, gpu(Some(0)), 1.0, xid_at + Duration::from_secs(3));
+        assert!(
+            with_log(&state, &line, &FromNode::default())
+                .problems
+                .is_empty(),
+            "the driver says NONE since"
+        );
+        let cleared = FromNode {
+            cleared_before: Some(xid_at + Duration::from_secs(1)),
+            ..FromNode::default()
+        };
+        let fall = [(
+            "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.",
+            xid_at,
+        )];
+        assert_eq!(
+            with_log(&state, &fall, &FromNode::default()).problems[0].reason,
+            "GPUFallenOffBus"
+        );
+        assert!(
+            with_log(&state, &fall, &cleared).problems.is_empty(),
+            "cleared by the operator after it"
+        );
+    }
+
+    #[test]
+    fn no_verdict_is_true_while_the_history_is_being_read() {
+        let t0 = Instant::now();
+        let mut report = assess(&state(t0), &XidPolicy::default(), &FromNode::default(), t0);
+        add_logged(
+            &mut report,
+            &state(t0),
+            &LogFacts::default(),
+            &XidPolicy::default(),
+            &FromNode::default(),
+        );
+        let reasons: Vec<&str> = report.problems.iter().map(|p| p.reason.as_str()).collect();
+        assert_eq!(reasons, ["KernelLogPending"]);
+    }
+
+    #[test]
+    fn a_gpu_nvml_does_not_list_is_named_by_its_address() {
+        let t0 = Instant::now();
+        let report = with_log(
+            &state(t0),
+            &[
+                ("NVRM: The NVIDIA GPU 0000:bd:00.0", t0),
+                ("NVRM: (PCI ID: 10de:2330) installed in this system has", t0),
+                (
+                    "NVRM: fallen off the bus and is not responding to commands.",
+                    t0,
+                ),
+            ],
+            &FromNode::default(),
+        );
+        assert_eq!(report.problems.len(), 1);
+        assert_eq!(report.problems[0].reason, "GPUFallenOffBus");
+        assert!(
+            report.problems[0]
+                .message
+                .starts_with("the GPU at PCI 0000:bd:00 (not listed by NVML) fell off the bus"),
+            "{}",
+            report.problems[0].message
+        );
     }
 
     fn reasons(state: &GpuState, now: Instant) -> Vec<String> {

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::counters::Rises;
+use crate::kernel_log::facts::LogFacts;
 use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
+use mlnode_core::shared::Shared;
 
 /// The firmware's counts that mean data was lost. Repairable included: a pending HBM repair needs
 /// a reboot to apply.
@@ -23,14 +25,21 @@ pub struct NeuronHealth {
     pub root: PathBuf,
     pub pci_devices: PathBuf,
     ecc: Rises<u32>,
+    /// What the kernel log says, when that source runs: the runtime's `NEURON_HW_ERR` lines.
+    kernel_log: Option<Shared<LogFacts>>,
 }
 
 impl NeuronHealth {
-    pub fn new(root: PathBuf, pci_devices: PathBuf) -> NeuronHealth {
+    pub fn new(
+        root: PathBuf,
+        pci_devices: PathBuf,
+        kernel_log: Option<Shared<LogFacts>>,
+    ) -> NeuronHealth {
         NeuronHealth {
             root,
             pci_devices,
             ecc: Rises::default(),
+            kernel_log,
         }
     }
 }
@@ -41,13 +50,49 @@ impl HealthSource for NeuronHealth {
         let on_bus = crate::pci::scan(&self.pci_devices, crate::pci::is_neuron_device)
             .ok()
             .map(|bus| bus.devices.len());
-        assess(
+        let mut report = assess(
             &hardware,
             on_bus,
             from_node.expected.neuron_devices,
             &mut self.ecc,
-        )
+        );
+        if let Some(log) = &self.kernel_log {
+            report
+                .problems
+                .extend(logged_errors(&log.borrow(), from_node));
+        }
+        report
     }
+}
+
+/// Each device and class the runtime logged as `NEURON_HW_ERR` on this boot (SRAM, NeuronCore or
+/// HBM uncorrectable, DMA): every one fails the gate, as node-problem-detector's Neuron rules make
+/// each permanent. An operator's clearing (docs/readiness.md) clears those logged before it.
+pub fn logged_errors(logged: &LogFacts, from_node: &FromNode) -> Vec<Problem> {
+    let pending = logged.pending();
+    pending
+        .into_iter()
+        .chain(logged_faults(logged, from_node))
+        .collect()
+}
+
+fn logged_faults<'a>(
+    logged: &'a LogFacts,
+    from_node: &'a FromNode,
+) -> impl Iterator<Item = Problem> + 'a {
+    logged
+        .neuron_errors
+        .iter()
+        .filter(|(_, l)| from_node.outlives_clearing(l.last))
+        .map(|((device, class), l)| {
+            let device = device.map_or("a Neuron device (the line names none)".to_string(), |d| {
+                format!("Neuron device {d}")
+            });
+            Problem::new(
+                "NeuronHardwareError",
+                format!("{device}: the Neuron runtime logged NEURON_HW_ERR={class} {} time(s) on this boot (kernel log)", l.count),
+            )
+        })
 }
 
 /// The report from each device's `stats/hardware` counts (by device index), the number of
@@ -115,6 +160,37 @@ mod tests {
                 (device, hardware.into())
             })
             .collect()
+    }
+
+    #[test]
+    fn every_logged_hardware_error_fails_naming_its_device_and_class() {
+        let t0 = Instant::now();
+        let mut facts = LogFacts {
+            history_read: true,
+            ..LogFacts::default()
+        };
+        let mut parser = crate::kernel_log::parse::Parser::default();
+        for line in [
+            "nrt: NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR instance-id=i-0123 hostname=h nd-id=3 nc-id=1 serial-num=0x1 action=TERMINATE_INSTANCE",
+            "nrt: NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR instance-id=i-0123 hostname=h nd-id=3 nc-id=1 serial-num=0x1 action=TERMINATE_INSTANCE",
+            "nrt: NEURON_HW_ERR=DMA_ERROR instance-id=i-0123 hostname=h nd-id=0 nc-id=0 serial-num=0x2 action=TERMINATE_INSTANCE",
+        ] {
+            facts.apply(parser.line(line).unwrap(), t0);
+        }
+        let problems = logged_errors(&facts, &FromNode::default());
+        let said: Vec<(&str, &str)> = problems
+            .iter()
+            .map(|p| (p.reason.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(said, [
+            ("NeuronHardwareError", "Neuron device 0: the Neuron runtime logged NEURON_HW_ERR=DMA_ERROR 1 time(s) on this boot (kernel log)"),
+            ("NeuronHardwareError", "Neuron device 3: the Neuron runtime logged NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR 2 time(s) on this boot (kernel log)"),
+        ]);
+        let cleared = FromNode {
+            cleared_before: Some(t0 + std::time::Duration::from_secs(1)),
+            ..FromNode::default()
+        };
+        assert!(logged_errors(&facts, &cleared).is_empty());
     }
 
     fn reasons(report: &Report) -> Vec<&str> {

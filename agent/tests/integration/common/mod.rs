@@ -5,6 +5,7 @@ pub mod agent;
 pub mod container;
 pub mod crd;
 pub mod helm;
+pub mod journal;
 pub mod kube;
 pub mod kubelet;
 pub mod kustomize;

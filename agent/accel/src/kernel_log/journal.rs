@@ -1,0 +1,328 @@
+//! The reader: the node's systemd journal, read-only, through `sdjournal` (pure Rust: no
+//! libsystemd, no journalctl, no `/dev/kmsg`). This boot's kernel entries (`_TRANSPORT=kernel`,
+//! `_BOOT_ID` of this boot) from its start, then each new one as journald appends it. One thread
+//! of its own, never awaited: `/metrics` and SIGTERM do not wait on a journal read. A journal
+//! that is missing, unreadable or rotated away is retried, said once, and never stops the agent.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use sdjournal::{Cursor, EntryRef, Journal, JournalConfig, SubscriptionOptions};
+
+use super::facts::LogFacts;
+use super::parse::{KernelEvent, Parser};
+use super::settings::KernelLogSettings;
+use mlnode_core::shared::Shared;
+
+/// Entries applied to the facts at once during the lookback: one update (and one wake-up of the
+/// verdicts) per batch, not per line of a long history.
+const LOOKBACK_BATCH: usize = 1024;
+
+/// `mlnode_kernel_log_*`, and the series of the faults only the kernel log shows.
+#[derive(Clone)]
+pub struct KernelLogMetrics {
+    up: IntGauge,
+    entries: IntCounter,
+    bad: IntCounter,
+    lag: Gauge,
+    fallen_off_bus: IntGaugeVec,
+    sxids: IntCounterVec,
+    neuron_errors: IntCounterVec,
+}
+
+impl KernelLogMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<KernelLogMetrics> {
+        let metrics = KernelLogMetrics {
+            up: IntGauge::new("mlnode_kernel_log_up", "1 while the node's journal is being read (this boot's kernel entries), 0 while it cannot be: missing, unreadable, or not mounted.")?,
+            entries: IntCounter::new("mlnode_kernel_log_entries_read_total", "This boot's kernel entries read from the journal, the lookback included.")?,
+            bad: IntCounter::new("mlnode_kernel_log_bad_entries_total", "Journal entries that could not be read (corrupt, truncated, a payload that does not decompress) and were skipped.")?,
+            lag: Gauge::new("mlnode_kernel_log_lag_seconds", "How long after journald stored it the newest kernel entry was read (its __REALTIME_TIMESTAMP to now); during the lookback, the age of the history being read.")?,
+            fallen_off_bus: IntGaugeVec::new(
+                Opts::new("mlnode_gpu_fallen_off_bus", "1 for a GPU the NVIDIA driver logged as fallen off the bus on this boot (RESTART_BM); pci_bus_id as NVML writes it, to join with the GPU's series."),
+                &["pci_bus_id"],
+            )?,
+            sxids: IntCounterVec::new(
+                Opts::new("mlnode_nvswitch_sxid_errors_total", "NVSwitch SXid lines in this boot's kernel log, by SXid."),
+                &["sxid"],
+            )?,
+            neuron_errors: IntCounterVec::new(
+                Opts::new("mlnode_neuron_hardware_errors_total", "NEURON_HW_ERR lines in this boot's kernel log, by class (error_type) and the device they name."),
+                &["error_type", "neuron_device_index"],
+            )?,
+        };
+        registry.register(Box::new(metrics.up.clone()))?;
+        registry.register(Box::new(metrics.entries.clone()))?;
+        registry.register(Box::new(metrics.bad.clone()))?;
+        registry.register(Box::new(metrics.lag.clone()))?;
+        registry.register(Box::new(metrics.fallen_off_bus.clone()))?;
+        registry.register(Box::new(metrics.sxids.clone()))?;
+        registry.register(Box::new(metrics.neuron_errors.clone()))?;
+        Ok(metrics)
+    }
+
+    /// The series an event adds to.
+    pub fn count(&self, event: &KernelEvent) {
+        match event {
+            KernelEvent::FallenOffBus { gpu } => self
+                .fallen_off_bus
+                .with_label_values(&[&format!(
+                    "{:08X}:{:02X}:{:02X}.0",
+                    gpu.domain, gpu.bus, gpu.device
+                )])
+                .set(1),
+            KernelEvent::Sxid { sxid, .. } => {
+                self.sxids.with_label_values(&[&sxid.to_string()]).inc()
+            }
+            KernelEvent::NeuronHardwareError { class, device, .. } => {
+                let device = device.map(|d| d.to_string()).unwrap_or_default();
+                self.neuron_errors
+                    .with_label_values(&[class, &device])
+                    .inc()
+            }
+            KernelEvent::Xid { .. } => {}
+        }
+    }
+}
+
+/// Starts the reader thread; it runs until `stop` is set (and is never joined).
+pub fn spawn(
+    settings: KernelLogSettings,
+    facts: Shared<LogFacts>,
+    metrics: KernelLogMetrics,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("kernel-log".into())
+        .spawn(move || {
+            let mut reader = Reader {
+                settings,
+                facts,
+                metrics,
+                stop,
+                parser: Parser::default(),
+                resume: None,
+            };
+            reader.run()
+        })
+        .map(drop)
+}
+
+struct Reader {
+    settings: KernelLogSettings,
+    facts: Shared<LogFacts>,
+    metrics: KernelLogMetrics,
+    stop: Arc<AtomicBool>,
+    parser: Parser,
+    /// The last entry read: after an error the reader resumes after it, never reading an entry
+    /// twice nor skipping one that is still there.
+    resume: Option<Cursor>,
+}
+
+impl Reader {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn run(&mut self) {
+        let mut said = String::new();
+        while !self.stopped() {
+            let trouble = match read_boot_id(&self.settings.boot_id_file) {
+                Ok(boot) => match self.follow(&boot) {
+                    Ok(()) => return,
+                    Err(trouble) => trouble,
+                },
+                Err(trouble) => trouble,
+            };
+            self.metrics.up.set(0);
+            // No history to wait for: the verdicts go on without it.
+            self.facts.update(|facts| facts.history_read = true);
+            if trouble != said {
+                tracing::warn!(error = %trouble, dirs = ?self.settings.journal_dirs, "cannot read the node's kernel log; faults only it shows are not seen (retrying)");
+                said = trouble;
+            }
+            self.pause(self.settings.poll_interval.get() * 5);
+        }
+    }
+
+    /// Waits up to `wait`, seeing a stop within a poll interval.
+    fn pause(&self, wait: Duration) {
+        let until = Instant::now() + wait;
+        while !self.stopped() && Instant::now() < until {
+            std::thread::sleep(self.settings.poll_interval.get().min(wait));
+        }
+    }
+
+    /// The lookback (or, after an error, the catch-up after the last entry read), then the live
+    /// tail until stopped. Err says why reading stopped.
+    fn follow(&mut self, boot: &str) -> Result<(), String> {
+        let dirs: Vec<PathBuf> = self
+            .settings
+            .journal_dirs
+            .iter()
+            .filter(|d| d.is_dir())
+            .cloned()
+            .collect();
+        if dirs.is_empty() {
+            return Err(format!(
+                "none of {:?} exists: mount the host's journal directories read-only (components/kernel-log)",
+                self.settings.journal_dirs
+            ));
+        }
+        let config = JournalConfig {
+            poll_interval: self.settings.poll_interval.get(),
+            ..JournalConfig::default()
+        };
+        let journal = Journal::open_dirs_with_config(&dirs, config)
+            .map_err(|e| format!("cannot open the journal in {dirs:?}: {e}"))?;
+        let started = Instant::now();
+        let mut query = journal.query();
+        query
+            .match_exact("_TRANSPORT", b"kernel")
+            .match_exact("_BOOT_ID", boot.as_bytes());
+        if let Some(cursor) = self.resume.clone() {
+            query.after_cursor(cursor);
+        }
+        let mut batch = Vec::new();
+        let mut read = 0u64;
+        for item in query
+            .iter()
+            .map_err(|e| format!("cannot read the journal: {e}"))?
+        {
+            match item {
+                Ok(entry) => {
+                    read += 1;
+                    batch.extend(self.entry(&entry));
+                }
+                Err(e) => self.bad(&e),
+            }
+            if batch.len() >= LOOKBACK_BATCH {
+                self.apply(std::mem::take(&mut batch));
+            }
+            if self.stopped() {
+                return Ok(());
+            }
+        }
+        self.apply(batch);
+        self.facts.update(|facts| facts.history_read = true);
+        self.metrics.up.set(1);
+        tracing::info!(dirs = ?dirs, entries = read, seconds = started.elapsed().as_secs_f64(), "read this boot's kernel log; following it");
+        let mut live = journal
+            .live()
+            .map_err(|e| format!("cannot follow the journal: {e}"))?;
+        let mut filter = live.filter();
+        filter
+            .match_exact("_TRANSPORT", b"kernel")
+            .match_exact("_BOOT_ID", boot.as_bytes());
+        let mut options = SubscriptionOptions::new(filter);
+        if let Some(cursor) = self.resume.clone() {
+            options.after_cursor(cursor);
+        }
+        let subscription = live
+            .subscribe_with_options(options)
+            .map_err(|e| format!("cannot follow the journal: {e}"))?;
+        while !self.stopped() {
+            live.poll_once()
+                .map_err(|e| format!("cannot follow the journal: {e}"))?;
+            let mut batch = Vec::new();
+            loop {
+                match subscription.try_recv() {
+                    Ok(Ok(entry)) => {
+                        self.metrics.lag.set(age(entry.realtime_usec()));
+                        batch.extend(self.entry(&entry));
+                    }
+                    Ok(Err(e)) => self.bad(&e),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        return Err("the journal's follower stopped".into())
+                    }
+                }
+            }
+            self.apply(batch);
+        }
+        Ok(())
+    }
+
+    /// One kernel entry: counted, remembered as the place to resume, and parsed.
+    fn entry(&mut self, entry: &EntryRef) -> Option<(KernelEvent, Instant)> {
+        self.metrics.entries.inc();
+        if let Ok(cursor) = entry.cursor() {
+            self.resume = Some(cursor);
+        }
+        let message = String::from_utf8_lossy(entry.get("MESSAGE")?);
+        let event = self.parser.line(&message)?;
+        self.metrics.count(&event);
+        Some((event, instant_of(entry.realtime_usec())))
+    }
+
+    fn apply(&self, events: Vec<(KernelEvent, Instant)>) {
+        if events.is_empty() {
+            return;
+        }
+        self.facts.update(|facts| {
+            for (event, at) in events {
+                facts.apply(event, at);
+            }
+        });
+    }
+
+    fn bad(&self, error: &sdjournal::SdJournalError) {
+        self.metrics.bad.inc();
+        tracing::debug!(error = %error, "skipped a journal entry that cannot be read");
+    }
+}
+
+/// This boot's id as the journal writes `_BOOT_ID`: the kernel's UUID without its dashes.
+fn read_boot_id(path: &Path) -> Result<String, String> {
+    let text = mlnode_verify::files::read_bounded_text(path, 64)
+        .map_err(|e| format!("cannot read the boot id from {}: {e}", path.display()))?;
+    let id: String = text.trim().chars().filter(|c| *c != '-').collect();
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "{} does not hold a boot id: {text:?}",
+            path.display()
+        ));
+    }
+    Ok(id.to_ascii_lowercase())
+}
+
+fn wall_usec() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn age(realtime_usec: u64) -> f64 {
+    wall_usec().saturating_sub(realtime_usec) as f64 / 1e6
+}
+
+/// An entry's wall-clock time on the agent's monotonic clock: as long ago as the wall says
+/// (never in the future; a history older than the monotonic clock's origin is its origin).
+fn instant_of(realtime_usec: u64) -> Instant {
+    let ago = Duration::from_micros(wall_usec().saturating_sub(realtime_usec));
+    let now = Instant::now();
+    now.checked_sub(ago).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_boot_id_is_the_kernels_uuid_without_dashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("boot_id");
+        std::fs::write(&path, "6C1F3A2E-8d4b-4f7a-9e21-0b5d7c9a1e33\n").unwrap();
+        assert_eq!(
+            read_boot_id(&path).unwrap(),
+            "6c1f3a2e8d4b4f7a9e210b5d7c9a1e33"
+        );
+        std::fs::write(&path, "not a boot id\n").unwrap();
+        assert!(read_boot_id(&path)
+            .unwrap_err()
+            .contains("does not hold a boot id"));
+        assert!(read_boot_id(&dir.path().join("missing")).is_err());
+    }
+}

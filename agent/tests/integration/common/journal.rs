@@ -1,0 +1,113 @@
+//! Journal files written by systemd's own tools: entries in the Journal Export Format
+//! (systemd `docs/JOURNAL_EXPORT_FORMATS.md`: `FIELD=value` lines, a blank line between entries),
+//! turned into a `.journal` file by Debian's `systemd-journal-remote`, and read back with
+//! `journalctl --file` to check what systemd itself sees in it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const JOURNAL_REMOTE: &str = "/lib/systemd/systemd-journal-remote";
+
+/// One journal entry, as journald stores a kernel message (systemd `src/journal/journald-kmsg.c`:
+/// `_TRANSPORT=kernel`, `SYSLOG_IDENTIFIER=kernel`, `PRIORITY`, `SYSLOG_FACILITY=0`).
+pub struct Entry {
+    pub message: String,
+    pub realtime_usec: u64,
+    pub boot_id: String,
+    pub transport: &'static str,
+    /// The kernel message level: 3 for the Neuron runtime's KERN_ERR, 4 for NVRM's default.
+    pub priority: u8,
+}
+
+/// This boot's id as `_BOOT_ID` carries it.
+pub fn this_boot() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .trim()
+        .replace('-', "")
+}
+
+fn now_usec() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// A kernel message of this boot, logged `seconds_ago`.
+pub fn kernel(message: &str, seconds_ago: u64) -> Entry {
+    Entry {
+        message: message.to_string(),
+        realtime_usec: now_usec() - seconds_ago * 1_000_000,
+        boot_id: this_boot(),
+        transport: "kernel",
+        priority: 4,
+    }
+}
+
+/// Writes `entries` into `dir/<name>` (a name ending in `.journal`) with systemd-journal-remote.
+/// Err names what is missing.
+pub fn write(dir: &Path, name: &str, entries: &[Entry]) -> Result<PathBuf, String> {
+    if !Path::new(JOURNAL_REMOTE).exists() {
+        return Err(format!(
+            "{JOURNAL_REMOTE} (Debian package systemd-journal-remote) is needed"
+        ));
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let mut export = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let facility = if e.transport == "kernel" {
+            "SYSLOG_FACILITY=0\nSYSLOG_IDENTIFIER=kernel\n"
+        } else {
+            "SYSLOG_IDENTIFIER=vllm\n"
+        };
+        write!(
+            export,
+            "__REALTIME_TIMESTAMP={}\n__MONOTONIC_TIMESTAMP={}\n_BOOT_ID={}\n_TRANSPORT={}\nPRIORITY={}\n{facility}_HOSTNAME=ip-10-0-1-23\n",
+            e.realtime_usec, 1_000_000 + i, e.boot_id, e.transport, e.priority
+        )
+        .unwrap();
+        // A message with a newline is a binary field: the name, a newline, its length as
+        // little-endian 64 bits, the bytes.
+        if e.message.contains('\n') {
+            export.extend_from_slice(b"MESSAGE\n");
+            export.extend_from_slice(&(e.message.len() as u64).to_le_bytes());
+            export.extend_from_slice(e.message.as_bytes());
+            export.extend_from_slice(b"\n\n");
+        } else {
+            writeln!(export, "MESSAGE={}\n", e.message).unwrap();
+        }
+    }
+    let path = dir.join(name);
+    let mut child = Command::new(JOURNAL_REMOTE)
+        .arg(format!("--output={}", path.display()))
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{JOURNAL_REMOTE}: {e}"))?;
+    child.stdin.take().unwrap().write_all(&export).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "systemd-journal-remote: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(path)
+}
+
+/// This boot's kernel messages in `file`, as journalctl reads them (`-k -b -o cat`).
+pub fn kernel_messages(file: &Path) -> Vec<String> {
+    let output = Command::new("journalctl")
+        .args(["--file"])
+        .arg(file)
+        .args(["-k", "-b", "-o", "cat", "--no-pager"])
+        .output()
+        .expect("journalctl is installed with systemd");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
