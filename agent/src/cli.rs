@@ -48,6 +48,23 @@ pub enum Command {
     Config(ServeArgs),
     /// Print the startup phases of the Ready pods on this node (or the ones named), from the API server.
     StartupReport(StartupReportArgs),
+    /// Read this boot's kernel log from the journal once, as `serve` does at start with
+    /// `kernel_log.enabled`, and print the faults the agent finds in it.
+    KernelLog(KernelLogArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KernelLogArgs {
+    /// A journal directory (repeatable; default: /var/log/journal and /run/log/journal, each read
+    /// when it exists).
+    #[arg(long = "directory", short = 'D')]
+    pub directories: Vec<PathBuf>,
+    /// The boot to read, as `_BOOT_ID` or the kernel's UUID (default: this one).
+    #[arg(long)]
+    pub boot_id: Option<String>,
+    /// Print one JSON document instead of the summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -141,6 +158,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Config(args) => print_config(args),
         Command::StartupReport(args) => startup_report(args),
+        Command::KernelLog(args) => kernel_log(args),
     }
 }
 
@@ -510,4 +528,101 @@ fn startup_report(args: StartupReportArgs) -> ExitCode {
             ExitCode::from(EXIT_FAILED)
         }
     }
+}
+
+fn kernel_log(args: KernelLogArgs) -> ExitCode {
+    use crate::kernel_log::journal;
+    let defaults = crate::kernel_log::settings::KernelLogSettings::default();
+    let boot = match &args.boot_id {
+        Some(id) => {
+            let id: String = id
+                .chars()
+                .filter(|c| *c != '-')
+                .collect::<String>()
+                .to_ascii_lowercase();
+            if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return usage_error(format!(
+                    "--boot-id {:?}: expected 32 hex digits, as journalctl --list-boots shows them",
+                    args.boot_id.unwrap_or_default()
+                ));
+            }
+            id
+        }
+        None => match journal::read_boot_id(&defaults.boot_id_file) {
+            Ok(id) => id,
+            Err(e) => return usage_error(e),
+        },
+    };
+    let dirs = if args.directories.is_empty() {
+        defaults.journal_dirs
+    } else {
+        args.directories
+    };
+    let started = std::time::Instant::now();
+    let scan = match journal::scan(&dirs, &boot) {
+        Ok(scan) => scan,
+        Err(e) => {
+            eprintln!("mlnode-agent: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let facts = &scan.facts;
+    let ago = |at: std::time::Instant| at.elapsed().as_secs();
+    if args.json {
+        let document = serde_json::json!({
+            "boot_id": boot,
+            "directories": scan.dirs,
+            "entries": scan.entries,
+            "bad_entries": scan.bad_entries,
+            "seconds": seconds,
+            "xids": facts.xids.iter().map(|((gpu, xid), l)| serde_json::json!({
+                "gpu": gpu.to_string(), "xid": xid, "count": l.count, "process": l.process,
+                "last_seconds_ago": ago(l.last),
+                "immediate_action": crate::gpu::health::immediate_action(*xid),
+            })).collect::<Vec<_>>(),
+            "fallen_off_bus": facts.fallen_off_bus.iter().map(|(gpu, l)| serde_json::json!({
+                "gpu": gpu.to_string(), "count": l.count, "last_seconds_ago": ago(l.last),
+            })).collect::<Vec<_>>(),
+            "sxids": facts.sxids,
+            "neuron_hardware_errors": facts.neuron_errors.iter().map(|((device, class), l)| serde_json::json!({
+                "neuron_device_index": device, "error_type": class, "count": l.count, "last_seconds_ago": ago(l.last),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{document:#}");
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "boot {boot}: {} kernel entries read from {:?} in {seconds:.2} s ({} unreadable, skipped)",
+        scan.entries, scan.dirs, scan.bad_entries
+    );
+    for ((gpu, xid), l) in &facts.xids {
+        let process = l
+            .process
+            .as_deref()
+            .map(|p| format!(", process {p}"))
+            .unwrap_or_default();
+        println!(
+            "XID {xid} ({}) on the GPU at {gpu}: {} time(s), last {} s ago{process}",
+            crate::gpu::health::immediate_action(*xid),
+            l.count,
+            ago(l.last)
+        );
+    }
+    for (gpu, l) in &facts.fallen_off_bus {
+        println!(
+            "the GPU at {gpu} fell off the bus, last {} s ago",
+            ago(l.last)
+        );
+    }
+    for (sxid, count) in &facts.sxids {
+        println!("NVSwitch SXid {sxid}: {count} time(s)");
+    }
+    for ((device, class), l) in &facts.neuron_errors {
+        let device = device.map_or("a Neuron device".to_string(), |d| {
+            format!("Neuron device {d}")
+        });
+        println!("NEURON_HW_ERR={class} on {device}: {} time(s)", l.count);
+    }
+    ExitCode::SUCCESS
 }

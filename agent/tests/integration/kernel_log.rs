@@ -244,9 +244,120 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         Some(2.0),
         "each entry once, across the rotation"
     );
-    let said = agent
-        .log()
-        .matches("cannot read the node's kernel log")
+    // Vacuumed: every file deleted under the reader; journald's next file is read from its start.
+    for entry in std::fs::read_dir(machine_dir(root.path())).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    common::journal::write(
+        &machine_dir(root.path()),
+        "system.journal",
+        &[kernel(SXID, 0)],
+    )
+    .unwrap();
+    wait_until("the entry after the vacuum", || {
+        match sample(
+            &agent.metrics(),
+            "mlnode_nvswitch_sxid_errors_total",
+            &[("sxid", "12028")],
+        ) {
+            Some(3.0) => Ok(()),
+            other => Err(format!("{other:?}\n{}", agent.log())),
+        }
+    });
+    let log = agent.log();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("cannot read the node's kernel log") && l.contains("none of"))
         .count();
-    assert_eq!(said, 1, "said once while it was missing");
+    assert_eq!(said, 1, "the missing journal said once: {log}");
+}
+
+/// `mlnode-agent kernel-log` on `dir`, as JSON.
+fn scan(dir: &Path) -> serde_json::Value {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_mlnode-agent"))
+        .args(["kernel-log", "--json", "-D"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The journal file header (systemd docs/JOURNAL_FILE_FORMAT.md): `incompatible_flags` at byte 12,
+/// `state` at 16, `tail_object_offset` at 136.
+fn header_u32(file: &Path, at: usize) -> u32 {
+    let bytes = std::fs::read(file).unwrap();
+    u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
+}
+
+#[test]
+fn compressed_dirty_and_truncated_files_are_read_and_what_cannot_be_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    // A detail long enough for journald's compression (payloads over 512 bytes): Debian's
+    // systemd 252 writes zstd.
+    let long = format!(
+        "NVRM: Xid (PCI:0000:5a:00): 13, pid=9, name=vllm, Graphics Exception: {}",
+        (0..300)
+            .map(|i| format!("ESR 0x{i:06x}=0x{:08x}", i * 7))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let entries: Vec<Entry> = (0..200)
+        .map(|i| {
+            kernel(
+                &if i == 0 {
+                    long.clone()
+                } else {
+                    format!("{SXID} #{i}")
+                },
+                300 - i,
+            )
+        })
+        .collect();
+    let file = common::needs!(common::journal::write(
+        dir.path(),
+        "system.journal",
+        &entries
+    ));
+    const ZSTD: u32 = 8;
+    assert_ne!(
+        header_u32(&file, 12) & ZSTD,
+        0,
+        "the file is zstd-compressed"
+    );
+    let clean = scan(dir.path());
+    assert_eq!(clean["entries"], 200);
+    assert_eq!(
+        clean["xids"][0]["xid"], 13,
+        "the compressed payload read: {clean:#}"
+    );
+    assert_eq!(clean["sxids"]["12028"], 199);
+
+    // Left online, as journald leaves a file it did not close (a crash): still read.
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[16] = 1;
+    std::fs::write(&file, &bytes).unwrap();
+    assert_eq!(scan(dir.path())["entries"], 200);
+
+    // Its last object overwritten with zeros, as a write cut short leaves it: what is intact is
+    // read, nothing hangs or panics.
+    let tail = u64::from_le_bytes(bytes[136..144].try_into().unwrap()) as usize;
+    bytes[tail + 8..tail + 64].fill(0);
+    std::fs::write(&file, &bytes).unwrap();
+    let cut = scan(dir.path());
+    let read = cut["entries"].as_u64().unwrap();
+    assert!((150..=200).contains(&read), "{cut:#}");
+    assert_eq!(cut["xids"][0]["xid"], 13, "{cut:#}");
+
+    // A copy cut short beside it (shorter than its header says): skipped, the other one read.
+    std::fs::write(
+        dir.path().join("system@0001.journal"),
+        &bytes[..bytes.len() / 2],
+    )
+    .unwrap();
+    assert_eq!(scan(dir.path())["entries"], cut["entries"]);
 }

@@ -158,33 +158,12 @@ impl Reader {
     /// The lookback (or, after an error, the catch-up after the last entry read), then the live
     /// tail until stopped. Err says why reading stopped.
     fn follow(&mut self, boot: &str) -> Result<(), String> {
-        let dirs: Vec<PathBuf> = self
-            .settings
-            .journal_dirs
-            .iter()
-            .filter(|d| d.is_dir())
-            .cloned()
-            .collect();
-        if dirs.is_empty() {
-            return Err(format!(
-                "none of {:?} exists: mount the host's journal directories read-only (components/kernel-log)",
-                self.settings.journal_dirs
-            ));
-        }
-        let config = JournalConfig {
-            poll_interval: self.settings.poll_interval.get(),
-            ..JournalConfig::default()
-        };
-        let journal = Journal::open_dirs_with_config(&dirs, config)
-            .map_err(|e| format!("cannot open the journal in {dirs:?}: {e}"))?;
+        let (journal, dirs) = open(
+            &self.settings.journal_dirs,
+            self.settings.poll_interval.get(),
+        )?;
         let started = Instant::now();
-        let mut query = journal.query();
-        query
-            .match_exact("_TRANSPORT", b"kernel")
-            .match_exact("_BOOT_ID", boot.as_bytes());
-        if let Some(cursor) = self.resume.clone() {
-            query.after_cursor(cursor);
-        }
+        let query = kernel_entries(&journal, boot, self.resume.clone());
         let mut batch = Vec::new();
         let mut read = 0u64;
         for item in query
@@ -251,10 +230,9 @@ impl Reader {
         if let Ok(cursor) = entry.cursor() {
             self.resume = Some(cursor);
         }
-        let message = String::from_utf8_lossy(entry.get("MESSAGE")?);
-        let event = self.parser.line(&message)?;
-        self.metrics.count(&event);
-        Some((event, instant_of(entry.realtime_usec())))
+        let event = event_of(&mut self.parser, entry)?;
+        self.metrics.count(&event.0);
+        Some(event)
     }
 
     fn apply(&self, events: Vec<(KernelEvent, Instant)>) {
@@ -274,8 +252,89 @@ impl Reader {
     }
 }
 
+/// The journal in those of `dirs` that exist, and which those are. Err says why none can be read.
+fn open(dirs: &[PathBuf], poll_interval: Duration) -> Result<(Journal, Vec<PathBuf>), String> {
+    let present: Vec<PathBuf> = dirs.iter().filter(|d| d.is_dir()).cloned().collect();
+    if present.is_empty() {
+        return Err(format!(
+            "none of {dirs:?} exists: mount the host's journal directories read-only (components/kernel-log)"
+        ));
+    }
+    let config = JournalConfig {
+        poll_interval,
+        ..JournalConfig::default()
+    };
+    let journal = Journal::open_dirs_with_config(&present, config)
+        .map_err(|e| format!("cannot open the journal in {present:?}: {e}"))?;
+    Ok((journal, present))
+}
+
+/// `boot`'s kernel entries, after `resume` when given.
+fn kernel_entries(
+    journal: &Journal,
+    boot: &str,
+    resume: Option<Cursor>,
+) -> sdjournal::JournalQuery {
+    let mut query = journal.query();
+    query
+        .match_exact("_TRANSPORT", b"kernel")
+        .match_exact("_BOOT_ID", boot.as_bytes());
+    if let Some(cursor) = resume {
+        query.after_cursor(cursor);
+    }
+    query
+}
+
+/// What an entry's message says, and when it was logged on the agent's clock.
+fn event_of(parser: &mut Parser, entry: &EntryRef) -> Option<(KernelEvent, Instant)> {
+    let message = String::from_utf8_lossy(entry.get("MESSAGE")?);
+    let event = parser.line(&message)?;
+    Some((event, instant_of(entry.realtime_usec())))
+}
+
+/// One boot's kernel log, read once.
+pub struct Scan {
+    pub facts: LogFacts,
+    pub entries: u64,
+    pub bad_entries: u64,
+    /// The directories that exist and were read.
+    pub dirs: Vec<PathBuf>,
+}
+
+/// Reads `boot`'s kernel log in `dirs` once, as `serve` reads the history at start
+/// (`mlnode-agent kernel-log`).
+pub fn scan(dirs: &[PathBuf], boot: &str) -> Result<Scan, String> {
+    let (journal, dirs) = open(dirs, Duration::from_secs(1))?;
+    let mut parser = Parser::default();
+    let mut scan = Scan {
+        facts: LogFacts {
+            history_read: true,
+            ..LogFacts::default()
+        },
+        entries: 0,
+        bad_entries: 0,
+        dirs,
+    };
+    let query = kernel_entries(&journal, boot, None);
+    for item in query
+        .iter()
+        .map_err(|e| format!("cannot read the journal: {e}"))?
+    {
+        match item {
+            Ok(entry) => {
+                scan.entries += 1;
+                if let Some((event, at)) = event_of(&mut parser, &entry) {
+                    scan.facts.apply(event, at);
+                }
+            }
+            Err(_) => scan.bad_entries += 1,
+        }
+    }
+    Ok(scan)
+}
+
 /// This boot's id as the journal writes `_BOOT_ID`: the kernel's UUID without its dashes.
-fn read_boot_id(path: &Path) -> Result<String, String> {
+pub fn read_boot_id(path: &Path) -> Result<String, String> {
     let text = mlnode_verify::files::read_bounded_text(path, 64)
         .map_err(|e| format!("cannot read the boot id from {}: {e}", path.display()))?;
     let id: String = text.trim().chars().filter(|c| *c != '-').collect();
