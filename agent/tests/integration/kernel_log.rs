@@ -174,7 +174,7 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         .to_string();
     let root = tempfile::tempdir().unwrap();
     let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = start(&scenario, &api, root.path());
+    let mut agent = start(&scenario, &api, root.path());
     wait_until("the missing journal said", || {
         match agent.log().contains("cannot read the node's kernel log") {
             true => Ok(()),
@@ -270,6 +270,30 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         .filter(|l| l.contains("cannot read the node's kernel log") && l.contains("none of"))
         .count();
     assert_eq!(said, 1, "the missing journal said once: {log}");
+    // A file journald creates and appends to while the reader follows, line by line: every line
+    // is read, the ones written before the follower saw the new file too.
+    let mut writer =
+        common::journal::Writer::start(&machine_dir(root.path()), "user-1000.journal").unwrap();
+    for _ in 0..200 {
+        writer.append(&[kernel(SXID, 0)]);
+        // journald's pace: lines trickle in, they do not arrive as one write.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    writer.finish();
+    wait_until("every appended line", || {
+        match sample(
+            &agent.metrics(),
+            "mlnode_nvswitch_sxid_errors_total",
+            &[("sxid", "12028")],
+        ) {
+            Some(203.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // SIGTERM while the reader follows: nothing waits on it.
+    let (code, elapsed) = agent.terminate();
+    assert_eq!(code, Some(0), "{}", agent.log());
+    assert!(elapsed < common::agent::EXIT_BOUND, "{elapsed:?}");
 }
 
 /// `mlnode-agent kernel-log` on `dir`, as JSON.

@@ -92,7 +92,10 @@ fn each_pod_follows_its_own_models_verification() {
     wait_until("vllm-0's gate True", || {
         condition("vllm-0")["status"] == "True"
     });
-    wait_until("vllm-2's gate written", || !condition("vllm-2").is_null());
+    // Each pod's condition is written in its own patch: wait for the verdict, not the first write.
+    wait_until("vllm-2's gate on the verified revision", || {
+        condition("vllm-2")["reason"] == "RevisionMismatch"
+    });
     let reason = |pod: &str| {
         condition(pod)["reason"]
             .as_str()

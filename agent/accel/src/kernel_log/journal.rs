@@ -220,6 +220,9 @@ impl Reader {
                 }
             }
             self.apply(batch);
+            // Entries that arrive meanwhile are read together at the next poll: the follower
+            // reopens a file once per wake-up, not once per line (a burst costs one read).
+            self.pause(self.settings.poll_interval.get());
         }
         Ok(())
     }

@@ -46,15 +46,8 @@ pub fn kernel(message: &str, seconds_ago: u64) -> Entry {
     }
 }
 
-/// Writes `entries` into `dir/<name>` (a name ending in `.journal`) with systemd-journal-remote.
-/// Err names what is missing.
-pub fn write(dir: &Path, name: &str, entries: &[Entry]) -> Result<PathBuf, String> {
-    if !Path::new(JOURNAL_REMOTE).exists() {
-        return Err(format!(
-            "{JOURNAL_REMOTE} (Debian package systemd-journal-remote) is needed"
-        ));
-    }
-    std::fs::create_dir_all(dir).unwrap();
+/// `entries` in the Journal Export Format; `first` numbers their monotonic timestamps.
+fn export(entries: &[Entry], first: usize) -> Vec<u8> {
     let mut export = Vec::new();
     for (i, e) in entries.iter().enumerate() {
         let facility = if e.transport == "kernel" {
@@ -65,7 +58,7 @@ pub fn write(dir: &Path, name: &str, entries: &[Entry]) -> Result<PathBuf, Strin
         write!(
             export,
             "__REALTIME_TIMESTAMP={}\n__MONOTONIC_TIMESTAMP={}\n_BOOT_ID={}\n_TRANSPORT={}\nPRIORITY={}\n{facility}_HOSTNAME=ip-10-0-1-23\n",
-            e.realtime_usec, 1_000_000 + i, e.boot_id, e.transport, e.priority
+            e.realtime_usec, 1_000_000 + first + i, e.boot_id, e.transport, e.priority
         )
         .unwrap();
         // A message with a newline is a binary field: the name, a newline, its length as
@@ -79,23 +72,60 @@ pub fn write(dir: &Path, name: &str, entries: &[Entry]) -> Result<PathBuf, Strin
             writeln!(export, "MESSAGE={}\n", e.message).unwrap();
         }
     }
-    let path = dir.join(name);
-    let mut child = Command::new(JOURNAL_REMOTE)
-        .arg(format!("--output={}", path.display()))
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{JOURNAL_REMOTE}: {e}"))?;
-    child.stdin.take().unwrap().write_all(&export).unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "systemd-journal-remote: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(path)
+    export
+}
+
+/// systemd-journal-remote writing `dir/<name>` (a name ending in `.journal`) from what it is fed,
+/// as it arrives: journald appending to its file. Err names what is missing.
+pub struct Writer {
+    child: std::process::Child,
+    written: usize,
+}
+
+impl Writer {
+    pub fn start(dir: &Path, name: &str) -> Result<Writer, String> {
+        if !Path::new(JOURNAL_REMOTE).exists() {
+            return Err(format!(
+                "{JOURNAL_REMOTE} (Debian package systemd-journal-remote) is needed"
+            ));
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        let child = Command::new(JOURNAL_REMOTE)
+            .arg(format!("--output={}", dir.join(name).display()))
+            .arg("-")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{JOURNAL_REMOTE}: {e}"))?;
+        Ok(Writer { child, written: 0 })
+    }
+
+    pub fn append(&mut self, entries: &[Entry]) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(&export(entries, self.written)).unwrap();
+        stdin.flush().unwrap();
+        self.written += entries.len();
+    }
+
+    /// Closes its input and waits for it to write the rest and close the file.
+    pub fn finish(mut self) {
+        drop(self.child.stdin.take());
+        let output = self.child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "systemd-journal-remote: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// Writes `entries` into `dir/<name>` at once. Err names what is missing.
+pub fn write(dir: &Path, name: &str, entries: &[Entry]) -> Result<PathBuf, String> {
+    let mut writer = Writer::start(dir, name)?;
+    writer.append(entries);
+    writer.finish();
+    Ok(dir.join(name))
 }
 
 /// This boot's kernel messages in `file`, as journalctl reads them (`-k -b -o cat`).
