@@ -15,8 +15,10 @@ Rows:
     RSS of each process (GNU time);
   * following: `mlnode-agent serve` with only the kernel log source, while --rate kernel lines a
     second are appended for --seconds by a journal-remote process fed through a pipe (as journald
-    appends); the agent's CPU time over the window (/proc/PID/stat), per thousand entries and as a
-    share of one core, and its resident set at the end.
+    appends), to a file the agent has already found (its first line read before the window opens:
+    the steady state, not the rescan a new file costs); the agent's CPU time over the window
+    (/proc/PID/stat), per thousand entries and as a share of one core, and its resident set at the
+    end.
 
 Requires: systemd-journal-remote and journalctl (scripts/test.sh installs them), GNU time.
 """
@@ -125,10 +127,22 @@ def follow(agent: pathlib.Path, directory: pathlib.Path, work: pathlib.Path, rat
             if time.time() > deadline or proc.poll() is not None:
                 sys.exit("the agent did not finish reading the journal's history")
             time.sleep(0.5)
-        before_entries = agent_process.sample(agent_process.metrics(port), "mlnode_kernel_log_entries_read_total")
         boot = boot_id()
         writer = subprocess.Popen([JOURNAL_REMOTE, f"--output={directory / 'follow.journal'}", "-"],
                                   stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        # The steady state: the new file is found (and the engine's rescan done) before the window
+        # opens, by a first line written and given time to be read.
+        writer.stdin.write(export_entry(0, boot, int(time.time() * 1e6)).encode())
+        writer.stdin.flush()
+        read_before = agent_process.sample(agent_process.metrics(port), "mlnode_kernel_log_entries_read_total")
+        settle = time.time() + 30
+        while time.time() < settle:
+            now_read = agent_process.sample(agent_process.metrics(port), "mlnode_kernel_log_entries_read_total")
+            if now_read > read_before:
+                break
+            time.sleep(0.2)
+        time.sleep(2)
+        before_entries = agent_process.sample(agent_process.metrics(port), "mlnode_kernel_log_entries_read_total")
         cpu_before, started = cpu_seconds(proc.pid), time.perf_counter()
         for n in range(rate * seconds):
             line = export_entry(n * 10, boot, int(time.time() * 1e6))
