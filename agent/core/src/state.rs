@@ -86,6 +86,14 @@ impl ModelState {
     }
 }
 
+/// Waits until one of `models` has a new verdict; with none, forever.
+pub async fn any_readiness_changed(models: &[std::sync::Arc<ModelState>]) {
+    if models.is_empty() {
+        return std::future::pending().await;
+    }
+    futures_util::future::select_all(models.iter().map(|m| Box::pin(m.readiness_changed()))).await;
+}
+
 /// Whether the node carries this agent's startup taint, as the readiness controller last saw it:
 /// written there, read by the monitors to choose their hashing priority. Unknown until the
 /// controller has read the node once (or is known not to run).

@@ -1153,12 +1153,7 @@ fn the_kernel_log_component_holds_the_node_on_an_xid_from_before_the_start() {
     assert_eq!(journal_mounts.len(), 2);
     assert!(journal_mounts.iter().all(|m| m["readOnly"] == true));
     let gpu = h100(1);
-    let bus = gpu["pci_bus_id"].as_str().unwrap().to_ascii_lowercase();
-    let slot = format!(
-        "{:04x}:{}",
-        u32::from_str_radix(&bus[..8], 16).unwrap(),
-        &bus[9..14]
-    );
+    let slot = common::journal::driver_slot(gpu["pci_bus_id"].as_str().unwrap());
     let line = format!("NVRM: Xid (PCI:{slot}): 119, pid=2211, name=vllm, Timeout after 6s of waiting for RPC response from GPU1 GSP!");
     let GpuNode {
         api,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
-use common::journal::{kernel, Entry};
+use common::journal::{driver_slot as slot, kernel, Entry};
 use common::kube::FakeApiServer;
 use common::nvml::{fake_nvml, Scenario};
 
@@ -44,14 +44,6 @@ fn start(scenario: &Scenario, api: &FakeApiServer, root: &Path) -> Agent {
 
 fn wait_until(what: &str, check: impl Fn() -> Result<(), String>) {
     common::wait_until(what, Duration::from_secs(20), check)
-}
-
-/// A GPU's slot as the driver prints it (`PCI:%04x:%02x:%02x`), from NVML's bus id.
-fn slot(bus_id: &str) -> String {
-    let lower = bus_id.to_ascii_lowercase();
-    let (domain, rest) = lower.split_once(':').unwrap();
-    let domain = u32::from_str_radix(domain, 16).unwrap();
-    format!("{domain:04x}:{}", rest.trim_end_matches(".0"))
 }
 
 #[test]
@@ -270,14 +262,12 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         .filter(|l| l.contains("cannot read the node's kernel log") && l.contains("none of"))
         .count();
     assert_eq!(said, 1, "the missing journal said once: {log}");
-    // A file journald creates and appends to while the reader follows, line by line: every line
-    // is read, the ones written before the follower saw the new file too.
+    // A file journald creates and appends to while the reader follows, one write per line: every
+    // line is read, the ones written before the follower saw the new file too.
     let mut writer =
         common::journal::Writer::start(&machine_dir(root.path()), "user-1000.journal").unwrap();
     for _ in 0..200 {
         writer.append(&[kernel(SXID, 0)]);
-        // journald's pace: lines trickle in, they do not arrive as one write.
-        std::thread::sleep(Duration::from_millis(5));
     }
     writer.finish();
     wait_until("every appended line", || {

@@ -23,7 +23,7 @@ use super::settings::ReadinessSettings;
 use crate::events;
 use mlnode_core::health::{FromNode, HealthSource};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
-use mlnode_core::state::{ModelState, NodeTaint};
+use mlnode_core::state::{any_readiness_changed, ModelState, NodeTaint};
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
 /// Retries of the taint's test-and-replace when the list changed between read and write.
@@ -199,15 +199,8 @@ impl Controller {
             // A model that passes or fails its verification is said at once, not a round later;
             // while the API server fails, only the back-off decides.
             let model_changed = async {
-                match in_sync && !self.sources.models.is_empty() {
-                    true => {
-                        let changes = self
-                            .sources
-                            .models
-                            .iter()
-                            .map(|m| Box::pin(m.readiness_changed()));
-                        futures_util::future::select_all(changes).await;
-                    }
+                match in_sync {
+                    true => any_readiness_changed(&self.sources.models).await,
                     false => std::future::pending().await,
                 }
             };

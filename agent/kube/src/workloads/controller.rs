@@ -22,7 +22,7 @@ use crate::models::ModelMount;
 use crate::readiness::node::FIELD_MANAGER;
 use crate::watch::ErrorsOnlyBackoff;
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
-use mlnode_core::state::{ModelState, Readiness};
+use mlnode_core::state::{any_readiness_changed, ModelState, Readiness};
 
 /// `mlnode_pod_model_gate`, `mlnode_pod_gate_updates_total` and
 /// `mlnode_model_cache_writable_mounts`.
@@ -138,19 +138,10 @@ impl PodController {
         let mut memory = Memory::default();
         let mut watch_error = String::new();
         loop {
-            let model_changed = async {
-                match self.models.is_empty() {
-                    true => std::future::pending().await,
-                    false => {
-                        let changes = self.models.iter().map(|m| Box::pin(m.readiness_changed()));
-                        futures_util::future::select_all(changes).await;
-                    }
-                }
-            };
             let event = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 event = stream.next() => Some(event),
-                _ = model_changed => None,
+                _ = any_readiness_changed(&self.models) => None,
                 _ = tokio::time::sleep(self.interval) => None,
             };
             let mut events: Vec<_> = event.into_iter().collect();

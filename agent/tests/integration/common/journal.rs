@@ -35,6 +35,15 @@ fn now_usec() -> u64 {
         .as_micros() as u64
 }
 
+/// A GPU's slot as the NVIDIA driver prints it in an XID line (`PCI:%04x:%02x:%02x`: no
+/// function), from NVML's bus id (`00000000:5A:00.0`).
+pub fn driver_slot(nvml_bus_id: &str) -> String {
+    let lower = nvml_bus_id.to_ascii_lowercase();
+    let (domain, rest) = lower.split_once(':').unwrap();
+    let domain = u32::from_str_radix(domain, 16).unwrap();
+    format!("{domain:04x}:{}", rest.trim_end_matches(".0"))
+}
+
 /// A kernel message of this boot, logged `seconds_ago`.
 pub fn kernel(message: &str, seconds_ago: u64) -> Entry {
     Entry {
