@@ -46,8 +46,24 @@ if [ ! -d tests/dashboards-schema/node_modules/@grafana/schema ]; then
     (cd tests/dashboards-schema && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# Journal files in each of systemd's compressions (zstd, lz4, xz): bookworm's systemd 252 writes
+# zstd only, whatever SYSTEMD_JOURNAL_COMPRESS says; bookworm-backports' 254 honours it. Its
+# systemd-journal-remote and libsystemd-shared are unpacked under target/tools, not installed:
+# the machine's systemd stays as it is.
+systemd_backport="$tools/systemd-backport"
+if [ ! -x "$systemd_backport/lib/systemd/systemd-journal-remote" ]; then
+    apt_state="$tools/apt-backports"
+    mkdir -p "$apt_state/lists/partial" "$systemd_backport"
+    echo 'deb http://deb.debian.org/debian bookworm-backports main' >"$apt_state/sources.list"
+    apt_private=(-o "Dir::Etc::sourcelist=$apt_state/sources.list" -o Dir::Etc::sourceparts=/dev/null -o "Dir::State::Lists=$apt_state/lists")
+    apt-get -qq "${apt_private[@]}" update
+    (cd "$apt_state" && apt-get -qq "${apt_private[@]}" download systemd-journal-remote/bookworm-backports libsystemd-shared/bookworm-backports 2>/dev/null)
+    for deb in "$apt_state"/*.deb; do dpkg-deb -x "$deb" "$systemd_backport"; done
+fi
+export MLNODE_TEST_JOURNAL_REMOTE_BACKPORT="$systemd_backport/lib/systemd/systemd-journal-remote"
+
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT"; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
-use common::journal::{driver_slot as slot, kernel, Entry};
+use common::journal::{driver_slot as slot, kernel, Compression, Entry};
 use common::kube::FakeApiServer;
 use common::nvml::{fake_nvml, Scenario};
 
@@ -308,18 +308,64 @@ fn header_u32(file: &Path, at: usize) -> u32 {
     u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
 }
 
-#[test]
-fn compressed_dirty_and_truncated_files_are_read_and_what_cannot_be_is_skipped() {
-    let dir = tempfile::tempdir().unwrap();
-    // A detail long enough for journald's compression (payloads over 512 bytes): Debian's
-    // systemd 252 writes zstd.
-    let long = format!(
+/// An XID line with a detail long enough for journald's compression (payloads over 512 bytes,
+/// systemd `journal-file.h` `DEFAULT_COMPRESS_THRESHOLD`).
+fn long_xid() -> String {
+    format!(
         "NVRM: Xid (PCI:0000:5a:00): 13, pid=9, name=vllm, Graphics Exception: {}",
         (0..300)
             .map(|i| format!("ESR 0x{i:06x}=0x{:08x}", i * 7))
             .collect::<Vec<_>>()
             .join(" ")
-    );
+    )
+}
+
+#[test]
+fn each_compression_systemd_writes_is_read() {
+    // The header's incompatible flags (systemd docs/JOURNAL_FILE_FORMAT.md).
+    for (algorithm, flag) in [("XZ", 1), ("LZ4", 2), ("ZSTD", 8)] {
+        let dir = tempfile::tempdir().unwrap();
+        let long = long_xid();
+        let file = common::needs!(common::journal::write_compressed(
+            dir.path(),
+            "system.journal",
+            &[kernel(&long, 60), kernel(SXID, 30)],
+            Compression::Chosen(algorithm),
+        ));
+        assert_ne!(
+            header_u32(&file, 12) & flag,
+            0,
+            "{algorithm}: the file's flags"
+        );
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !bytes
+                .windows(64)
+                .any(|w| w == &long.as_bytes()[long.len() - 64..]),
+            "{algorithm}: the long payload is stored compressed"
+        );
+        assert_eq!(
+            common::journal::kernel_messages(&file),
+            [long.as_str(), SXID],
+            "{algorithm}: journalctl reads it back"
+        );
+        let found = scan(dir.path());
+        assert_eq!(found["entries"], 2, "{algorithm}: {found:#}");
+        assert_eq!(found["bad_entries"], 0, "{algorithm}: {found:#}");
+        assert_eq!(found["xids"][0]["xid"], 13, "{algorithm}: {found:#}");
+        assert_eq!(
+            found["xids"][0]["process"], "vllm",
+            "{algorithm}: {found:#}"
+        );
+        assert_eq!(found["sxids"]["12028"], 1, "{algorithm}: {found:#}");
+    }
+}
+
+#[test]
+fn compressed_dirty_and_truncated_files_are_read_and_what_cannot_be_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    // Debian's systemd 252 compresses with zstd.
+    let long = long_xid();
     let entries: Vec<Entry> = (0..200)
         .map(|i| {
             kernel(

@@ -84,6 +84,17 @@ fn export(entries: &[Entry], first: usize) -> Vec<u8> {
     export
 }
 
+/// How journal-remote compresses the payloads it stores (over 512 bytes).
+#[derive(Clone, Copy, Debug)]
+pub enum Compression {
+    /// Debian's systemd 252 as installed: zstd, whatever it is asked.
+    Default,
+    /// `SYSTEMD_JOURNAL_COMPRESS` (systemd `docs/ENVIRONMENT.md`), honoured from systemd 253 on:
+    /// bookworm-backports' 254, which scripts/test.sh unpacks and names in
+    /// `MLNODE_TEST_JOURNAL_REMOTE_BACKPORT`.
+    Chosen(&'static str),
+}
+
 /// systemd-journal-remote writing `dir/<name>` (a name ending in `.journal`) from what it is fed,
 /// as it arrives: journald appending to its file. Err names what is missing.
 pub struct Writer {
@@ -93,20 +104,47 @@ pub struct Writer {
 
 impl Writer {
     pub fn start(dir: &Path, name: &str) -> Result<Writer, String> {
-        if !Path::new(JOURNAL_REMOTE).exists() {
-            return Err(format!(
-                "{JOURNAL_REMOTE} (Debian package systemd-journal-remote) is needed"
-            ));
-        }
+        Writer::start_compressed(dir, name, Compression::Default)
+    }
+
+    pub fn start_compressed(
+        dir: &Path,
+        name: &str,
+        compression: Compression,
+    ) -> Result<Writer, String> {
+        let mut command = match compression {
+            Compression::Default => {
+                if !Path::new(JOURNAL_REMOTE).exists() {
+                    return Err(format!(
+                        "{JOURNAL_REMOTE} (Debian package systemd-journal-remote) is needed"
+                    ));
+                }
+                Command::new(JOURNAL_REMOTE)
+            }
+            Compression::Chosen(algorithm) => {
+                let binary = std::env::var_os("MLNODE_TEST_JOURNAL_REMOTE_BACKPORT")
+                    .map(PathBuf::from)
+                    .filter(|path| path.exists())
+                    .ok_or("systemd-journal-remote 253 or later is needed to choose the compression: scripts/test.sh unpacks bookworm-backports' and sets MLNODE_TEST_JOURNAL_REMOTE_BACKPORT")?;
+                // Unpacked, not installed: its libsystemd-shared lies beside it.
+                let root = binary.ancestors().nth(3).unwrap();
+                let mut command = Command::new(&binary);
+                command.env("SYSTEMD_JOURNAL_COMPRESS", algorithm).env(
+                    "LD_LIBRARY_PATH",
+                    root.join("usr/lib/x86_64-linux-gnu/systemd"),
+                );
+                command
+            }
+        };
         std::fs::create_dir_all(dir).unwrap();
-        let child = Command::new(JOURNAL_REMOTE)
+        let child = command
             .arg(format!("--output={}", dir.join(name).display()))
             .arg("-")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("{JOURNAL_REMOTE}: {e}"))?;
+            .map_err(|e| format!("systemd-journal-remote: {e}"))?;
         Ok(Writer { child, written: 0 })
     }
 
@@ -131,7 +169,16 @@ impl Writer {
 
 /// Writes `entries` into `dir/<name>` at once. Err names what is missing.
 pub fn write(dir: &Path, name: &str, entries: &[Entry]) -> Result<PathBuf, String> {
-    let mut writer = Writer::start(dir, name)?;
+    write_compressed(dir, name, entries, Compression::Default)
+}
+
+pub fn write_compressed(
+    dir: &Path,
+    name: &str,
+    entries: &[Entry],
+    compression: Compression,
+) -> Result<PathBuf, String> {
+    let mut writer = Writer::start_compressed(dir, name, compression)?;
     writer.append(entries);
     writer.finish();
     Ok(dir.join(name))
