@@ -163,10 +163,37 @@ def follow(agent: pathlib.Path, directory: pathlib.Path, work: pathlib.Path, rat
         read = got - before_entries
         window = time.perf_counter() - started
         cpu = cpu_seconds(proc.pid) - cpu_before
-        return cpu, window, rss_bytes(proc.pid), read
+        rss = rss_bytes(proc.pid)
+        rotated = rotation(proc, port, directory, boot, rate * seconds)
+        return cpu, window, rss, read, rotated
     finally:
         proc.terminate()
         proc.wait()
+
+
+def rotation(proc, port: int, directory: pathlib.Path, boot: str, burst: int):
+    """A file journald creates while the agent follows (a rotation), written into at once: how
+    many of its `burst` kernel lines the agent reads, and the CPU seconds that costs it."""
+    path = directory / f"rotated-{os.getpid()}.journal"
+    before = agent_process.sample(agent_process.metrics(port), "mlnode_kernel_log_entries_read_total")
+    cpu_before = cpu_seconds(proc.pid)
+    writer = subprocess.Popen([JOURNAL_REMOTE, f"--output={path}", "-"],
+                              stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    for n in range(burst):
+        writer.stdin.write(export_entry(n * 10, boot, int(time.time() * 1e6)).encode())
+    writer.stdin.close()
+    writer.wait()
+    last, quiet_since = -1.0, time.time()
+    while True:
+        got = agent_process.sample(agent_process.metrics(port), "mlnode_kernel_log_entries_read_total")
+        if got - before >= burst or time.time() - quiet_since > 15:
+            break
+        if got != last:
+            last, quiet_since = got, time.time()
+        time.sleep(0.2)
+    cpu = cpu_seconds(proc.pid) - cpu_before
+    path.unlink()
+    return got - before, burst, cpu
 
 
 def main():
@@ -194,7 +221,7 @@ def main():
 
     ours = best_of([agent, "kernel-log", "-D", directory], args.runs)
     peer = best_of(["journalctl", "-D", directory, "-k", "-b", "--grep", "NVRM", "-o", "cat", "--no-pager"], args.runs)
-    cpu, window, follow_rss, read = follow(agent, directory, work, args.rate, args.seconds)
+    cpu, window, follow_rss, read, (rotated_read, rotated, rotated_cpu) = follow(agent, directory, work, args.rate, args.seconds)
     followed = args.rate * args.seconds
 
     lines = [
@@ -207,6 +234,8 @@ def main():
         f"| following {args.rate} lines/s for {args.seconds} s: CPU per 1000 entries, ms | {cpu / followed * 1000 * 1000:.2f} | - | - |",
         f"| following: share of one core | {cpu / window * 100:.3f} % | - | - |",
         f"| following: entries read of those appended | {read:.0f} of {followed} | - | - |",
+        f"| a file created while following (a rotation), {rotated} lines at once: read | {rotated_read:.0f} of {rotated} | - | - |",
+        f"| the rotation: CPU, ms | {rotated_cpu * 1000:.0f} | - | - |",
         f"| following: RSS at the end (serve, whole agent), MiB | {follow_rss['VmRSS'] / (1 << 20):.1f} | - | - |",
         f"| of which anonymous (heap) / the journal's mapped pages, MiB | {follow_rss['RssAnon'] / (1 << 20):.1f} / {follow_rss['RssFile'] / (1 << 20):.1f} | - | - |",
     ]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use sdjournal::{Cursor, EntryRef, Journal, JournalConfig, SubscriptionOptions};
+use sdjournal::{Cursor, EntryRef, Journal, JournalConfig};
 
 use super::facts::LogFacts;
 use super::parse::{KernelEvent, Parser};
@@ -188,30 +188,65 @@ impl Reader {
         self.facts.update(|facts| facts.history_read = true);
         self.metrics.up.set(1);
         tracing::info!(dirs = ?dirs, entries = read, seconds = started.elapsed().as_secs_f64(), "read this boot's kernel log; following it");
+        // What the lookback's snapshot holds ends at its last entry, of any transport: the
+        // follower reads what comes after it.
+        let mut position = last_entry(&journal);
+        drop(journal);
+        let boot = boot_id_bytes(boot)?;
+        // One live engine at a time; rebuilt after an error of its own, from where it stopped.
+        loop {
+            match self.follow_live(&boot, &mut position) {
+                Ok(()) => return Ok(()),
+                Err(trouble) => {
+                    // A journal that cannot be opened at all is the run loop's to say and wait for.
+                    open(
+                        &self.settings.journal_dirs,
+                        self.settings.poll_interval.get(),
+                    )?;
+                    tracing::debug!(error = %trouble, "the journal's follower stopped; starting another");
+                    self.pause(self.settings.poll_interval.get());
+                }
+            }
+        }
+    }
+
+    /// Follows the journal with sdjournal's live engine until stopped (Ok) or until the engine
+    /// fails (Err). Every entry of any transport is seen, so that `position` is the last one read.
+    ///
+    /// The live engine starts each file it discovers at the file's end as it finds it, after a
+    /// rescan that takes seconds on a large journal; the entries appended meanwhile (the first of
+    /// a file journald just rotated to) it never delivers (sdjournal 0.1.15; fixed in 0.1.19, which
+    /// needs Rust 1.96). So whenever the set of files changes, and at the start, the reader reads
+    /// what comes after `position` itself, from a snapshot taken after the engine's; the engine's
+    /// later copies of those entries are passed over by their place in the journal's order.
+    fn follow_live(
+        &mut self,
+        boot: &[u8; 16],
+        position: &mut Option<Position>,
+    ) -> Result<(), String> {
+        let dirs = self.settings.journal_dirs.clone();
+        let (journal, _) = open(&dirs, self.settings.poll_interval.get())?;
         let mut live = journal
             .live()
             .map_err(|e| format!("cannot follow the journal: {e}"))?;
-        let mut filter = live.filter();
-        filter
-            .match_exact("_TRANSPORT", b"kernel")
-            .match_exact("_BOOT_ID", boot.as_bytes());
-        let mut options = SubscriptionOptions::new(filter);
-        if let Some(cursor) = self.resume.clone() {
-            options.after_cursor(cursor);
-        }
         let subscription = live
-            .subscribe_with_options(options)
+            .subscribe(live.filter())
             .map_err(|e| format!("cannot follow the journal: {e}"))?;
+        drop(journal);
+        let mut files = journal_files(&dirs);
+        // The engine may see a new file one poll after the reader does: read after it twice.
+        let mut catch_up = 2u8;
         while !self.stopped() {
+            if catch_up > 0 {
+                catch_up -= 1;
+                self.catch_up(boot, position);
+            }
             live.poll_once()
                 .map_err(|e| format!("cannot follow the journal: {e}"))?;
             let mut batch = Vec::new();
             loop {
                 match subscription.try_recv() {
-                    Ok(Ok(entry)) => {
-                        self.metrics.lag.set(age(entry.realtime_usec()));
-                        batch.extend(self.entry(&entry));
-                    }
+                    Ok(Ok(entry)) => batch.extend(self.followed(&entry, boot, position)),
                     Ok(Err(e)) => self.bad(&e),
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -220,11 +255,65 @@ impl Reader {
                 }
             }
             self.apply(batch);
+            let now = journal_files(&dirs);
+            if now != files {
+                files = now;
+                catch_up = 2;
+            }
             // Entries that arrive meanwhile are read together at the next poll: the follower
             // reopens a file once per wake-up, not once per line (a burst costs one read).
             self.pause(self.settings.poll_interval.get());
         }
         Ok(())
+    }
+
+    /// Reads what the journal holds after `position`, from a snapshot of it taken now.
+    fn catch_up(&mut self, boot: &[u8; 16], position: &mut Option<Position>) {
+        let Ok((journal, _)) = open(
+            &self.settings.journal_dirs,
+            self.settings.poll_interval.get(),
+        ) else {
+            return; // Nothing to read; the live engine says why if it matters.
+        };
+        let mut query = journal.query();
+        if let Some(after) = position {
+            // The entries are in the order of their wall-clock time: what follows is found
+            // by a seek in each file, not a walk from its start.
+            query
+                .since_realtime(after.realtime_usec)
+                .after_cursor(after.cursor.clone());
+        }
+        let Ok(entries) = query.iter() else { return };
+        let mut batch = Vec::new();
+        // An entry that cannot be read here is one being written as the snapshot was taken:
+        // the live engine delivers it. A damaged one it reports.
+        for entry in entries.flatten() {
+            batch.extend(self.followed(&entry, boot, position));
+            if batch.len() >= LOOKBACK_BATCH {
+                self.apply(std::mem::take(&mut batch));
+            }
+        }
+        self.apply(batch);
+    }
+
+    /// An entry the follower reads: passed over if it is not after `position` (read already),
+    /// else the new position, and read as a kernel entry if it is one of this boot's.
+    fn followed(
+        &mut self,
+        entry: &EntryRef,
+        boot: &[u8; 16],
+        position: &mut Option<Position>,
+    ) -> Option<(KernelEvent, Instant)> {
+        let at = Position::of(entry)?;
+        if position.as_ref().is_some_and(|p| p.key() >= at.key()) {
+            return None;
+        }
+        *position = Some(at);
+        if entry.boot_id() != *boot || entry.get("_TRANSPORT") != Some(b"kernel".as_slice()) {
+            return None;
+        }
+        self.metrics.lag.set(age(entry.realtime_usec()));
+        self.entry(entry)
     }
 
     /// One kernel entry: counted, remembered as the place to resume, and parsed.
@@ -253,6 +342,74 @@ impl Reader {
         self.metrics.bad.inc();
         tracing::debug!(error = %error, "skipped a journal entry that cannot be read");
     }
+}
+
+/// A place in the journal: an entry, and its key in sdjournal's order (wall-clock time, then
+/// sequence number).
+struct Position {
+    cursor: Cursor,
+    realtime_usec: u64,
+    seqnum: u64,
+}
+
+impl Position {
+    fn of(entry: &EntryRef) -> Option<Position> {
+        Some(Position {
+            cursor: entry.cursor().ok()?,
+            realtime_usec: entry.realtime_usec(),
+            seqnum: entry.seqnum(),
+        })
+    }
+
+    fn key(&self) -> (u64, u64) {
+        (self.realtime_usec, self.seqnum)
+    }
+}
+
+/// The journal's last entry, of any transport (None when it has none that can be read).
+fn last_entry(journal: &Journal) -> Option<Position> {
+    let mut query = journal.query();
+    query.seek_tail().limit(1);
+    query.iter().ok()?.flatten().find_map(|e| Position::of(&e))
+}
+
+/// A boot id as `_BOOT_ID` writes it (32 hex digits), as the entry header holds it.
+fn boot_id_bytes(boot: &str) -> Result<[u8; 16], String> {
+    let mut id = [0u8; 16];
+    for (i, byte) in id.iter_mut().enumerate() {
+        *byte = boot
+            .get(2 * i..2 * i + 2)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            .ok_or_else(|| format!("{boot:?} is not a boot id"))?;
+    }
+    Ok(id)
+}
+
+/// The journal files in `dirs` and their machine-id directories, by name: what changes when
+/// journald creates, rotates or deletes one (not when it appends).
+fn journal_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending: Vec<PathBuf> = dirs.to_vec();
+    let mut depth = 0;
+    while !pending.is_empty() && depth < 2 {
+        for dir in std::mem::take(&mut pending) {
+            let Ok(listing) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in listing.flatten() {
+                let path = entry.path();
+                match entry.file_type() {
+                    Ok(kind) if kind.is_dir() => pending.push(path),
+                    Ok(kind) if kind.is_file() => files.push(path),
+                    _ => {}
+                }
+            }
+        }
+        depth += 1;
+    }
+    files.retain(|f| f.extension().is_some_and(|e| e == "journal"));
+    files.sort();
+    files
 }
 
 /// The journal in those of `dirs` that exist, and which those are. Err says why none can be read.
@@ -371,6 +528,15 @@ fn instant_of(realtime_usec: u64) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_boot_id_is_compared_as_the_entry_header_holds_it() {
+        let id = boot_id_bytes("6c1f3a2e8d4b4f7a9e210b5d7c9a1e33").unwrap();
+        assert_eq!(id[0], 0x6c);
+        assert_eq!(id[15], 0x33);
+        assert!(boot_id_bytes("6c1f").is_err());
+        assert!(boot_id_bytes("zz1f3a2e8d4b4f7a9e210b5d7c9a1e33").is_err());
+    }
 
     #[test]
     fn the_boot_id_is_the_kernels_uuid_without_dashes() {
