@@ -280,6 +280,7 @@ pub fn load_with_sources(
         sources.node_name = Some(origin);
     }
     model_labels_possible(&config, &sources)?;
+    process_attribution_possible(&config, &sources)?;
     Ok((config, sources))
 }
 
@@ -318,6 +319,25 @@ fn model_labels_possible(config: &Config, sources: &Sources) -> Result<(), Confi
         }
     }
     Ok(())
+}
+
+/// With `nvml.process_attribution`, the host's processes must be where `nvml.proc_root` says:
+/// refused at start, not found out as every process's cgroup missing.
+fn process_attribution_possible(config: &Config, sources: &Sources) -> Result<(), ConfigError> {
+    let root = &config.nvml.proc_root;
+    if !config.nvml.process_attribution || root.join("self/cgroup").is_file() {
+        return Ok(());
+    }
+    let key = "nvml.proc_root".to_string();
+    let reason = format!(
+        "{} holds no processes (no self/cgroup); nvml.process_attribution reads each GPU process's cgroup there. Point it at a procfs, with hostPID: true (components/process-attribution)",
+        root.display()
+    );
+    Err(ConfigError::Invalid {
+        origin: sources.origin_of(&key, &reason),
+        key,
+        reason,
+    })
 }
 
 /// `models` and `[1].name` make `models[1].name`; `readiness` and `interval`,
@@ -482,6 +502,22 @@ mod tests {
         let error = from_yaml(&revision, &on).unwrap_err().to_string();
         assert!(error.contains("models[0].revision"), "{error}");
         assert!(from_yaml(ONE_MODEL, &on).unwrap().readiness.model_labels);
+    }
+
+    #[test]
+    fn process_attribution_without_a_procfs_is_refused_naming_the_setting() {
+        let empty = tempfile::tempdir().unwrap();
+        let yaml = format!(
+            "nvml:\n  process_attribution: true\n  proc_root: {:?}\n",
+            empty.path().display().to_string()
+        );
+        let error = from_yaml(&yaml, &[]).unwrap_err().to_string();
+        assert!(
+            error.contains("nvml.proc_root") && error.contains("hostPID"),
+            "{error}"
+        );
+        let on = from_yaml("nvml:\n  process_attribution: true\n", &[]).unwrap();
+        assert_eq!(on.nvml.proc_root, std::path::Path::new("/proc"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::cache::state::NodeFacts;
 use crate::cache::watch::FileWatch;
 use crate::components::{
     gpu::Gpu, kernel_log::KernelLog, kubelet::Kubelet, models::Models, neuron::Neuron,
-    pod_gates::PodGates, readiness::Readiness, startup::Startup,
+    node_pods::NodePods, pod_gates::PodGates, readiness::Readiness, startup::Startup,
 };
 use crate::config::{Config, ModelConfig};
 use crate::metrics::{AgentMetrics, Subsystem};
@@ -84,6 +84,10 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         Box::new(PodGates {
             settings: config.readiness.clone(),
             mounts: config.models.iter().map(ModelConfig::mount).collect(),
+        }),
+        Box::new(NodePods {
+            needed: config.nvml.process_attribution,
+            api: config.readiness.enabled,
         }),
         Box::new(Kubelet {
             socket: kubelet.pod_resources_socket.clone(),

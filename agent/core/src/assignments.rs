@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::shared::Shared;
 
 /// The container a device is assigned to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Assignment {
     pub pod: String,
     pub namespace: String,
@@ -18,30 +18,48 @@ pub struct Assignment {
 /// Devices allocated through DRA are kept under their driver's name and their UUID
 /// (`gpu.nvidia.com`, `GPU-…`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Assignments(BTreeMap<(String, String), Assignment>);
+pub struct Assignments {
+    first: BTreeMap<(String, String), Assignment>,
+    /// The replica of a shared device each container holds (time-slicing and MPS hand out
+    /// `<uuid>::<n>`): (device id, holder) → `n`.
+    replicas: BTreeMap<(String, Assignment), String>,
+}
 
 impl Assignments {
     /// The container holding device `id` under any of `resources`.
     pub fn find(&self, resources: &[String], id: &str) -> Option<&Assignment> {
         resources
             .iter()
-            .find_map(|r| self.0.get(&(r.clone(), id.to_string())))
+            .find_map(|r| self.first.get(&(r.clone(), id.to_string())))
+    }
+
+    /// Records that `holder` holds replica `replica` of the shared device `id`.
+    pub fn assign_replica(&mut self, id: &str, replica: &str, holder: Assignment) {
+        self.replicas
+            .insert((id.to_string(), holder), replica.to_string());
+    }
+
+    /// The replica of device `id` that `holder` holds, if it holds one (`::<n>`).
+    pub fn replica(&self, id: &str, holder: &Assignment) -> Option<&str> {
+        self.replicas
+            .get(&(id.to_string(), holder.clone()))
+            .map(String::as_str)
     }
 
     /// Records that `holder` holds device `id` of `resource`, unless a container already does:
     /// a shared device (time-slicing replicas, a shared DRA claim) keeps its first holder.
     pub fn assign(&mut self, resource: &str, id: &str, holder: impl FnOnce() -> Assignment) {
-        self.0
+        self.first
             .entry((resource.to_string(), id.to_string()))
             .or_insert_with(holder);
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.first.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.first.is_empty()
     }
 }
 

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::assignments::SharedAssignments;
 use crate::health::HealthSource;
 use crate::metrics::{AgentMetrics, Subsystem};
+use crate::pods::SharedPods;
 use crate::settings::Toggle;
 use crate::state::ModelState;
 
@@ -30,6 +31,8 @@ pub struct StartContext {
     pub models: Vec<Arc<ModelState>>,
     /// Which container holds which device: written by the kubelet poller, read by collectors.
     pub assignments: SharedAssignments,
+    /// The node's pods by UID: written by the node's pod watch, read by whoever names a pod.
+    pub pods: SharedPods,
     /// The devices the running collectors label by their holder, for the kubelet poller.
     pub devices: LabelledDevices,
     /// The running accelerator collectors' health, for the readiness gate.
@@ -60,6 +63,7 @@ impl StartContext {
             shutdown: CancellationToken::new(),
             models: Vec::new(),
             assignments: SharedAssignments::default(),
+            pods: Default::default(),
             devices: LabelledDevices::default(),
             health: Vec::new(),
             required_missing: Vec::new(),

@@ -4,14 +4,18 @@
 //! - [`metrics`]: the registry every series is registered in, and the agent's own series;
 //! - [`health`]: the contract between the accelerator collectors and the readiness gate;
 //! - [`assignments`]: which container holds each device, from the kubelet to the collectors;
+//! - [`pods`]: the node's pods by UID, from the API server to whoever names a pod;
+//! - [`cgroup`]: which pod and container a process belongs to, from its cgroup;
 //! - [`state`]: the model caches' and the node's state, from the monitors to the server and gates;
 //! - [`shared`]: the one shape of state one part writes and others read;
 //! - [`component`]: how every subsystem starts, and says whether it runs.
 
 pub mod assignments;
+pub mod cgroup;
 pub mod component;
 pub mod health;
 pub mod metrics;
+pub mod pods;
 pub mod settings;
 pub mod shared;
 pub mod state;

@@ -4,11 +4,13 @@
 //! - [`startup`]: each inference pod's startup phases, from its Pod and Events;
 //! - [`readiness`]: the node's conditions, its startup taint and the repair condition;
 //! - [`workloads`]: each pod's readiness gate on its own model, and writable cache mounts;
-//! - [`models`]: where each configured model's cache is, as pods mount it.
+//! - [`models`]: where each configured model's cache is, as pods mount it;
+//! - [`node_pods`]: the node's pods by UID, for naming a process's pod.
 
 mod events;
 pub mod kubelet;
 pub mod models;
+pub mod node_pods;
 pub mod readiness;
 pub mod startup;
 mod watch;

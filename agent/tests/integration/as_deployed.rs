@@ -252,7 +252,7 @@ type AdmissionCase = (
 
 #[test]
 fn every_rendered_pod_is_admitted_by_its_namespace() {
-    let cases: [AdmissionCase; 7] = [
+    let cases: [AdmissionCase; 8] = [
         (
             "overlays/gpu",
             &["components/mig-monitor"],
@@ -298,6 +298,18 @@ fn every_rendered_pod_is_admitted_by_its_namespace() {
             &["components/kernel-log"],
             &["hostPathVolumes"],
             &["restrictedVolumes", "runAsNonRoot", "runAsUser"],
+        ),
+        // The host's PID namespace, for NVML's pids: baseline's second exception.
+        (
+            "overlays/gpu",
+            &["components/process-attribution"],
+            &["hostNamespaces", "hostPathVolumes"],
+            &[
+                "hostNamespaces",
+                "restrictedVolumes",
+                "runAsNonRoot",
+                "runAsUser",
+            ],
         ),
         (
             "overlays/neuron",

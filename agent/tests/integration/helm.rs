@@ -53,7 +53,11 @@ fn comparable(o: &Value) -> Value {
 /// Both overlays, each with `components` (the GPU-only ones on overlays/gpu alone), as one
 /// cluster has them.
 fn kustomize_cluster(components: &[&str]) -> Result<BTreeMap<Id, Value>, String> {
-    let gpu_only = ["components/nvidia-runtime-class", "components/mig-monitor"];
+    let gpu_only = [
+        "components/nvidia-runtime-class",
+        "components/mig-monitor",
+        "components/process-attribution",
+    ];
     let neuron_components: Vec<&str> = components
         .iter()
         .copied()
@@ -126,6 +130,10 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
         ("repairCondition: {enabled: true}", &["components/repair-condition"]),
         ("modelLabels: {enabled: true}", &["components/model-labels"]),
         ("kernelLog: {enabled: true}", &["components/kernel-log"]),
+        (
+            "processAttribution: {enabled: true}",
+            &["components/process-attribution"],
+        ),
     ] {
         let kustomized = common::needs!(kustomize_cluster(components));
         let charted = common::needs!(chart(values));

@@ -22,6 +22,7 @@ mod metrics_doc;
 mod neuron;
 mod neuron_monitor;
 mod pod_gates;
+mod process_attribution;
 mod readiness;
 mod scrape;
 mod serve;

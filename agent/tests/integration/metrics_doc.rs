@@ -227,6 +227,17 @@ fn register_gpu(registry: &prometheus::Registry) {
         tensor_active: Some(0.5),
         dram_active: Some(0.5),
     };
+    // A pod's process, on a replica of the GPU the kubelet gave it.
+    let owner = mlnode_core::cgroup::CgroupOwner::Container {
+        pod_uid: "3f9a1c2e-7b4d-4e8f-9a0b-1c2d3e4f5a6b".into(),
+        container_id: "0b2f6c".into(),
+    };
+    let process = mlnode_agent::gpu::GpuProcess {
+        pid: 4101,
+        memory_bytes: Some(1),
+        sm_ratio: Some(0.5),
+        owner: Ok(owner),
+    };
     let reading = GpuReading {
         memory: Some(MemoryReading {
             total: 4,
@@ -263,7 +274,13 @@ fn register_gpu(registry: &prometheus::Registry) {
                 reserved: None,
             }),
             gpm: Some(gpm),
+            processes: Some(vec![mlnode_agent::gpu::GpuProcess {
+                sm_ratio: None,
+                ..process.clone()
+            }]),
         }],
+        processes: Some(vec![process]),
+        attribution_trouble: vec!["process_exited"],
         recovery_action: Some(0),
         fabric: Some(mlnode_agent::gpu::FabricReading {
             state: 3,
@@ -305,9 +322,23 @@ fn register_gpu(registry: &prometheus::Registry) {
         1.0,
         std::time::Instant::now(),
     );
+    let holder = mlnode_core::assignments::Assignment {
+        pod: "vllm-0".into(),
+        namespace: "inference".into(),
+        container: "vllm".into(),
+    };
+    let mut assignments = mlnode_core::assignments::Assignments::default();
+    assignments.assign_replica("GPU-1", "0", holder);
+    let pods = mlnode_core::pods::PodDirectory::from_pods([mlnode_core::pods::PodIdentity {
+        namespace: "inference".into(),
+        name: "vllm-0".into(),
+        uid: "3f9a1c2e-7b4d-4e8f-9a0b-1c2d3e4f5a6b".into(),
+        containers: [("0b2f6c".to_string(), "vllm".to_string())].into(),
+    }]);
     let collector = mlnode_agent::gpu::collector::GpuCollector::new(
         mlnode_agent::shared::Shared::new(state),
-        Default::default(),
+        mlnode_agent::shared::Shared::new(assignments),
+        mlnode_agent::shared::Shared::new(pods),
         Vec::new(),
         Default::default(),
         true,

@@ -28,6 +28,13 @@
 //! links), and `gpm: {"graphics_util", "sm_util",
 //! "any_tensor_util", "dram_bw_util"}` (percent; absent: no GPM, as before Hopper); a MIG
 //! instance's own `gpm` answers `nvmlGpmMigSampleGet` for its GPU instance.
+//! `processes: [{"pid", "used_memory", "graphics", "sm_util"}]` (per device, and per MIG instance)
+//! are what `nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3` list (`used_memory` absent:
+//! NVML_VALUE_NOT_AVAILABLE), and `nvmlDeviceGetProcessUtilization` gives each process with a
+//! non-zero `sm_util` one sample per 100 ms period (its CPU timestamp in µs) newer than the
+//! caller's `lastSeenTimeStamp`, NOT_FOUND when there is none, NOT_SUPPORTED on MIG devices and
+//! on a MIG-enabled GPU (nvml.h). `no_permission` names fields whose call answers
+//! NVML_ERROR_NO_PERMISSION (`processes`: as for a caller outside the host's pid namespace).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 // Without the newer calls, their types and codes go unused.
@@ -40,8 +47,8 @@ use std::time::Duration;
 
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlFieldValue_t, nvmlGpmMetricsGet_t,
-    nvmlGpmSample_t, nvmlGpmSupport_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
-    nvmlUtilization_t,
+    nvmlGpmSample_t, nvmlGpmSupport_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
+    nvmlProcessInfo_t, nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
 };
 use serde::Deserialize;
 
@@ -115,9 +122,9 @@ struct Device {
     /// Fields whose versioned call answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH, as a driver older
     /// than the caller's header does: `memory` (the v2 struct), `temperature_v`.
     version_mismatch: Vec<String>,
-    /// Fields whose call answers NVML_ERROR_NO_PERMISSION (filled in for MIG, see `view`).
-    #[serde(skip)]
+    /// Fields whose call answers NVML_ERROR_NO_PERMISSION (and, for MIG, see `view`).
     no_permission: Vec<String>,
+    processes: Vec<Process>,
     /// (GPU instance id, compute instance id) when this is a MIG device's view.
     #[serde(skip)]
     instance: Option<(u32, u32)>,
@@ -145,10 +152,24 @@ struct MigInstance {
     memory: Memory,
     /// The GPU instance's GPM percentages (`nvmlGpmMigSampleGet` on the parent); absent: none.
     gpm: Option<Gpm>,
+    processes: Vec<Process>,
+}
+
+/// A process with a context on the device (nvml.h `nvmlProcessInfo_t`).
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct Process {
+    pid: c_uint,
+    /// Bytes; absent: NVML_VALUE_NOT_AVAILABLE, as under MPS or WDDM.
+    used_memory: Option<u64>,
+    /// A graphics context (listed by the graphics call) rather than a compute one.
+    graphics: bool,
+    /// Percent of the SMs it used in each sample period.
+    sm_util: c_uint,
 }
 
 /// The calls a MIG device handle answers; the rest are NOT_SUPPORTED on it.
-const MIG_DEVICE_FIELDS: [&str; 4] = ["uuid", "name", "memory", "mig_ids"];
+const MIG_DEVICE_FIELDS: [&str; 5] = ["uuid", "name", "memory", "mig_ids", "processes"];
 
 impl Device {
     /// What `handle` sees: the GPU with its MIG-mode refusals, or one of its MIG devices.
@@ -157,6 +178,7 @@ impl Device {
         match mig {
             None if self.mig.enabled => {
                 view.unsupported.push("utilization".into());
+                view.unsupported.push("process_utilization".into());
                 if !self.mig.monitor_capability {
                     view.no_permission.push("memory".into());
                 }
@@ -169,6 +191,7 @@ impl Device {
                 view.memory = instance.memory;
                 view.instance = Some((instance.gpu_instance_id, instance.compute_instance_id));
                 view.gpm = None;
+                view.processes = instance.processes.clone();
             }
         }
         Some(view)
@@ -1158,6 +1181,111 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
         (*v2).healthMask = fabric.health_mask;
         if version == FABRIC_INFO_V3 {
             (*info).healthSummary = fabric.health_summary;
+        }
+        SUCCESS
+    })
+}
+
+/// nvml.h's `NVML_VALUE_NOT_AVAILABLE` in `usedGpuMemory`.
+const VALUE_NOT_AVAILABLE: c_ulonglong = c_ulonglong::MAX;
+
+/// The list calls' contract (nvml.h): `*count` in is the array's size; too small (a null array
+/// with 0 included) is INSUFFICIENT_SIZE with `*count` set to what is needed.
+unsafe fn running_processes(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+    graphics: bool,
+) -> nvmlReturn_t {
+    with_device(device, "processes", |d| {
+        if count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let listed: Vec<&Process> = d
+            .processes
+            .iter()
+            .filter(|p| p.graphics == graphics)
+            .collect();
+        let room = *count as usize;
+        *count = listed.len() as c_uint;
+        if listed.is_empty() {
+            return SUCCESS;
+        }
+        if room < listed.len() || infos.is_null() {
+            return INSUFFICIENT_SIZE;
+        }
+        let (gi, ci) = d.instance.unwrap_or((0xFFFF_FFFF, 0xFFFF_FFFF));
+        for (i, p) in listed.iter().enumerate() {
+            *infos.add(i) = nvmlProcessInfo_t {
+                pid: p.pid,
+                usedGpuMemory: p.used_memory.unwrap_or(VALUE_NOT_AVAILABLE),
+                gpuInstanceId: gi,
+                computeInstanceId: ci,
+            };
+        }
+        SUCCESS
+    })
+}
+
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    running_processes(device, count, infos, false)
+}
+
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    running_processes(device, count, infos, true)
+}
+
+/// One sample per process that used the SMs, for the driver's current 100 ms period, if it is
+/// newer than `last_seen` (nvml.h `nvmlDeviceGetProcessUtilization`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: c_ulonglong,
+) -> nvmlReturn_t {
+    with_device(device, "process_utilization", |d| {
+        if count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_micros() as c_ulonglong);
+        let period = now - now % 100_000;
+        let samples: Vec<&Process> = d
+            .processes
+            .iter()
+            .filter(|p| p.sm_util > 0 && period > last_seen)
+            .collect();
+        if samples.is_empty() {
+            return NOT_FOUND;
+        }
+        let room = *count as usize;
+        *count = samples.len() as c_uint;
+        if utilization.is_null() || room < samples.len() {
+            return INSUFFICIENT_SIZE;
+        }
+        for (i, p) in samples.iter().enumerate() {
+            *utilization.add(i) = nvmlProcessUtilizationSample_t {
+                pid: p.pid,
+                timeStamp: period,
+                smUtil: p.sm_util,
+                memUtil: 0,
+                encUtil: 0,
+                decUtil: 0,
+            };
         }
         SUCCESS
     })

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
+use super::attribution::{self, ContainerUse};
 use super::health;
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
 use mlnode_core::assignments::{Assignments, SharedAssignments};
 use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec};
+use mlnode_core::pods::SharedPods;
 use mlnode_core::shared::Shared;
 
 const MIB: u64 = 1 << 20;
@@ -30,6 +32,8 @@ pub struct LabelStyle {
 pub struct GpuCollector {
     state: Shared<GpuState>,
     assignments: SharedAssignments,
+    /// The node's pods, naming the owners of the GPUs' processes.
+    pods: SharedPods,
     /// Extended resources whose device ids are GPU UUIDs (`nvidia.com/gpu`).
     resource_names: Vec<String>,
     style: LabelStyle,
@@ -38,7 +42,10 @@ pub struct GpuCollector {
 }
 
 /// (name, help, type) of every family this collector can produce.
-const FAMILIES: [FamilySpec; 48] = [
+const FAMILIES: [FamilySpec; 51] = [
+    ("mlnode_gpu_pod_memory_used_bytes", "Framebuffer memory the processes of one container hold on the GPU or MIG device (nvml.process_attribution), by the container their cgroup names; empty pod labels for processes no pod owns.", MetricType::GAUGE),
+    ("mlnode_gpu_pod_sm_utilization_ratio", "Fraction of the GPU's SMs one container's processes used since the previous sample (nvmlDeviceGetProcessUtilization, nvml.process_attribution); absent on MIG devices, where NVML gives none.", MetricType::GAUGE),
+    ("mlnode_gpu_process_attribution_errors_total", "Per-process readings that failed, by reason: NVML refused the process list or their utilisation (processes_no_permission without hostPID, utilization_not_supported), a process exited before its cgroup was read, a cgroup of no known form. Their series are absent.", MetricType::COUNTER),
     ("mlnode_gpu_pci_devices", "NVIDIA GPUs (display and 3D controllers of vendor 0x10de) the kernel lists on the PCI bus; compare with mlnode_gpu_count, NVML's.", MetricType::GAUGE),
     ("mlnode_gpu_fabric_state", "The GPU's NVLink fabric registration with Fabric Manager (nvmlGpuFabricState_t): 1 not started, 2 in progress, 3 completed; absent without a fabric (no NVSwitch).", MetricType::GAUGE),
     ("mlnode_gpu_fabric_healthy", "1 when the GPU's fabric registration completed with success (CUDA can use it), else 0; absent without a fabric.", MetricType::GAUGE),
@@ -237,6 +244,7 @@ impl GpuCollector {
     pub fn new(
         state: Shared<GpuState>,
         assignments: SharedAssignments,
+        pods: SharedPods,
         resource_names: Vec<String>,
         style: LabelStyle,
         dcgm_names: bool,
@@ -250,6 +258,7 @@ impl GpuCollector {
         Ok(GpuCollector {
             state,
             assignments,
+            pods,
             resource_names,
             style,
             dcgm_names,
@@ -327,6 +336,7 @@ impl Collector for GpuCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let state = self.state.borrow();
         let assignments = self.assignments.get();
+        let pods = self.pods.borrow();
         let mut out = Families::default();
         // While NVML cannot count them, there is no current count.
         if state.failing.is_none() {
@@ -386,6 +396,12 @@ impl Collector for GpuCollector {
             // A stalled sampler's readings are history, not the GPU now.
             if let Some(reading) = entry.reading.as_ref().filter(|_| !stalled) {
                 self.collect_reading(reading, &labels, &mut out);
+                let device = self.device_labels(identity, &state.driver_version);
+                if let Some(processes) = &reading.processes {
+                    let rows =
+                        attribution::per_container(processes, &identity.uuid, &pods, &assignments);
+                    self.collect_container_use(&rows, &device, &mut out);
+                }
                 for instance in &reading.mig {
                     let labels = self.instance_labels(
                         identity,
@@ -394,8 +410,27 @@ impl Collector for GpuCollector {
                         &assignments,
                     );
                     self.collect_instance(instance, &labels, &mut out);
+                    if let Some(processes) = &instance.processes {
+                        let rows = attribution::per_container(
+                            processes,
+                            &instance.uuid,
+                            &pods,
+                            &assignments,
+                        );
+                        let mut device = device.clone();
+                        device.push(("GPU_I_ID", instance.gpu_instance_id.to_string()));
+                        device.push(("GPU_I_PROFILE", instance.profile.clone()));
+                        self.collect_container_use(&rows, &device, &mut out);
+                    }
                 }
             }
+        }
+        for (reason, count) in &state.attribution_errors {
+            out.counter(
+                "mlnode_gpu_process_attribution_errors_total",
+                &[("reason", reason.to_string())],
+                *count as f64,
+            );
         }
         out.into_families(FAMILIES.iter().chain(if self.dcgm_names {
             DCGM_FAMILIES.iter()
@@ -412,6 +447,37 @@ enum GpmScope {
 }
 
 impl GpuCollector {
+    /// One container's use of a GPU or MIG device: the device's own labels (never its first
+    /// holder's), the container's, its pod's UID and, on a shared device, its replica.
+    fn collect_container_use(
+        &self,
+        rows: &[ContainerUse],
+        device: &[(&'static str, String)],
+        out: &mut Families,
+    ) {
+        let names = if self.style.legacy_pod_labels {
+            ["pod_name", "pod_namespace", "container_name"]
+        } else {
+            ["pod", "namespace", "container"]
+        };
+        for row in rows {
+            let mut labels = device.to_vec();
+            labels.push((names[0], row.pod.clone()));
+            labels.push((names[1], row.namespace.clone()));
+            labels.push((names[2], row.container.clone()));
+            labels.push(("pod_uid", row.pod_uid.clone()));
+            if let Some(vgpu) = &row.vgpu {
+                labels.push(("vgpu", vgpu.clone()));
+            }
+            if let Some(bytes) = row.memory_bytes {
+                out.gauge("mlnode_gpu_pod_memory_used_bytes", &labels, bytes as f64);
+            }
+            if let Some(ratio) = row.sm_ratio {
+                out.gauge("mlnode_gpu_pod_sm_utilization_ratio", &labels, ratio);
+            }
+        }
+    }
+
     fn collect_instance(
         &self,
         instance: &MigInstance,

@@ -4,6 +4,7 @@
 //! [`nvml`] talks to the driver (the only side effect), [`state`] keeps what was read as plain data
 //! (and is tested without a GPU), [`collector`] turns that state into series at scrape time.
 
+pub mod attribution;
 pub mod collector;
 pub mod health;
 mod nvml;
@@ -82,6 +83,39 @@ pub struct GpuReading {
     /// NVLink fabric registration (NVSwitch systems, Hopper and later); None where there is no
     /// fabric (NOT_SUPPORTED, or the state NOT_SUPPORTED).
     pub fabric: Option<FabricReading>,
+    /// The processes on the GPU (`nvml.process_attribution`); None when not read, or NVML refused.
+    pub processes: Option<Vec<GpuProcess>>,
+    /// Why some of the per-process reading failed this time (each counted, said once).
+    pub attribution_trouble: Vec<&'static str>,
+}
+
+impl GpuReading {
+    /// Why per-process reading failed this time: NVML's refusals, then each process whose owner
+    /// cannot be told.
+    pub fn attribution_errors(&self) -> impl Iterator<Item = &'static str> + '_ {
+        let owners = self
+            .processes
+            .iter()
+            .chain(self.mig.iter().flat_map(|m| m.processes.iter()))
+            .flatten()
+            .filter_map(|p| p.owner.as_ref().err().copied());
+        self.attribution_trouble.iter().copied().chain(owners)
+    }
+}
+
+/// A process NVML lists on a GPU or a MIG device (compute or graphics), and whose it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// Framebuffer bytes it holds; None where NVML cannot tell (`NVML_VALUE_NOT_AVAILABLE`).
+    pub memory_bytes: Option<u64>,
+    /// Its SM use over the interval since the previous read, 0-1: the mean of the samples
+    /// `nvmlDeviceGetProcessUtilization` gives for it since the last one seen; 0 with none (NVML
+    /// lists only processes that used the SMs). None: no per-process utilisation here (a MIG
+    /// device, or NVML refused).
+    pub sm_ratio: Option<f64>,
+    /// Whose it is, from its cgroup; Err says why that cannot be told.
+    pub owner: Result<CgroupOwner, &'static str>,
 }
 
 /// `nvmlGpuFabricInfo_t`/`_v2_t`/`_v3_t` (nvml.h): the GPU's registration with Fabric Manager.
@@ -143,6 +177,8 @@ pub struct MigInstance {
     pub memory: Option<MemoryReading>,
     /// The GPU instance's GPM ratios (`nvmlGpmMigSampleGet`), from the second read on.
     pub gpm: Option<GpmReading>,
+    /// The processes on the MIG device (`nvml.process_attribution`), as on a GPU.
+    pub processes: Option<Vec<GpuProcess>>,
 }
 
 /// `nvmlDeviceGetRemappedRows`: HBM rows remapped since manufacture, the standard memory health
@@ -170,6 +206,8 @@ pub struct GpmReading {
 use std::sync::Arc;
 
 use mlnode_core::assignments::SharedAssignments;
+use mlnode_core::cgroup::CgroupOwner;
+use mlnode_core::pods::SharedPods;
 use mlnode_core::settings::Toggle;
 use mlnode_core::shared::Shared;
 use settings::{HostnameLabel, NvmlSettings, PodLabels};
@@ -194,6 +232,7 @@ impl GpuRuntime {
         settings: &NvmlSettings,
         node_name: &str,
         assignments: SharedAssignments,
+        pods: SharedPods,
         resource_names: Vec<String>,
         registry: &prometheus::Registry,
         up: mlnode_core::metrics::AgentMetrics,
@@ -217,6 +256,7 @@ impl GpuRuntime {
         let collector = collector::GpuCollector::new(
             state.clone(),
             assignments,
+            pods,
             resource_names,
             style,
             settings.dcgm_names,
@@ -231,6 +271,9 @@ impl GpuRuntime {
             state.clone(),
             settings.sample_interval.get(),
             settings.pci_devices.clone(),
+            settings
+                .process_attribution
+                .then(|| settings.proc_root.clone()),
             stop.clone(),
             up,
         )

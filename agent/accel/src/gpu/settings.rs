@@ -63,6 +63,13 @@ pub struct NvmlSettings {
     /// How far back `DCGM_EXP_XID_ERRORS_COUNT` counts XIDs (dcgm-exporter's
     /// `--xid-count-window-size`, 5 minutes by default there too).
     pub xid_count_window: Within<XidCountWindow>,
+    /// Opt-in (components/process-attribution, the chart's processAttribution.enabled): each
+    /// GPU's processes, their framebuffer and SM use, summed per container of the pod that owns
+    /// them (`mlnode_gpu_pod_*`). Needs `hostPID: true`: NVML names processes by the host's pids.
+    pub process_attribution: bool,
+    /// The host's `/proc` as the agent sees it (its own, with hostPID): a pid's cgroup names its
+    /// pod and container.
+    pub proc_root: PathBuf,
 }
 
 impl Default for NvmlSettings {
@@ -77,6 +84,8 @@ impl Default for NvmlSettings {
             pci_devices: PathBuf::from("/sys/bus/pci/devices"),
             expected_gpus: None,
             xid_count_window: Within::default_of(minutes(5)),
+            process_attribution: false,
+            proc_root: PathBuf::from("/proc"),
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct GpuState {
     pub expected_gpus: Option<u32>,
     /// `nvml.xid_count_window`: how far back `DCGM_EXP_XID_ERRORS_COUNT` counts.
     pub xid_count_window: Duration,
+    /// Per-process readings that failed, by reason, since the agent started.
+    pub attribution_errors: BTreeMap<&'static str, u64>,
 }
 
 /// Why NVML cannot read a GPU: the error classes of `nvml.h` that describe the device rather than
@@ -124,6 +126,10 @@ impl GpuState {
                         }
                     }
                 }
+                for reason in reading.attribution_errors() {
+                    *self.attribution_errors.entry(reason).or_default() += 1;
+                }
+                let entry = self.gpus.entry(index).or_default();
                 entry.identity = Some(identity);
                 entry.reading = Some(*reading);
                 entry.read_at = Some(at);

@@ -72,7 +72,8 @@ fn names(pattern: &str, name: &str) -> bool {
 /// Picks out the devices of the wanted resources, each kept under the pattern that named it, and
 /// the DRA devices `dra` resolves. A device shared between containers (GPU time-slicing hands out
 /// replicas `GPU-<uuid>::<n>`, EKS MIG devices `MIG-<uuid>::<n>`, a DRA claim shared by several
-/// containers or a `share_id`) is attributed to the first container listed.
+/// containers or a `share_id`) is attributed to the first container listed; each container's
+/// replica is kept too, for the per-process series' `vgpu`.
 pub fn assignments(
     response: &api::ListPodResourcesResponse,
     resource_names: &[String],
@@ -104,8 +105,14 @@ pub fn assignments(
                     continue;
                 };
                 for id in &devices.device_ids {
-                    let device = id.split("::").next().unwrap_or(id).to_string();
-                    out.assign(pattern, &device, holder);
+                    let (device, replica) = match id.split_once("::") {
+                        Some((device, replica)) => (device, Some(replica)),
+                        None => (id.as_str(), None),
+                    };
+                    out.assign(pattern, device, holder);
+                    if let Some(replica) = replica {
+                        out.assign_replica(device, replica, holder());
+                    }
                 }
             }
         }
@@ -243,6 +250,14 @@ mod tests {
             "vllm-0",
             "first listed container wins for a shared GPU"
         );
+        let holder = |pod: &str| Assignment {
+            pod: pod.into(),
+            namespace: "inference".into(),
+            container: "vllm".into(),
+        };
+        assert_eq!(found.replica("GPU-bbb", &holder("vllm-0")), Some("3"));
+        assert_eq!(found.replica("GPU-bbb", &holder("vllm-1")), Some("4"));
+        assert_eq!(found.replica("GPU-aaa", &holder("vllm-0")), None);
         assert!(
             found
                 .find(&["example.com/fpga".to_string()], "fpga-1")

@@ -22,10 +22,15 @@ use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_MEMORY_TEMP;
 
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::struct_wrappers::device::ProcessUtilizationSample;
+
 use super::state::{DeviceRead, GpuFailure};
 use super::{
-    FabricReading, GpmReading, GpuIdentity, GpuReading, MemoryReading, MigInstance, RemappedRows,
+    FabricReading, GpmReading, GpuIdentity, GpuProcess, GpuReading, MemoryReading, MigInstance,
+    RemappedRows,
 };
+use mlnode_core::cgroup::CgroupOwner;
 
 const NVML_ERROR_NOT_SUPPORTED: u32 = 3;
 const NVML_ERROR_FUNCTION_NOT_FOUND: u32 = 13;
@@ -59,9 +64,15 @@ impl NvmlSource {
             .map_err(|e| format!("cannot count GPUs: {e}"))
     }
 
-    /// Reads one GPU. `gpm` holds this GPU's GPM samples from the previous read, replaced by this
-    /// read's: the metrics are the interval between the two.
-    pub fn read<'a>(&'a self, index: u32, gpm: &mut GpmSamples<'a>) -> Option<DeviceRead> {
+    /// Reads one GPU. `gpm` holds what this GPU's previous read left (GPM samples, the last
+    /// process-utilisation timestamp), replaced by this read's: the metrics are the interval
+    /// between the two. With `owner_of`, the GPU's processes are read too, each given its owner.
+    pub fn read<'a>(
+        &'a self,
+        index: u32,
+        gpm: &mut SinceLast<'a>,
+        owner_of: Option<&OwnerOf>,
+    ) -> Option<DeviceRead> {
         let device = match self.nvml.device_by_index(index) {
             Ok(device) => device,
             Err(e) => {
@@ -81,7 +92,8 @@ impl NvmlSource {
         let utilization = field(device.utilization_rates(), &mut failed);
         let mig_mode = device.mig_mode().ok().map(|m| m.current == 1);
         let gpm_supported = device.gpm_support().unwrap_or(false);
-        let reading = GpuReading {
+        let mut attribution_trouble = Vec::new();
+        let mut reading = GpuReading {
             memory_copy_util_pct: utilization.as_ref().map(|u| u.memory),
             encoder_util_pct: field(
                 device.encoder_utilization().map(|u| u.utilization),
@@ -101,9 +113,28 @@ impl NvmlSource {
                 .flatten(),
             mig_mode,
             mig: match mig_mode {
-                Some(true) => self.mig_instances(&device, gpm_supported, &mut gpm.instances),
+                Some(true) => self.mig_instances(
+                    &device,
+                    gpm_supported,
+                    &mut gpm.instances,
+                    owner_of,
+                    &mut attribution_trouble,
+                ),
                 _ => Vec::new(),
             },
+            // A MIG-enabled GPU's processes are its MIG devices' (the parent's list is their
+            // aggregate, and only for a privileged caller).
+            processes: owner_of
+                .filter(|_| mig_mode != Some(true))
+                .and_then(|owner_of| {
+                    processes(
+                        &device,
+                        Some(&mut gpm.utilization_seen),
+                        owner_of,
+                        &mut attribution_trouble,
+                    )
+                }),
+            attribution_trouble: Vec::new(),
             memory: field(self.memory(&device), &mut failed),
             clock_event_reasons: field(self.clock_event_reasons(&device), &mut failed),
             sm_clock_mhz: field(device.clock_info(Clock::SM), &mut failed),
@@ -116,6 +147,7 @@ impl NvmlSource {
             fabric: field(self.fabric(&device), &mut failed)
                 .filter(|f: &FabricReading| f.state != 0),
         };
+        reading.attribution_trouble = attribution_trouble;
         Some(match failed {
             Some(failure) => DeviceRead::Failed(failure),
             None => DeviceRead::Read {
@@ -133,6 +165,8 @@ impl NvmlSource {
         device: &Device<'a>,
         gpm_supported: bool,
         gpm: &mut BTreeMap<u32, Option<GpmSample<'a>>>,
+        owner_of: Option<&OwnerOf>,
+        trouble: &mut Vec<&'static str>,
     ) -> Vec<MigInstance> {
         let slots = device.mig_device_count().unwrap_or(0);
         let instances: Vec<MigInstance> = (0..slots)
@@ -153,6 +187,8 @@ impl NvmlSource {
                     gpm: gpm_supported
                         .then(|| self.gpm_since(previous, device.gpm_mig_sample(gpu_instance_id)))
                         .flatten(),
+                    processes: owner_of
+                        .and_then(|owner_of| processes(&mig, None, owner_of, trouble)),
                 })
             })
             .collect();
@@ -482,11 +518,102 @@ fn field<T>(result: Result<T, NvmlError>, failed: &mut Option<GpuFailure>) -> Op
     }
 }
 
-/// One GPU's GPM samples from the previous read: of the whole GPU, and of each MIG GPU instance.
+/// What one GPU's previous read leaves for the next: GPM samples, of the whole GPU and of each
+/// MIG GPU instance, and the newest process-utilisation sample's timestamp.
 #[derive(Default)]
-pub struct GpmSamples<'a> {
+pub struct SinceLast<'a> {
     device: Option<GpmSample<'a>>,
     instances: BTreeMap<u32, Option<GpmSample<'a>>>,
+    /// nvml.h's `lastSeenTimeStamp`: the CPU timestamp (µs) of the newest sample read; 0 before
+    /// the first, which asks for every sample the driver holds.
+    utilization_seen: u64,
+}
+
+/// Whose a process is, by its pid; Err says why that cannot be told.
+pub type OwnerOf = dyn Fn(u32) -> Result<CgroupOwner, &'static str>;
+
+/// The processes NVML lists on `device` (compute and graphics, the v3 calls), with their
+/// framebuffer use and, given `utilization_seen`, their SM use since that timestamp (advanced
+/// to the newest sample's). None when NVML refuses the list (said in `trouble`).
+fn processes(
+    device: &Device,
+    utilization_seen: Option<&mut u64>,
+    owner_of: &OwnerOf,
+    trouble: &mut Vec<&'static str>,
+) -> Option<Vec<GpuProcess>> {
+    let refused = |e: &NvmlError, what: &str| match e {
+        NvmlError::NoPermission => Some(if what == "processes" {
+            "processes_no_permission"
+        } else {
+            "utilization_no_permission"
+        }),
+        NvmlError::NotSupported | NvmlError::FunctionNotFound => Some(if what == "processes" {
+            "processes_not_supported"
+        } else {
+            "utilization_not_supported"
+        }),
+        _ => None,
+    };
+    let mut memory: BTreeMap<u32, Option<u64>> = BTreeMap::new();
+    for list in [
+        device.running_compute_processes(),
+        device.running_graphics_processes(),
+    ] {
+        match list {
+            Ok(list) => {
+                for p in list {
+                    let used = match p.used_gpu_memory {
+                        UsedGpuMemory::Used(bytes) => Some(bytes),
+                        UsedGpuMemory::Unavailable => None,
+                    };
+                    // A process with both a compute and a graphics context is one holder of
+                    // one allocation: NVML reports the same figure in both lists.
+                    let entry = memory.entry(p.pid).or_insert(used);
+                    *entry = (*entry).max(used);
+                }
+            }
+            Err(e) => {
+                trouble.extend(refused(&e, "processes").or(Some("processes_failed")));
+                return None;
+            }
+        }
+    }
+    let sm = utilization_seen.and_then(|seen| match device.process_utilization_stats(*seen) {
+        Ok(samples) => Some(mean_sm_since(&samples, seen)),
+        // nvml.h: NOT_FOUND when there is no sample since `lastSeenTimeStamp`: no use.
+        Err(NvmlError::NotFound) => Some(BTreeMap::new()),
+        Err(e) => {
+            trouble.extend(refused(&e, "utilization").or(Some("utilization_failed")));
+            None
+        }
+    });
+    Some(
+        memory
+            .into_iter()
+            .map(|(pid, memory_bytes)| GpuProcess {
+                pid,
+                memory_bytes,
+                sm_ratio: sm.as_ref().map(|sm| sm.get(&pid).copied().unwrap_or(0.0)),
+                owner: owner_of(pid),
+            })
+            .collect(),
+    )
+}
+
+/// Each process's mean SM use (0-1) over the samples newer than `seen`, which becomes the newest
+/// sample's timestamp.
+fn mean_sm_since(samples: &[ProcessUtilizationSample], seen: &mut u64) -> BTreeMap<u32, f64> {
+    let since = *seen;
+    let mut sums: BTreeMap<u32, (f64, u32)> = BTreeMap::new();
+    for sample in samples.iter().filter(|s| s.timestamp > since) {
+        let sum = sums.entry(sample.pid).or_default();
+        sum.0 += f64::from(sample.sm_util.min(100)) / 100.0;
+        sum.1 += 1;
+        *seen = (*seen).max(sample.timestamp);
+    }
+    sums.into_iter()
+        .map(|(pid, (sum, n))| (pid, sum / f64::from(n)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -13,8 +13,9 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
-use super::{symbol, GpmSamples, NvmlSource};
+use super::{symbol, NvmlSource, SinceLast};
 use crate::gpu::state::{DeviceRead, GpuFailure, GpuState};
+use mlnode_core::cgroup::{self, CgroupOwner};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::shared::Shared;
 
@@ -55,6 +56,7 @@ pub fn spawn(
     state: Shared<GpuState>,
     interval: Duration,
     pci_devices: PathBuf,
+    proc_root: Option<PathBuf>,
     stop: Arc<Stop>,
     up: AgentMetrics,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
@@ -65,7 +67,19 @@ pub fn spawn(
         threads.push(
             std::thread::Builder::new()
                 .name("nvml-sampler".into())
-                .spawn(move || sample_loop(&source, &state, interval, &pci_devices, &stop, &up))?,
+                .spawn(move || {
+                    let owner_of = proc_root.map(|root| move |pid| owner_of(&root, pid));
+                    let owner_of = owner_of.as_ref().map(|f| f as &super::OwnerOf);
+                    sample_loop(
+                        &source,
+                        &state,
+                        interval,
+                        &pci_devices,
+                        owner_of,
+                        &stop,
+                        &up,
+                    )
+                })?,
         );
     }
     threads.push(
@@ -76,11 +90,25 @@ pub fn spawn(
     Ok(threads)
 }
 
+/// Whose process `pid` is, from `<proc_root>/<pid>/cgroup` (the host's `/proc` with hostPID).
+fn owner_of(proc_root: &Path, pid: u32) -> Result<CgroupOwner, &'static str> {
+    let path = proc_root.join(pid.to_string()).join("cgroup");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => cgroup::owner(&text).map_err(|t| t.as_str()),
+        // Gone between NVML's list and this read (ESRCH from a /proc/<pid> being torn down).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(3) => {
+            Err("process_exited")
+        }
+        Err(_) => Err("cgroup_unreadable"),
+    }
+}
+
 fn sample_loop(
     source: &NvmlSource,
     state: &Shared<GpuState>,
     interval: Duration,
     pci_devices: &Path,
+    owner_of: Option<&super::OwnerOf>,
     stop: &Stop,
     up: &AgentMetrics,
 ) {
@@ -90,7 +118,8 @@ fn sample_loop(
         state.last_round = Some(Instant::now());
     });
     let mut last = Instant::now();
-    let mut gpm_samples: BTreeMap<u32, GpmSamples> = BTreeMap::new();
+    let mut since_last: BTreeMap<u32, SinceLast> = BTreeMap::new();
+    let mut attribution_said = std::collections::BTreeSet::new();
     loop {
         let elapsed = last.elapsed().as_secs_f64();
         last = Instant::now();
@@ -98,8 +127,8 @@ fn sample_loop(
             Ok(count) => {
                 let reads: Vec<(u32, DeviceRead)> = (0..count)
                     .filter_map(|i| {
-                        let gpm = gpm_samples.entry(i).or_default();
-                        source.read(i, gpm).map(|r| (i, r))
+                        let previous = since_last.entry(i).or_default();
+                        source.read(i, previous, owner_of).map(|r| (i, r))
                     })
                     .collect();
                 let pci = scan_pci(pci_devices, &mut pci_said);
@@ -111,6 +140,7 @@ fn sample_loop(
                     state.pci = pci;
                     for (index, read) in reads {
                         log_change(state, index, &read);
+                        say_attribution_trouble(&read, &mut attribution_said);
                         state.apply(index, read, elapsed, at);
                     }
                     if let Some(stalled) = state.stalled_for(Instant::now()) {
@@ -132,6 +162,19 @@ fn sample_loop(
         }
         if stop.wait(interval) {
             return;
+        }
+    }
+}
+
+/// Each reason per-process reading fails for, said once: NVML's refusals do not change from one
+/// round to the next, and a process exiting mid-read is ordinary.
+fn say_attribution_trouble(read: &DeviceRead, said: &mut std::collections::BTreeSet<&'static str>) {
+    let DeviceRead::Read { reading, .. } = read else {
+        return;
+    };
+    for reason in reading.attribution_errors() {
+        if said.insert(reason) {
+            tracing::warn!(reason, "per-process GPU use cannot be read in full; those series are absent (counted in mlnode_gpu_process_attribution_errors_total)");
         }
     }
 }

@@ -1,0 +1,364 @@
+//! Per-pod use of a shared GPU end to end: the fake NVML lists the GPU's processes (nvml.h's
+//! `nvmlProcessInfo_t`, `nvmlProcessUtilizationSample_t`), each process's cgroup names its pod
+//! and container as the kubelet and containerd name them (core::cgroup cites the forms), the fake
+//! API server describes the pods as a real one does (containerStatuses with `containerd://` ids),
+//! and the fake kubelet hands out time-slicing replicas `GPU-<uuid>::<n>` as NVIDIA's device
+//! plugin does.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use common::agent::{sample, Agent};
+use common::kube::FakeApiServer;
+use common::nvml::{fake_nvml, Scenario};
+use common::pods::{unix_now, vllm_pod, PodTimes};
+
+const GIB: u64 = 1 << 30;
+
+struct Tenant {
+    pod: &'static str,
+    uid: &'static str,
+    container_id: &'static str,
+    pid: u32,
+    memory: u64,
+    sm_percent: u32,
+    replica: &'static str,
+}
+
+const TENANTS: [Tenant; 4] = [
+    Tenant {
+        pod: "vllm-0",
+        uid: "0a1b2c3d-0000-4000-8000-000000000001",
+        container_id: "1111111111111111111111111111111111111111111111111111111111111111",
+        pid: 4101,
+        memory: 10 * GIB,
+        sm_percent: 40,
+        replica: "0",
+    },
+    Tenant {
+        pod: "vllm-1",
+        uid: "0a1b2c3d-0000-4000-8000-000000000002",
+        container_id: "2222222222222222222222222222222222222222222222222222222222222222",
+        pid: 4102,
+        memory: 6 * GIB,
+        sm_percent: 25,
+        replica: "1",
+    },
+    Tenant {
+        pod: "vllm-2",
+        uid: "0a1b2c3d-0000-4000-8000-000000000003",
+        container_id: "3333333333333333333333333333333333333333333333333333333333333333",
+        pid: 4103,
+        memory: 3 * GIB,
+        sm_percent: 10,
+        replica: "2",
+    },
+    Tenant {
+        pod: "vllm-3",
+        uid: "0a1b2c3d-0000-4000-8000-000000000004",
+        container_id: "4444444444444444444444444444444444444444444444444444444444444444",
+        pid: 4104,
+        memory: GIB,
+        sm_percent: 5,
+        replica: "3",
+    },
+];
+
+/// The host's /proc as the agent sees it with hostPID: each process's cgroup file, cgroup v2 with
+/// the kubelet's systemd driver and containerd (`kubepods-burstable-pod<uid>.slice/
+/// cri-containerd-<id>.scope`), seen from the agent's own cgroup namespace (`/../..`).
+fn host_proc(root: &Path, extra: &[(u32, String)]) {
+    let write = |pid: String, text: &str| {
+        std::fs::create_dir_all(root.join(&pid)).unwrap();
+        std::fs::write(root.join(pid).join("cgroup"), text).unwrap();
+    };
+    write("self".into(), "0::/\n");
+    for t in &TENANTS {
+        write(
+            t.pid.to_string(),
+            &format!(
+                "0::/../../kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
+                t.uid.replace('-', "_"),
+                t.container_id
+            ),
+        );
+    }
+    for (pid, text) in extra {
+        write(pid.to_string(), text);
+    }
+}
+
+fn pod(t: &Tenant) -> Value {
+    let now = unix_now();
+    let times = PodTimes {
+        created: now - 600.0,
+        scheduled: now - 599.0,
+        started: now - 590.0,
+        ready: Some(now - 500.0),
+        restart_count: 0,
+        last_finished: None,
+    };
+    let mut pod = vllm_pod(t.uid, t.pod, "/models", &times);
+    pod["spec"]["nodeName"] = json!("test-node");
+    pod["status"]["containerStatuses"][0]["containerID"] =
+        json!(format!("containerd://{}", t.container_id));
+    pod
+}
+
+/// One GPU shared by the four tenants, and a process of the node itself (no pod), a process that
+/// has exited by the time its cgroup is read, and one in a cgroup of no known form.
+fn scenario() -> (Scenario, u64, u32) {
+    let mut scenario = Scenario::new(1);
+    let mut processes: Vec<Value> = TENANTS
+        .iter()
+        .map(|t| json!({"pid": t.pid, "used_memory": t.memory, "sm_util": t.sm_percent}))
+        .collect();
+    processes.push(json!({"pid": 900, "used_memory": 512u64 << 20, "graphics": true}));
+    processes.push(json!({"pid": 4999, "used_memory": GIB, "sm_util": 3}));
+    processes.push(json!({"pid": 4998, "used_memory": GIB, "sm_util": 2}));
+    let memory: u64 = TENANTS.iter().map(|t| t.memory).sum::<u64>() + (512 << 20) + 2 * GIB;
+    let sm: u32 = TENANTS.iter().map(|t| t.sm_percent).sum::<u32>() + 5;
+    scenario.set(0, "processes", json!(processes));
+    scenario.set(
+        0,
+        "memory",
+        json!({"total": 80 * GIB, "used": memory, "free": 80 * GIB - memory, "reserved": 0}),
+    );
+    scenario.set(0, "utilization", json!({"gpu": sm, "memory": 20}));
+    (scenario, memory, sm)
+}
+
+/// The agent with process attribution on, the fake NVML, `proc_root` as the host's /proc, and the
+/// fake API server's pods where given; `extra` is more YAML.
+fn start(scenario: &Scenario, proc_root: &Path, api: Option<&FakeApiServer>, extra: &str) -> Agent {
+    let mut env = vec![("FAKE_NVML_SCENARIO", scenario.path())];
+    let mut config = format!(
+        "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  process_attribution: true\n  proc_root: {:?}\n{extra}",
+        fake_nvml().display().to_string(),
+        scenario.pci_devices().display().to_string(),
+        proc_root.display().to_string(),
+    );
+    if let Some(api) = api {
+        env.push(("KUBECONFIG", api.kubeconfig()));
+        config.push_str("readiness:\n  enabled: true\n  interval: 200ms\n");
+    }
+    let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+    Agent::start_with_env(&config, &env)
+}
+
+#[test]
+fn four_pods_time_slicing_one_gpu_each_show_their_own_use() {
+    let (mut scenario, device_memory, device_sm) = scenario();
+    let uuid = scenario.value["devices"][0]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let proc_root = tempfile::tempdir().unwrap();
+    host_proc(
+        proc_root.path(),
+        &[
+            (900, "0::/system.slice/nvidia-persistenced.service\n".into()),
+            (
+                4998,
+                "0::/kubepods.slice/kubepods-burstable.slice/odd.slice\n".into(),
+            ),
+        ],
+    );
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    for t in &TENANTS {
+        api.put_pod(pod(t));
+    }
+    // NVIDIA's device plugin with time-slicing: each pod holds one replica of the GPU.
+    let ids: Vec<[String; 1]> = TENANTS
+        .iter()
+        .map(|t| [format!("{uuid}::{}", t.replica)])
+        .collect();
+    let id_refs: Vec<[&str; 1]> = ids.iter().map(|[id]| [id.as_str()]).collect();
+    let held: Vec<(&str, &str, &[&str])> = TENANTS
+        .iter()
+        .zip(&id_refs)
+        .map(|(t, id)| (t.pod, "nvidia.com/gpu", &id[..]))
+        .collect();
+    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&held));
+    let agent = start(
+        &scenario,
+        proc_root.path(),
+        Some(&api),
+        &format!(
+            "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
+            kubelet.socket().display().to_string()
+        ),
+    );
+    agent.wait_for("each pod's own use", Duration::from_secs(20), |m| {
+        TENANTS.iter().all(|t| {
+            sample(m, "mlnode_gpu_pod_sm_utilization_ratio", &[("pod", t.pod)])
+                == Some(f64::from(t.sm_percent) / 100.0)
+                && sample(
+                    m,
+                    "mlnode_gpu_pod_memory_used_bytes",
+                    &[("pod", t.pod), ("vgpu", t.replica)],
+                )
+                .is_some()
+        })
+    });
+    let m = agent.metrics();
+    for t in &TENANTS {
+        let labels = [
+            ("UUID", uuid.as_str()),
+            ("gpu", "0"),
+            ("pod", t.pod),
+            ("namespace", "inference"),
+            ("container", "vllm"),
+            ("pod_uid", t.uid),
+            ("vgpu", t.replica),
+        ];
+        assert_eq!(
+            sample(&m, "mlnode_gpu_pod_memory_used_bytes", &labels),
+            Some(t.memory as f64),
+            "{}: {m}",
+            t.pod
+        );
+    }
+    // The node's own process: empty pod labels, not dropped.
+    assert_eq!(
+        sample(
+            &m,
+            "mlnode_gpu_pod_memory_used_bytes",
+            &[("pod", ""), ("pod_uid", "")]
+        ),
+        Some((512u64 << 20) as f64)
+    );
+    // The exited process and the unknown cgroup: absent, counted, never someone else's.
+    let attributed: f64 = series_sum(&m, "mlnode_gpu_pod_memory_used_bytes");
+    assert_eq!(attributed, (device_memory - 2 * GIB) as f64);
+    for reason in ["process_exited", "cgroup_unknown_form"] {
+        assert!(
+            sample(
+                &m,
+                "mlnode_gpu_process_attribution_errors_total",
+                &[("reason", reason)]
+            )
+            .is_some_and(|n| n >= 1.0),
+            "{reason}: {m}"
+        );
+    }
+    // What the pods' processes used adds up to the device's use, less the two left out.
+    let sm: f64 = series_sum(&m, "mlnode_gpu_pod_sm_utilization_ratio");
+    assert!(
+        (sm - f64::from(device_sm - 5) / 100.0).abs() < 1e-9,
+        "{sm} against the device's {device_sm} %"
+    );
+    assert_eq!(
+        sample(&m, "mlnode_gpu_utilization_ratio", &[("gpu", "0")]),
+        Some(f64::from(device_sm) / 100.0)
+    );
+    // Device-wide series are the device's, once: not copied per pod.
+    assert_eq!(m.matches("\nmlnode_gpu_temperature_celsius{").count(), 1);
+    let log = agent.log();
+    assert_eq!(
+        log.matches(r#""reason":"process_exited""#).count(),
+        1,
+        "said once: {log}"
+    );
+    // vllm-3's process ends: its series go with the next sample, the others stay.
+    let remaining: Vec<Value> = scenario.value["devices"][0]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"] != TENANTS[3].pid)
+        .cloned()
+        .collect();
+    scenario.set(0, "processes", json!(remaining));
+    agent.wait_for("vllm-3's series gone", Duration::from_secs(10), |m| {
+        sample(m, "mlnode_gpu_pod_memory_used_bytes", &[("pod", "vllm-3")]).is_none()
+    });
+    let m = agent.metrics();
+    assert!(sample(&m, "mlnode_gpu_pod_memory_used_bytes", &[("pod", "vllm-2")]).is_some());
+}
+
+#[test]
+fn pods_sharing_a_mig_device_each_show_their_memory_and_no_utilisation() {
+    let mut scenario = Scenario::new(1);
+    let mig = "MIG-11111111-2222-3333-4444-555555555555";
+    scenario.set(
+        0,
+        "mig",
+        json!({"enabled": true, "instances": [{
+            "uuid": mig, "gpu_instance_id": 7, "compute_instance_id": 0, "profile": "3g.40gb",
+            "memory": {"total": 40 * GIB, "used": 9 * GIB, "free": 31 * GIB},
+            "processes": [
+                {"pid": TENANTS[0].pid, "used_memory": 5 * GIB, "sm_util": 30},
+                {"pid": TENANTS[1].pid, "used_memory": 4 * GIB, "sm_util": 20},
+            ],
+        }]}),
+    );
+    let proc_root = tempfile::tempdir().unwrap();
+    host_proc(proc_root.path(), &[]);
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    for t in &TENANTS[..2] {
+        api.put_pod(pod(t));
+    }
+    let agent = start(&scenario, proc_root.path(), Some(&api), "");
+    agent.wait_for(
+        "both pods on the MIG device",
+        Duration::from_secs(20),
+        |m| {
+            TENANTS[..2].iter().all(|t| {
+                sample(
+                    m,
+                    "mlnode_gpu_pod_memory_used_bytes",
+                    &[
+                        ("pod", t.pod),
+                        ("GPU_I_ID", "7"),
+                        ("GPU_I_PROFILE", "3g.40gb"),
+                    ],
+                )
+                .is_some()
+            })
+        },
+    );
+    let m = agent.metrics();
+    assert_eq!(
+        series_sum(&m, "mlnode_gpu_pod_memory_used_bytes"),
+        (9 * GIB) as f64,
+        "the instance's memory, split between its pods"
+    );
+    assert!(
+        !m.contains("\nmlnode_gpu_pod_sm_utilization_ratio{"),
+        "NVML gives no per-process utilisation on MIG: {m}"
+    );
+    assert!(!m.contains("reason=\"utilization_not_supported\""), "{m}");
+}
+
+#[test]
+fn nvml_refusing_the_process_list_leaves_the_series_absent_and_says_so() {
+    let (mut scenario, _, _) = scenario();
+    scenario.set(0, "no_permission", json!(["processes"]));
+    let proc_root = tempfile::tempdir().unwrap();
+    host_proc(proc_root.path(), &[]);
+    let agent = start(&scenario, proc_root.path(), None, "");
+    agent.wait_for("the refusal counted", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_process_attribution_errors_total",
+            &[("reason", "processes_no_permission")],
+        )
+        .is_some_and(|n| n >= 3.0)
+    });
+    let m = agent.metrics();
+    assert!(!m.contains("\nmlnode_gpu_pod_memory_used_bytes{"), "{m}");
+    assert!(sample(&m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]).is_some());
+    assert_eq!(agent.log().matches("processes_no_permission").count(), 1);
+}
+
+fn series_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
