@@ -19,6 +19,7 @@ use crate::kubelet::settings::KubeletSettings;
 use crate::neuron::settings::NeuronSettings;
 use crate::readiness::settings::ReadinessSettings;
 use crate::startup::settings::StartupSettings;
+use mlnode_core::metrics::NodeLabel;
 
 /// Used when `serve` is started without a config: the example model shipped in the repository,
 /// on loopback, so `cargo run -- serve` shows the whole loop on a laptop.
@@ -36,8 +37,11 @@ pub fn embedded_default_yaml() -> String {
 pub struct Config {
     /// Address of the HTTP server (/metrics, /healthz, /readyz).
     pub listen: SocketAddr,
-    /// The node's name, exported as the `Hostname` label. Empty: `$NODE_NAME`, else the hostname.
+    /// The node's name, exported on every series. Empty: `$NODE_NAME`, else the hostname.
     pub node_name: String,
+    /// The label the node's name is exported as: `Hostname` (dcgm-exporter's releases),
+    /// `hostname` (its main branch, #655) or `both`.
+    pub hostname_label: NodeLabel,
     pub log_format: LogFormat,
     #[serde(deserialize_with = "crate::cache::settings::unique_names")]
     pub models: Vec<ModelConfig>,
@@ -55,6 +59,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 9400)),
             node_name: String::new(),
+            hostname_label: NodeLabel::default(),
             log_format: LogFormat::Auto,
             models: Vec::new(),
             verify: VerifySettings::default(),

@@ -115,7 +115,7 @@ fn raise_open_file_limit() -> u64 {
 
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let max_connections = server::connection_cap(raise_open_file_limit());
-    let registry = crate::metrics::registry(&config.node_name);
+    let registry = crate::metrics::registry_labelled(&config.node_name, config.hostname_label);
     let agent_metrics = AgentMetrics::register(&registry, crate::BUILD)?;
     let cache_metrics = Arc::new(CacheMetrics::register(&registry)?);
 

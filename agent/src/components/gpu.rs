@@ -72,9 +72,8 @@ impl Component for Gpu {
 /// Opens NVML on a thread of its own (a blocked `nvmlInit` cannot be cancelled, and a stuck
 /// blocking task would hold up the async runtime's shutdown), bounded by [`NVML_START_TIMEOUT`].
 async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
-    let (settings, node, registry, shared, pods, up) = (
+    let (settings, registry, shared, pods, up) = (
         gpu.settings.clone(),
-        cx.node_name.clone(),
         cx.registry.clone(),
         cx.assignments.clone(),
         cx.pods.clone(),
@@ -92,7 +91,7 @@ async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
         .name("nvml-start".into())
         .spawn(move || {
             let _ = tx.send(GpuRuntime::start(
-                &settings, &node, shared, pods, resources, &registry, up,
+                &settings, shared, pods, resources, &registry, up,
             ));
         })
         .map_err(|e| format!("cannot start the NVML start-up thread: {e}"))?;

@@ -694,22 +694,37 @@ fn a_blocking_nvml_init_holds_up_nothing_else() {
     assert!(elapsed < EXIT_BOUND, "{elapsed:?}");
 }
 
+/// dcgm-exporter's releases write `Hostname`, its main branch `hostname` (#655): every series
+/// carries the one chosen, or both.
 #[test]
-fn lowercase_hostname_label_option() {
-    let scenario = Scenario::new(8);
-    let agent = start(&scenario, "  hostname_label: hostname\n");
-    agent.wait_for("hostname label", Duration::from_secs(20), |m| {
-        sample(
-            m,
-            "mlnode_gpu_temperature_celsius",
-            &[
-                ("gpu", "0"),
-                ("hostname", "test-node"),
-                ("Hostname", "test-node"),
-            ],
-        )
-        .is_some()
-    });
+fn the_node_label_is_spelled_as_chosen_on_every_series() {
+    let scenario = Scenario::new(1);
+    for (choice, present, absent) in [
+        ("Hostname", &["Hostname"][..], &["hostname"][..]),
+        ("hostname", &["hostname"], &["Hostname"]),
+        ("both", &["Hostname", "hostname"], &[]),
+    ] {
+        let agent = start(&scenario, &format!("hostname_label: {choice}\n"));
+        agent.wait_for("a GPU read", Duration::from_secs(20), |m| {
+            sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]).is_some()
+        });
+        let m = agent.metrics();
+        for series in ["mlnode_gpu_temperature_celsius", "mlnode_build_info"] {
+            let line = m
+                .lines()
+                .find(|l| l.starts_with(&format!("{series}{{")))
+                .unwrap();
+            for label in present {
+                assert!(
+                    line.contains(&format!("{label}=\"test-node\"")),
+                    "{choice}: {line}"
+                );
+            }
+            for label in absent {
+                assert!(!line.contains(&format!("{label}=")), "{choice}: {line}");
+            }
+        }
+    }
 }
 
 fn gpu3_assigned() -> fake_kubelet::api::ListPodResourcesResponse {

@@ -22,9 +22,6 @@ const MIB: u64 = 1 << 20;
 /// Label spellings of dcgm-exporter's releases.
 #[derive(Clone, Debug, Default)]
 pub struct LabelStyle {
-    /// Add a lower-case `hostname` label, as newer dcgm-exporter releases write it (every series
-    /// already carries `Hostname` from the registry).
-    pub lowercase_hostname: Option<String>,
     /// `pod_name`/`pod_namespace`/`container_name`, as dcgm-exporter before 2.x.
     pub legacy_pod_labels: bool,
 }
@@ -295,7 +292,7 @@ impl GpuCollector {
     }
 
     fn device_labels(&self, identity: &GpuIdentity, driver: &str) -> Vec<(&'static str, String)> {
-        let mut labels = vec![
+        let labels = vec![
             ("gpu", identity.index.to_string()),
             ("UUID", identity.uuid.clone()),
             ("pci_bus_id", identity.pci_bus_id.clone()),
@@ -303,9 +300,6 @@ impl GpuCollector {
             ("modelName", identity.model_name.clone()),
             ("DCGM_FI_DRIVER_VERSION", driver.to_string()),
         ];
-        if let Some(hostname) = &self.style.lowercase_hostname {
-            labels.push(("hostname", hostname.clone()));
-        }
         labels
     }
 

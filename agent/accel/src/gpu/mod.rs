@@ -210,7 +210,7 @@ use mlnode_core::cgroup::CgroupOwner;
 use mlnode_core::pods::SharedPods;
 use mlnode_core::settings::Toggle;
 use mlnode_core::shared::Shared;
-use settings::{HostnameLabel, NvmlSettings, PodLabels};
+use settings::{NvmlSettings, PodLabels};
 
 /// Five sampling rounds, at least 3 s: a round slower than that has a call hanging in the driver.
 pub fn stall_after(sample_interval: std::time::Duration) -> std::time::Duration {
@@ -230,7 +230,6 @@ impl GpuRuntime {
     /// there is no GPU collector; the agent runs on without one.
     pub fn start(
         settings: &NvmlSettings,
-        node_name: &str,
         assignments: SharedAssignments,
         pods: SharedPods,
         resource_names: Vec<String>,
@@ -249,8 +248,6 @@ impl GpuRuntime {
             ..state::GpuState::default()
         });
         let style = collector::LabelStyle {
-            lowercase_hostname: (settings.hostname_label == HostnameLabel::Lowercase)
-                .then(|| node_name.to_string()),
             legacy_pod_labels: settings.pod_labels == PodLabels::Legacy,
         };
         let collector = collector::GpuCollector::new(

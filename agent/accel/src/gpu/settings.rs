@@ -19,16 +19,6 @@ bounds! {
     pub XidCountWindow: Duration = seconds(1), days(1);
 }
 
-/// The spelling of the node label on GPU series, after dcgm-exporter's releases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-pub enum HostnameLabel {
-    /// `Hostname` only (dcgm-exporter 3.x and before; every series has it from the registry).
-    Hostname,
-    /// `hostname` as well (newer dcgm-exporter releases).
-    #[serde(rename = "hostname")]
-    Lowercase,
-}
-
 /// The names of the labels that say which container holds a GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -49,9 +39,6 @@ pub struct NvmlSettings {
     pub sample_interval: Within<SampleInterval>,
     /// Also export dcgm-exporter's DCGM_FI_* series, for nodes that run no dcgm-exporter.
     pub dcgm_names: bool,
-    /// `Hostname` (dcgm-exporter 3.x and before) or `hostname` (its newer releases): with
-    /// `hostname`, GPU series carry both.
-    pub hostname_label: HostnameLabel,
     /// `current` (`pod`, `namespace`, `container`) or `legacy` (`pod_name`, `pod_namespace`,
     /// `container_name`, dcgm-exporter before 2.x).
     pub pod_labels: PodLabels,
@@ -79,7 +66,6 @@ impl Default for NvmlSettings {
             library: PathBuf::from("libnvidia-ml.so.1"),
             sample_interval: Within::default_of(seconds(1)),
             dcgm_names: false,
-            hostname_label: HostnameLabel::Hostname,
             pod_labels: PodLabels::Current,
             pci_devices: PathBuf::from("/sys/bus/pci/devices"),
             expected_gpus: None,

@@ -1,17 +1,52 @@
 //! The Prometheus registry and the agent's own series.
 //!
-//! Every series carries `Hostname` (DCGM-exporter's spelling, value = node name), set once on the
-//! registry, so any series joins with DCGM's by node. Each family of series lives next to the code
+//! Every series carries the node's name, set once on the registry, so any series joins with
+//! dcgm-exporter's by node: as `Hostname` (its released spelling), `hostname` (its main branch's,
+//! dcgm-exporter #655) or both ([`NodeLabel`]). Each family of series lives next to the code
 //! that produces it (`cache::metrics` for the model caches) and is registered in one place,
 //! the agent's daemon.
 
 pub mod family;
 
 use prometheus::{IntGaugeVec, Opts, Registry};
+use serde::{Deserialize, Serialize};
+
+/// The spelling of the node's label on every series (`hostname_label`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum NodeLabel {
+    /// `Hostname`, as every dcgm-exporter release so far writes it.
+    #[default]
+    Hostname,
+    /// `hostname`, as dcgm-exporter's main branch writes it (#655) for its next release.
+    #[serde(rename = "hostname")]
+    Lowercase,
+    /// Both, for a fleet where both spellings are queried.
+    #[serde(rename = "both")]
+    Both,
+}
+
+impl NodeLabel {
+    pub fn names(self) -> &'static [&'static str] {
+        match self {
+            NodeLabel::Hostname => &["Hostname"],
+            NodeLabel::Lowercase => &["hostname"],
+            NodeLabel::Both => &["Hostname", "hostname"],
+        }
+    }
+}
 
 /// A registry whose every series is labelled `Hostname=<node_name>`.
 pub fn registry(node_name: &str) -> Registry {
-    let labels = std::iter::once(("Hostname".to_string(), node_name.to_string())).collect();
+    registry_labelled(node_name, NodeLabel::Hostname)
+}
+
+/// A registry whose every series carries the node's name under `label`'s names.
+pub fn registry_labelled(node_name: &str, label: NodeLabel) -> Registry {
+    let labels = label
+        .names()
+        .iter()
+        .map(|name| (name.to_string(), node_name.to_string()))
+        .collect();
     Registry::new_custom(None, Some(labels)).expect("a constant label set is valid")
 }
 
