@@ -41,6 +41,7 @@ fn main() {
         None,
         vec![],
         vec![],
+        Default::default(),
     )
     .expect("collector");
     registry.register(Box::new(collector)).expect("register");

@@ -526,6 +526,27 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_label_pattern_that_is_no_regular_expression_is_refused_naming_it() {
+        let error = from_yaml("kubelet:\n  pod_labels: [app, 'team(']\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("kubelet.pod_labels") && error.contains("\"team(\""),
+            "{error}"
+        );
+        let error = from_yaml("kubelet:\n  max_pod_labels: 0\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("kubelet.max_pod_labels"), "{error}");
+        let ok = from_yaml(
+            "kubelet:\n  pod_uid: true\n  pod_labels: ['app\\.kubernetes\\.io/.*']\n",
+            &[],
+        )
+        .unwrap();
+        assert!(!ok.kubelet.holder_labels().is_off());
+    }
+
+    #[test]
     fn overrides_replace_file_values_by_key_path() {
         let overrides = [
             Override::from_flag("verify.threads=3").unwrap(),

@@ -65,12 +65,14 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
                 .collect(),
             policy: config.readiness.fatal_xids.clone(),
             kernel_log: kernel_log.clone(),
+            holder_labels: kubelet.holder_labels(),
         }),
         Box::new(Neuron {
             settings: config.neuron.clone(),
             device_resources: kubelet.neuron_device_resource_names.clone(),
             core_resources: kubelet.neuron_core_resource_names.clone(),
             kernel_log,
+            holder_labels: kubelet.holder_labels(),
         }),
         Box::new(Startup {
             settings: config.startup.clone(),
@@ -86,7 +88,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
             mounts: config.models.iter().map(ModelConfig::mount).collect(),
         }),
         Box::new(NodePods {
-            needed: config.nvml.process_attribution,
+            needed: config.nvml.process_attribution || !kubelet.holder_labels().is_off(),
             api: config.readiness.enabled,
         }),
         Box::new(Kubelet {

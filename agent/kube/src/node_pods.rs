@@ -32,6 +32,7 @@ pub fn identity(pod: &Pod) -> Option<PodIdentity> {
         name: meta.name.clone().unwrap_or_default(),
         uid: meta.uid.clone()?,
         containers: statuses.filter_map(container_id).collect(),
+        labels: meta.labels.clone().unwrap_or_default(),
     })
 }
 
@@ -110,7 +111,7 @@ mod tests {
     fn a_pods_containers_are_named_by_their_runtime_ids() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "vllm-0", "namespace": "inference", "uid": "3f9a1c2e-7b4d-4e8f-9a0b-1c2d3e4f5a6b"},
+            "metadata": {"name": "vllm-0", "namespace": "inference", "uid": "3f9a1c2e-7b4d-4e8f-9a0b-1c2d3e4f5a6b", "labels": {"app": "vllm"}},
             "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}]},
             "status": {
                 "containerStatuses": [{"name": "vllm", "containerID": "containerd://0b2f6c", "image": "", "imageID": "", "ready": true, "restartCount": 0}],
@@ -122,6 +123,7 @@ mod tests {
         assert_eq!(found.name, "vllm-0");
         assert_eq!(found.containers["0b2f6c"], "vllm");
         assert_eq!(found.containers["77aa"], "fetch");
+        assert_eq!(found.labels["app"], "vllm");
         let mut pending = pod.clone();
         pending.status = None;
         assert!(identity(&pending).unwrap().containers.is_empty());

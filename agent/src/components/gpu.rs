@@ -12,6 +12,7 @@ use crate::kernel_log::facts::LogFacts;
 use crate::shared::Shared;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
+use mlnode_core::pods::{HolderLabels, PodNames};
 
 /// How long NVML gets to initialise: a wedged driver can block `nvmlInit` indefinitely, and the
 /// agent must not wait on it for anything but the GPU collector.
@@ -27,6 +28,8 @@ pub struct Gpu {
     pub policy: XidPolicy,
     /// What the kernel log says, when `kernel_log.enabled`.
     pub kernel_log: Option<Shared<LogFacts>>,
+    /// What of a GPU's holder its series carry (`kubelet.pod_uid`, `kubelet.pod_labels`).
+    pub holder_labels: HolderLabels,
 }
 
 impl Component for Gpu {
@@ -72,11 +75,14 @@ impl Component for Gpu {
 /// Opens NVML on a thread of its own (a blocked `nvmlInit` cannot be cancelled, and a stuck
 /// blocking task would hold up the async runtime's shutdown), bounded by [`NVML_START_TIMEOUT`].
 async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
-    let (settings, registry, shared, pods, up) = (
+    let (settings, registry, shared, pod_names, up) = (
         gpu.settings.clone(),
         cx.registry.clone(),
         cx.assignments.clone(),
-        cx.pods.clone(),
+        PodNames {
+            pods: cx.pods.clone(),
+            holder: gpu.holder_labels.clone(),
+        },
         cx.up.clone(),
     );
     // DRA devices are looked up under their driver's name (kubelet::dra).
@@ -91,7 +97,7 @@ async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
         .name("nvml-start".into())
         .spawn(move || {
             let _ = tx.send(GpuRuntime::start(
-                &settings, shared, pods, resources, &registry, up,
+                &settings, shared, pod_names, resources, &registry, up,
             ));
         })
         .map_err(|e| format!("cannot start the NVML start-up thread: {e}"))?;

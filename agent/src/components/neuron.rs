@@ -14,6 +14,7 @@ use crate::neuron::{self, monitor_input, NodeLabels, SharedNodeLabels};
 use crate::shared::Shared;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
+use mlnode_core::pods::{HolderLabels, PodNames};
 use mlnode_core::settings::Toggle;
 
 pub struct Neuron {
@@ -24,6 +25,8 @@ pub struct Neuron {
     pub core_resources: Vec<String>,
     /// What the kernel log says, when `kernel_log.enabled`.
     pub kernel_log: Option<Shared<LogFacts>>,
+    /// What of a device's holder its series carry (`kubelet.pod_uid`, `kubelet.pod_labels`).
+    pub holder_labels: HolderLabels,
 }
 
 impl Component for Neuron {
@@ -53,6 +56,10 @@ impl Component for Neuron {
                 cx.assignments.clone(),
                 node_labels.clone(),
                 monitor_input.as_ref().map(|(_, runtimes)| runtimes.clone()),
+                PodNames {
+                    pods: cx.pods.clone(),
+                    holder: self.holder_labels.clone(),
+                },
                 &cx.registry,
             )
             .map_err(NotStarted::Absent)?;

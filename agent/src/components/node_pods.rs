@@ -1,7 +1,8 @@
 //! The node's pods by UID, from one watch of the pods bound to the node: where the GPU collector
-//! finds the names of the pod and container a process's cgroup points at. Runs only where
-//! something needs it (`nvml.process_attribution`), with the API server the readiness controller
-//! would use.
+//! finds the names of the pod and container a process's cgroup points at, and a device holder's
+//! UID and labels. Runs only where something needs it (`nvml.process_attribution`,
+//! `kubelet.pod_uid`, `kubelet.pod_labels`), with the API server the readiness controller would
+//! use.
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -29,7 +30,7 @@ impl Component for NodePods {
         async move {
             if !self.needed {
                 return Err(NotStarted::Absent(
-                    "nothing asks for pod names (nvml.process_attribution is off)".into(),
+                    "nothing asks for the pods' names, UIDs or labels (nvml.process_attribution, kubelet.pod_uid and kubelet.pod_labels are off)".into(),
                 ));
             }
             let client = kube_for(self.api, "readiness").await.map_err(|e| {

@@ -334,11 +334,15 @@ fn register_gpu(registry: &prometheus::Registry) {
         name: "vllm-0".into(),
         uid: "3f9a1c2e-7b4d-4e8f-9a0b-1c2d3e4f5a6b".into(),
         containers: [("0b2f6c".to_string(), "vllm".to_string())].into(),
+        labels: Default::default(),
     }]);
     let collector = mlnode_agent::gpu::collector::GpuCollector::new(
         mlnode_agent::shared::Shared::new(state),
         mlnode_agent::shared::Shared::new(assignments),
-        mlnode_agent::shared::Shared::new(pods),
+        mlnode_core::pods::PodNames {
+            pods: mlnode_agent::shared::Shared::new(pods),
+            holder: Default::default(),
+        },
         Vec::new(),
         Default::default(),
         true,
@@ -412,6 +416,7 @@ fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::Neuro
         Some(runtimes),
         vec![],
         vec![],
+        Default::default(),
     )
     .unwrap();
     registry.register(Box::new(collector)).unwrap();

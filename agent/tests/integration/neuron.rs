@@ -43,6 +43,7 @@ fn scraper_of(settings: NeuronSettings) -> impl Fn() -> String {
         None,
         vec!["aws.amazon.com/neuron".into()],
         vec!["aws.amazon.com/neuroncore".into()],
+        Default::default(),
     )
     .unwrap();
     registry.register(Box::new(collector)).unwrap();
@@ -821,4 +822,71 @@ fn neuron_devices_on_the_pci_bus_are_counted() {
     let m = scrape();
     assert_eq!(sample(&m, "mlnode_neuron_pci_devices", &[]), Some(16.0));
     assert_eq!(sample(&m, "mlnode_neuron_device_count", &[]), Some(16.0));
+}
+
+/// `kubelet.pod_uid` and `kubelet.pod_labels` on Neuron series as on GPU ones: the holder's UID
+/// and the labels asked for, beside its names.
+#[test]
+fn a_devices_holder_uid_and_chosen_labels_go_on_its_series() {
+    use mlnode_core::assignments::{Assignment, Assignments};
+    use mlnode_core::pods::{HolderLabels, LabelPattern, PodDirectory, PodIdentity, PodNames};
+    let tree = NeuronTree::new(INF2_48XLARGE);
+    let mut assignments = Assignments::default();
+    assignments.assign("aws.amazon.com/neuron", "3", || Assignment {
+        pod: "llama-0".into(),
+        namespace: "inference".into(),
+        container: "vllm".into(),
+    });
+    let pods = PodDirectory::from_pods([PodIdentity {
+        namespace: "inference".into(),
+        name: "llama-0".into(),
+        uid: "5d0e2a1b-3c4d-4e5f-8a9b-0c1d2e3f4a5b".into(),
+        containers: Default::default(),
+        labels: [("app".to_string(), "llama".to_string())].into(),
+    }]);
+    let registry = mlnode_agent::metrics::registry("neuron-node");
+    let collector = NeuronCollector::new(
+        NeuronSettings {
+            sysfs_root: tree.root().to_path_buf(),
+            class_root: tree.class_root().to_path_buf(),
+            ..NeuronSettings::default()
+        },
+        SharedAssignments::new(assignments),
+        Default::default(),
+        None,
+        vec!["aws.amazon.com/neuron".into()],
+        vec!["aws.amazon.com/neuroncore".into()],
+        PodNames {
+            pods: mlnode_agent::shared::Shared::new(pods),
+            holder: HolderLabels {
+                pod_uid: true,
+                copy: vec![LabelPattern::try_from("app".to_string()).unwrap()],
+                max: 8,
+            },
+        },
+    )
+    .unwrap();
+    registry.register(Box::new(collector)).unwrap();
+    let m = mlnode_agent::metrics::encode(&registry);
+    let held = [
+        ("neuron_device_index", "3"),
+        ("pod", "llama-0"),
+        ("pod_uid", "5d0e2a1b-3c4d-4e5f-8a9b-0c1d2e3f4a5b"),
+        ("app", "llama"),
+    ];
+    assert!(
+        sample(&m, "mlnode_neuron_host_memory_bytes", &held).is_some(),
+        "{m}"
+    );
+    assert!(sample(
+        &m,
+        "mlnode_neuron_core_info",
+        &[("neuroncore", "6"), ("pod_uid", held[2].1)]
+    )
+    .is_some());
+    let free = m
+        .lines()
+        .find(|l| l.starts_with("mlnode_neuron_host_memory_bytes{neuron_device_index=\"0\""))
+        .unwrap();
+    assert!(!free.contains("pod_uid"), "{free}");
 }

@@ -52,6 +52,7 @@ fn neuron_monitor_series_come_from_sysfs_and_procfs() {
         None,
         vec![],
         vec![],
+        Default::default(),
     )
     .unwrap();
     registry.register(Box::new(collector)).unwrap();

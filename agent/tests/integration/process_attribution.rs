@@ -362,3 +362,60 @@ fn series_sum(metrics: &str, name: &str) -> f64 {
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
 }
+
+/// `kubelet.pod_uid` and `kubelet.pod_labels`: a GPU's holder's UID and the labels asked for (keys
+/// named as dcgm-exporter names them) on its series, from the pods the agent watches.
+#[test]
+fn a_holders_uid_and_chosen_labels_go_on_its_gpus_series() {
+    let scenario = Scenario::new(2);
+    let uuid = scenario.value["devices"][0]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let proc_root = tempfile::tempdir().unwrap();
+    host_proc(proc_root.path(), &[]);
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let mut held = pod(&TENANTS[0]);
+    held["metadata"]["labels"]["app.kubernetes.io/part-of"] = json!("search");
+    api.put_pod(held);
+    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&[(
+        TENANTS[0].pod,
+        "nvidia.com/gpu",
+        &[uuid.as_str()],
+    )]));
+    let agent = start(
+        &scenario,
+        proc_root.path(),
+        Some(&api),
+        &format!(
+            "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n  pod_uid: true\n  pod_labels: [app, 'app\\.kubernetes\\.io/.*']\n",
+            kubelet.socket().display().to_string()
+        ),
+    );
+    let want = [
+        ("gpu", "0"),
+        ("pod", TENANTS[0].pod),
+        ("pod_uid", TENANTS[0].uid),
+        ("app", "vllm-llama"),
+        ("app_kubernetes_io_part_of", "search"),
+    ];
+    agent.wait_for(
+        "the holder's uid and labels",
+        Duration::from_secs(20),
+        |m| sample(m, "mlnode_gpu_temperature_celsius", &want).is_some(),
+    );
+    let m = agent.metrics();
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("mlnode_gpu_temperature_celsius{gpu=\"0\""))
+        .unwrap();
+    assert!(!line.contains("pod_template_hash"), "not asked for: {line}");
+    let free = m
+        .lines()
+        .find(|l| l.starts_with("mlnode_gpu_temperature_celsius{gpu=\"1\""))
+        .unwrap();
+    assert!(
+        !free.contains("pod_uid") && !free.contains("app="),
+        "{free}"
+    );
+}

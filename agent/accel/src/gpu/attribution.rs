@@ -115,6 +115,7 @@ mod tests {
             name: "vllm-0".into(),
             uid: UID_A.into(),
             containers: [("aaaa".to_string(), "vllm".to_string())].into(),
+            labels: Default::default(),
         }])
     }
 

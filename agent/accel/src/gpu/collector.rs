@@ -14,7 +14,7 @@ use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
 use mlnode_core::assignments::{Assignments, SharedAssignments};
 use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec};
-use mlnode_core::pods::SharedPods;
+use mlnode_core::pods::{PodDirectory, PodNames};
 use mlnode_core::shared::Shared;
 
 const MIB: u64 = 1 << 20;
@@ -26,11 +26,18 @@ pub struct LabelStyle {
     pub legacy_pod_labels: bool,
 }
 
+/// Who holds each device, and what the agent knows of their pods: the labels naming a holder.
+struct Holders<'a> {
+    assignments: &'a Assignments,
+    pods: &'a PodDirectory,
+}
+
 pub struct GpuCollector {
     state: Shared<GpuState>,
     assignments: SharedAssignments,
-    /// The node's pods, naming the owners of the GPUs' processes.
-    pods: SharedPods,
+    /// The node's pods, naming the owners of the GPUs' processes, and what of a holder's pod
+    /// its devices' series carry (`kubelet.pod_uid`, `kubelet.pod_labels`).
+    pod_names: PodNames,
     /// Extended resources whose device ids are GPU UUIDs (`nvidia.com/gpu`).
     resource_names: Vec<String>,
     style: LabelStyle,
@@ -241,7 +248,7 @@ impl GpuCollector {
     pub fn new(
         state: Shared<GpuState>,
         assignments: SharedAssignments,
-        pods: SharedPods,
+        pod_names: PodNames,
         resource_names: Vec<String>,
         style: LabelStyle,
         dcgm_names: bool,
@@ -255,7 +262,7 @@ impl GpuCollector {
         Ok(GpuCollector {
             state,
             assignments,
-            pods,
+            pod_names,
             resource_names,
             style,
             dcgm_names,
@@ -268,10 +275,10 @@ impl GpuCollector {
         &self,
         identity: &GpuIdentity,
         driver: &str,
-        assignments: &Assignments,
+        holders: &Holders,
     ) -> Vec<(&'static str, String)> {
         let mut labels = self.device_labels(identity, driver);
-        self.push_pod(&mut labels, assignments, &identity.uuid);
+        self.push_pod(&mut labels, holders, &identity.uuid);
         labels
     }
 
@@ -282,34 +289,34 @@ impl GpuCollector {
         identity: &GpuIdentity,
         driver: &str,
         instance: &MigInstance,
-        assignments: &Assignments,
+        holders: &Holders,
     ) -> Vec<(&'static str, String)> {
         let mut labels = self.device_labels(identity, driver);
         labels.push(("GPU_I_ID", instance.gpu_instance_id.to_string()));
         labels.push(("GPU_I_PROFILE", instance.profile.clone()));
-        self.push_pod(&mut labels, assignments, &instance.uuid);
+        self.push_pod(&mut labels, holders, &instance.uuid);
         labels
     }
 
     fn device_labels(&self, identity: &GpuIdentity, driver: &str) -> Vec<(&'static str, String)> {
-        let labels = vec![
+        vec![
             ("gpu", identity.index.to_string()),
             ("UUID", identity.uuid.clone()),
             ("pci_bus_id", identity.pci_bus_id.clone()),
             ("device", format!("nvidia{}", identity.index)),
             ("modelName", identity.model_name.clone()),
             ("DCGM_FI_DRIVER_VERSION", driver.to_string()),
-        ];
-        labels
+        ]
     }
 
+    /// The device's holder: its names, then what `holder_labels` adds of its pod.
     fn push_pod(
         &self,
         labels: &mut Vec<(&'static str, String)>,
-        assignments: &Assignments,
+        holders: &Holders,
         device_id: &str,
     ) {
-        if let Some(a) = assignments.find(&self.resource_names, device_id) {
+        if let Some(a) = holders.assignments.find(&self.resource_names, device_id) {
             let names = if self.style.legacy_pod_labels {
                 ["pod_name", "pod_namespace", "container_name"]
             } else {
@@ -318,6 +325,11 @@ impl GpuCollector {
             labels.push((names[0], a.pod.clone()));
             labels.push((names[1], a.namespace.clone()));
             labels.push((names[2], a.container.clone()));
+            let extra = self
+                .pod_names
+                .holder
+                .of(holders.pods, &a.namespace, &a.pod, labels);
+            labels.extend(extra);
         }
     }
 }
@@ -330,7 +342,11 @@ impl Collector for GpuCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let state = self.state.borrow();
         let assignments = self.assignments.get();
-        let pods = self.pods.borrow();
+        let pods = self.pod_names.pods.borrow();
+        let holders = Holders {
+            assignments: &assignments,
+            pods: &pods,
+        };
         let mut out = Families::default();
         // While NVML cannot count them, there is no current count.
         if state.failing.is_none() {
@@ -352,7 +368,7 @@ impl Collector for GpuCollector {
             let Some(identity) = &entry.identity else {
                 continue;
             };
-            let labels = self.labels(identity, &state.driver_version, &assignments);
+            let labels = self.labels(identity, &state.driver_version, &holders);
             let lost = entry.failure == Some(GpuFailure::Lost);
             out.gauge("mlnode_gpu_lost", &labels, f64::from(u8::from(lost)));
             if let Some(failure) = entry.failure {
@@ -373,12 +389,9 @@ impl Collector for GpuCollector {
                     .as_ref()
                     .and_then(|r| r.mig.iter().find(|i| i.gpu_instance_id == *gpu_instance));
                 let instance_labels = match known {
-                    Some(instance) => self.instance_labels(
-                        identity,
-                        &state.driver_version,
-                        instance,
-                        &assignments,
-                    ),
+                    Some(instance) => {
+                        self.instance_labels(identity, &state.driver_version, instance, &holders)
+                    }
                     None => with_label(&labels, "GPU_I_ID", &gpu_instance.to_string()),
                 };
                 out.counter(
@@ -397,12 +410,8 @@ impl Collector for GpuCollector {
                     self.collect_container_use(&rows, &device, &mut out);
                 }
                 for instance in &reading.mig {
-                    let labels = self.instance_labels(
-                        identity,
-                        &state.driver_version,
-                        instance,
-                        &assignments,
-                    );
+                    let labels =
+                        self.instance_labels(identity, &state.driver_version, instance, &holders);
                     self.collect_instance(instance, &labels, &mut out);
                     if let Some(processes) = &instance.processes {
                         let rows = attribution::per_container(

@@ -207,7 +207,7 @@ use std::sync::Arc;
 
 use mlnode_core::assignments::SharedAssignments;
 use mlnode_core::cgroup::CgroupOwner;
-use mlnode_core::pods::SharedPods;
+use mlnode_core::pods::PodNames;
 use mlnode_core::settings::Toggle;
 use mlnode_core::shared::Shared;
 use settings::{NvmlSettings, PodLabels};
@@ -231,7 +231,7 @@ impl GpuRuntime {
     pub fn start(
         settings: &NvmlSettings,
         assignments: SharedAssignments,
-        pods: SharedPods,
+        pod_names: PodNames,
         resource_names: Vec<String>,
         registry: &prometheus::Registry,
         up: mlnode_core::metrics::AgentMetrics,
@@ -253,7 +253,7 @@ impl GpuRuntime {
         let collector = collector::GpuCollector::new(
             state.clone(),
             assignments,
-            pods,
+            pod_names,
             resource_names,
             style,
             settings.dcgm_names,

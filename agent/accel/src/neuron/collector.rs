@@ -19,8 +19,9 @@ use super::settings::{LogicalNcConfig, NeuronSettings};
 use super::sysfs::{self, CoreSnapshot, DeviceSnapshot, MemoryStat};
 use super::utilization::Utilization;
 use super::SharedNodeLabels;
-use mlnode_core::assignments::{Assignments, SharedAssignments};
+use mlnode_core::assignments::{Assignment, Assignments, SharedAssignments};
 use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec, Labels};
+use mlnode_core::pods::PodNames;
 
 const FAMILIES: [FamilySpec; 21] = [
     ("mlnode_neuron_pci_devices", "Inferentia/Trainium devices (Amazon vendor 0x1d0f, the device ids the Neuron driver binds) the kernel lists on the PCI bus; compare with mlnode_neuron_device_count, the driver's.", MetricType::GAUGE),
@@ -83,6 +84,8 @@ pub struct NeuronCollector {
     device_resources: Vec<String>,
     /// Extended resources whose device ids are logical NeuronCore indexes (`aws.amazon.com/neuroncore`).
     core_resources: Vec<String>,
+    /// What of a holder's pod its devices' series carry (`kubelet.pod_uid`, `kubelet.pod_labels`).
+    pod_names: PodNames,
     state: Mutex<State>,
     descs: Vec<Desc>,
 }
@@ -104,6 +107,7 @@ impl NeuronCollector {
         runtimes: Option<SharedRuntimes>,
         device_resources: Vec<String>,
         core_resources: Vec<String>,
+        pod_names: PodNames,
     ) -> prometheus::Result<NeuronCollector> {
         let descs = descs(
             FAMILIES
@@ -117,6 +121,7 @@ impl NeuronCollector {
             runtimes,
             device_resources,
             core_resources,
+            pod_names,
             state: Mutex::new(State::default()),
             descs,
         })
@@ -160,13 +165,21 @@ impl NeuronCollector {
             labels.push(("availability_zone", node.availability_zone.clone()));
         }
         if let Some(a) = assignments.find(&self.device_resources, &device.index.to_string()) {
-            labels.extend([
-                ("pod", a.pod.clone()),
-                ("namespace", a.namespace.clone()),
-                ("container", a.container.clone()),
-            ]);
+            self.push_holder(&mut labels, a);
         }
         labels
+    }
+
+    /// A device's or core's holder: its names, then what `kubelet.pod_uid` and
+    /// `kubelet.pod_labels` add of its pod.
+    fn push_holder(&self, labels: &mut Labels, a: &Assignment) {
+        labels.extend([
+            ("pod", a.pod.clone()),
+            ("namespace", a.namespace.clone()),
+            ("container", a.container.clone()),
+        ]);
+        let extra = self.pod_names.of_holder(&a.namespace, &a.pod, labels);
+        labels.extend(extra);
     }
 
     fn core_labels(
@@ -180,11 +193,7 @@ impl NeuronCollector {
         let assigned = labels.iter().any(|(name, _)| *name == "pod");
         if !assigned {
             if let Some(a) = assignments.find(&self.core_resources, &global.to_string()) {
-                labels.extend([
-                    ("pod", a.pod.clone()),
-                    ("namespace", a.namespace.clone()),
-                    ("container", a.container.clone()),
-                ]);
+                self.push_holder(&mut labels, a);
             }
         }
         labels

@@ -20,6 +20,7 @@ mod utilization;
 use k8s_openapi::api::core::v1::Node;
 
 use mlnode_core::assignments::SharedAssignments;
+use mlnode_core::pods::PodNames;
 use mlnode_core::settings::Toggle;
 use mlnode_core::shared::Shared;
 use settings::NeuronSettings;
@@ -92,6 +93,7 @@ pub fn start(
     assignments: SharedAssignments,
     node_labels: SharedNodeLabels,
     runtimes: Option<monitor_input::SharedRuntimes>,
+    pod_names: PodNames,
     registry: &prometheus::Registry,
 ) -> Result<usize, String> {
     if settings.enabled == Toggle::Off {
@@ -113,6 +115,7 @@ pub fn start(
         runtimes,
         device_resources,
         core_resources,
+        pod_names,
     )
     .map_err(|e| e.to_string())?;
     registry

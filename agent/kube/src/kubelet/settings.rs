@@ -5,11 +5,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use mlnode_core::pods::{HolderLabels, LabelPattern};
 use mlnode_core::settings::{bounds, hours, millis, seconds, Within};
 
 bounds! {
     pub PodResourcesInterval: Duration = millis(100), hours(1);
+    /// Each copied label is one more on every series of the pod's devices.
+    pub MaxPodLabels: usize = 1, 32;
 }
+
+/// More patterns than any labelling scheme needs is a list pasted by mistake.
+const MAX_PATTERNS: usize = 32;
 
 /// A DRA driver's name (`gpu.nvidia.com`), as the API server accepts one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -59,6 +65,39 @@ pub struct KubeletSettings {
     pub neuron_core_resource_names: Vec<String>,
     /// How often the assignments are listed again.
     pub pod_resources_interval: Within<PodResourcesInterval>,
+    /// Add `pod_uid` to every series that names a device's holder (dcgm-exporter's
+    /// `--kubernetes-enable-pod-uid`).
+    pub pod_uid: bool,
+    /// Regular expressions (each matching a whole key): the holder pod's labels whose keys match
+    /// are copied onto its devices' series, named as dcgm-exporter names them.
+    #[serde(deserialize_with = "bounded_patterns")]
+    pub pod_labels: Vec<LabelPattern>,
+    /// The most pod labels copied onto one series.
+    pub max_pod_labels: Within<MaxPodLabels>,
+}
+
+impl KubeletSettings {
+    /// What of a device's holder goes on the device's series beside its name.
+    pub fn holder_labels(&self) -> HolderLabels {
+        HolderLabels {
+            pod_uid: self.pod_uid,
+            copy: self.pod_labels.clone(),
+            max: self.max_pod_labels.get(),
+        }
+    }
+}
+
+fn bounded_patterns<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<LabelPattern>, D::Error> {
+    let patterns = Vec::<LabelPattern>::deserialize(deserializer)?;
+    if patterns.len() > MAX_PATTERNS {
+        return Err(serde::de::Error::custom(format!(
+            "{} patterns, at most {MAX_PATTERNS}: one pattern can match many keys (app\\.kubernetes\\.io/.*)",
+            patterns.len()
+        )));
+    }
+    Ok(patterns)
 }
 
 impl Default for KubeletSettings {
@@ -73,6 +112,9 @@ impl Default for KubeletSettings {
             ],
             neuron_core_resource_names: vec!["aws.amazon.com/neuroncore".into()],
             pod_resources_interval: Within::default_of(seconds(10)),
+            pod_uid: false,
+            pod_labels: Vec::new(),
+            max_pod_labels: Within::default_of(8),
         }
     }
 }
