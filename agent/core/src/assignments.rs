@@ -39,6 +39,20 @@ impl Assignments {
             .insert((id.to_string(), holder), replica.to_string());
     }
 
+    /// Whether device `id` is shared: the kubelet gave out replicas of it.
+    pub fn is_shared(&self, id: &str) -> bool {
+        self.replicas.keys().any(|(device, _)| device == id)
+    }
+
+    /// The holders of replicas of device `id`, with the replica each holds.
+    pub fn holders(&self, id: &str) -> Vec<(&Assignment, &str)> {
+        self.replicas
+            .iter()
+            .filter(|((device, _), _)| device == id)
+            .map(|((_, holder), replica)| (holder, replica.as_str()))
+            .collect()
+    }
+
     /// The replica of device `id` that `holder` holds, if it holds one (`::<n>`).
     pub fn replica(&self, id: &str, holder: &Assignment) -> Option<&str> {
         self.replicas

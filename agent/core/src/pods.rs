@@ -129,6 +129,9 @@ pub struct HolderLabels {
     pub pod_uid: bool,
     pub copy: Vec<LabelPattern>,
     pub max: usize,
+    /// dcgm-exporter's `--kubernetes-virtual-gpus` (`kubelet.virtual_gpus`): a shared device's
+    /// DCGM_* series once per replica holder, with `vgpu`, rather than under its first holder.
+    pub virtual_gpus: bool,
 }
 
 /// The most distinct copied label names the agent exports: each is interned for the process's
@@ -136,6 +139,7 @@ pub struct HolderLabels {
 const MAX_COPIED_NAMES: usize = 64;
 
 impl HolderLabels {
+    /// Whether nothing of a holder's pod is asked for: the pods need not be watched for it.
     pub fn is_off(&self) -> bool {
         !self.pod_uid && self.copy.is_empty()
     }
@@ -241,6 +245,7 @@ mod tests {
             pod_uid: true,
             copy: patterns(&["app\\.kubernetes\\.io/.*", "team", "pod"]),
             max: 8,
+            virtual_gpus: false,
         };
         let taken = [("pod", "vllm-0".to_string())];
         let labels = holder.of(&directory(), "inference", "vllm-0", &taken);

@@ -862,6 +862,7 @@ fn a_devices_holder_uid_and_chosen_labels_go_on_its_series() {
                 pod_uid: true,
                 copy: vec![LabelPattern::try_from("app".to_string()).unwrap()],
                 max: 8,
+                virtual_gpus: false,
             },
         },
     )

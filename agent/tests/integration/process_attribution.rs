@@ -93,16 +93,7 @@ fn host_proc(root: &Path, extra: &[(u32, String)]) {
 }
 
 fn pod(t: &Tenant) -> Value {
-    let now = unix_now();
-    let times = PodTimes {
-        created: now - 600.0,
-        scheduled: now - 599.0,
-        started: now - 590.0,
-        ready: Some(now - 500.0),
-        restart_count: 0,
-        last_finished: None,
-    };
-    let mut pod = vllm_pod(t.uid, t.pod, "/models", &times);
+    let mut pod = vllm_pod(t.uid, t.pod, "/models", &times());
     pod["spec"]["nodeName"] = json!("test-node");
     pod["status"]["containerStatuses"][0]["containerID"] =
         json!(format!("containerd://{}", t.container_id));
@@ -132,6 +123,48 @@ fn scenario() -> (Scenario, u64, u32) {
     (scenario, memory, sm)
 }
 
+/// NVIDIA's device plugin with time-slicing: each tenant holds one replica of the GPU `uuid`.
+fn time_slicing_kubelet(uuid: &str) -> common::kubelet::FakeKubelet {
+    let ids: Vec<[String; 1]> = TENANTS
+        .iter()
+        .map(|t| [format!("{uuid}::{}", t.replica)])
+        .collect();
+    let id_refs: Vec<[&str; 1]> = ids.iter().map(|[id]| [id.as_str()]).collect();
+    let held: Vec<(&str, &str, &[&str])> = TENANTS
+        .iter()
+        .zip(&id_refs)
+        .map(|(t, id)| (t.pod, "nvidia.com/gpu", &id[..]))
+        .collect();
+    common::kubelet::FakeKubelet::serve(common::kubelet::response(&held))
+}
+
+/// The agent with the tenants' pods on the API server and their replicas of GPU `uuid` at the
+/// kubelet; `nvml` and `kubelet` are more YAML for those sections. The servers live as long as
+/// what is returned.
+fn tenants_sharing(
+    scenario: &Scenario,
+    uuid: &str,
+    proc_root: &Path,
+    nvml: &str,
+    kubelet: &str,
+) -> (Agent, FakeApiServer, common::kubelet::FakeKubelet) {
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    for t in &TENANTS {
+        api.put_pod(pod(t));
+    }
+    let fake_kubelet = time_slicing_kubelet(uuid);
+    let agent = start(
+        scenario,
+        proc_root,
+        Some(&api),
+        &format!(
+            "{nvml}kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n{kubelet}",
+            fake_kubelet.socket().display().to_string()
+        ),
+    );
+    (agent, api, fake_kubelet)
+}
+
 /// The agent with process attribution on, the fake NVML, `proc_root` as the host's /proc, and the
 /// fake API server's pods where given; `extra` is more YAML.
 fn start(scenario: &Scenario, proc_root: &Path, api: Option<&FakeApiServer>, extra: &str) -> Agent {
@@ -153,10 +186,7 @@ fn start(scenario: &Scenario, proc_root: &Path, api: Option<&FakeApiServer>, ext
 #[test]
 fn four_pods_time_slicing_one_gpu_each_show_their_own_use() {
     let (mut scenario, device_memory, device_sm) = scenario();
-    let uuid = scenario.value["devices"][0]["uuid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let uuid = gpu_uuid(&scenario, 0);
     let proc_root = tempfile::tempdir().unwrap();
     host_proc(
         proc_root.path(),
@@ -168,31 +198,7 @@ fn four_pods_time_slicing_one_gpu_each_show_their_own_use() {
             ),
         ],
     );
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
-    for t in &TENANTS {
-        api.put_pod(pod(t));
-    }
-    // NVIDIA's device plugin with time-slicing: each pod holds one replica of the GPU.
-    let ids: Vec<[String; 1]> = TENANTS
-        .iter()
-        .map(|t| [format!("{uuid}::{}", t.replica)])
-        .collect();
-    let id_refs: Vec<[&str; 1]> = ids.iter().map(|[id]| [id.as_str()]).collect();
-    let held: Vec<(&str, &str, &[&str])> = TENANTS
-        .iter()
-        .zip(&id_refs)
-        .map(|(t, id)| (t.pod, "nvidia.com/gpu", &id[..]))
-        .collect();
-    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&held));
-    let agent = start(
-        &scenario,
-        proc_root.path(),
-        Some(&api),
-        &format!(
-            "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
-            kubelet.socket().display().to_string()
-        ),
-    );
+    let (agent, _api, _kubelet) = tenants_sharing(&scenario, &uuid, proc_root.path(), "", "");
     agent.wait_for("each pod's own use", Duration::from_secs(20), |m| {
         TENANTS.iter().all(|t| {
             sample(m, "mlnode_gpu_pod_sm_utilization_ratio", &[("pod", t.pod)])
@@ -355,6 +361,13 @@ fn nvml_refusing_the_process_list_leaves_the_series_absent_and_says_so() {
     assert_eq!(agent.log().matches("processes_no_permission").count(), 1);
 }
 
+fn gpu_uuid(scenario: &Scenario, gpu: usize) -> String {
+    scenario.value["devices"][gpu]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 fn series_sum(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
@@ -368,10 +381,7 @@ fn series_sum(metrics: &str, name: &str) -> f64 {
 #[test]
 fn a_holders_uid_and_chosen_labels_go_on_its_gpus_series() {
     let scenario = Scenario::new(2);
-    let uuid = scenario.value["devices"][0]["uuid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let uuid = gpu_uuid(&scenario, 0);
     let proc_root = tempfile::tempdir().unwrap();
     host_proc(proc_root.path(), &[]);
     let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
@@ -418,4 +428,219 @@ fn a_holders_uid_and_chosen_labels_go_on_its_gpus_series() {
         !free.contains("pod_uid") && !free.contains("app="),
         "{free}"
     );
+}
+
+/// `kubelet.virtual_gpus`, dcgm-exporter's `--kubernetes-virtual-gpus`: a time-sliced GPU's DCGM_*
+/// series once per replica holder with `vgpu`, and (its PR #594) framebuffer used and GPU
+/// utilisation each holder's own beside the device's; the agent's own series stay the device's.
+#[test]
+fn virtual_gpus_copy_dcgm_series_per_replica_holder_with_their_own_use() {
+    let (scenario, device_memory, _) = scenario();
+    let uuid = gpu_uuid(&scenario, 0);
+    let proc_root = tempfile::tempdir().unwrap();
+    host_proc(proc_root.path(), &[]);
+    let (agent, _api, _kubelet) = tenants_sharing(
+        &scenario,
+        &uuid,
+        proc_root.path(),
+        "  dcgm_names: true\n",
+        "  virtual_gpus: true\n",
+    );
+    agent.wait_for("every holder's copies", Duration::from_secs(20), |m| {
+        TENANTS.iter().all(|t| {
+            sample(
+                m,
+                "DCGM_FI_DEV_GPU_UTIL",
+                &[("pod", t.pod), ("vgpu", t.replica)],
+            ) == Some(f64::from(t.sm_percent))
+        })
+    });
+    let m = agent.metrics();
+    let temperature = sample(&m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]).unwrap();
+    for t in &TENANTS {
+        let holder = [("gpu", "0"), ("pod", t.pod), ("vgpu", t.replica)];
+        assert_eq!(
+            sample(&m, "DCGM_FI_DEV_GPU_TEMP", &holder),
+            Some(temperature)
+        );
+        assert_eq!(
+            sample(&m, "DCGM_FI_DEV_FB_USED", &holder),
+            Some((t.memory >> 20) as f64),
+            "{}'s own framebuffer",
+            t.pod
+        );
+    }
+    let lines = |family: &str| {
+        m.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(lines("DCGM_FI_DEV_GPU_TEMP").len(), 4, "one per holder");
+    let used = lines("DCGM_FI_DEV_FB_USED");
+    assert_eq!(used.len(), 5, "the device's and one per holder: {used:?}");
+    assert!(
+        used.iter()
+            .any(|l| !l.contains("pod=") && l.ends_with(&format!(" {}", device_memory >> 20))),
+        "{used:?}"
+    );
+    let own = lines("mlnode_gpu_temperature_celsius");
+    assert_eq!(own.len(), 1, "{own:?}");
+    assert!(
+        !own[0].contains("pod="),
+        "a shared GPU's own series name no holder: {own:?}"
+    );
+}
+
+/// The series of a node with 8 GPUs, each time-sliced among 8 pods (one process each), in each
+/// mode: what docs/performance.md tabulates ("Series on a shared-GPU node"). Run with
+/// `--nocapture` to see the table. The agent's own series do not grow with the pods; per-pod
+/// use adds two per container and device; dcgm-exporter's virtual GPUs copy every DCGM_* series
+/// per holder (its rule: fields x GPUs x pods, and the device's own framebuffer and utilisation).
+#[test]
+fn series_on_a_node_with_8_gpus_each_shared_by_8_pods() {
+    const GPUS: usize = 8;
+    const PODS: usize = 8;
+    let mut scenario = Scenario::new(GPUS);
+    let proc_root = tempfile::tempdir().unwrap();
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let mut cgroups = Vec::new();
+    let mut held: Vec<(String, String)> = Vec::new();
+    for g in 0..GPUS {
+        let uuid = gpu_uuid(&scenario, g);
+        let mut processes = Vec::new();
+        for p in 0..PODS {
+            let n = g * PODS + p;
+            let uid = format!("0a1b2c3d-0000-4000-8000-{n:012x}");
+            let container_id = format!("{n:064x}");
+            let pid = 5000 + n as u32;
+            processes.push(json!({"pid": pid, "used_memory": GIB, "sm_util": 10}));
+            cgroups.push((
+                pid,
+                format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{container_id}.scope\n", uid.replace('-', "_")),
+            ));
+            let mut pod = vllm_pod(&uid, &format!("vllm-{n}"), "/models", &times());
+            pod["spec"]["nodeName"] = json!("test-node");
+            pod["status"]["containerStatuses"][0]["containerID"] =
+                json!(format!("containerd://{container_id}"));
+            api.put_pod(pod);
+            held.push((format!("vllm-{n}"), format!("{uuid}::{p}")));
+        }
+        scenario.set(g, "processes", json!(processes));
+    }
+    host_proc(proc_root.path(), &cgroups);
+    let ids: Vec<[&str; 1]> = held.iter().map(|(_, id)| [id.as_str()]).collect();
+    let listed: Vec<(&str, &str, &[&str])> = held
+        .iter()
+        .zip(&ids)
+        .map(|((pod, _), id)| (pod.as_str(), "nvidia.com/gpu", &id[..]))
+        .collect();
+    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&listed));
+    let socket = kubelet.socket().display().to_string();
+    let count = |nvml: &str, kubelet_extra: &str| {
+        let config = format!(
+            "{nvml}kubelet:\n  pod_resources_socket: {socket:?}\n  pod_resources_interval: 200ms\n{kubelet_extra}"
+        );
+        let agent = start(&scenario, proc_root.path(), Some(&api), &config);
+        // GPM's ratios come from the second sample on, the holders with the kubelet's answer.
+        let lines = |m: &str, family: &str, with: &str| {
+            m.lines()
+                .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(with))
+                .count()
+        };
+        agent.wait_for(
+            "every GPU, its GPM and its holders",
+            Duration::from_secs(30),
+            |m| {
+                lines(m, "mlnode_gpu_pod_sm_utilization_ratio", "pod=\"vllm-") == GPUS * PODS
+                    && lines(m, "mlnode_gpu_sm_active_ratio", "") == GPUS
+                    && (lines(m, "DCGM_FI_DEV_GPU_TEMP", "pod=\"vllm-") > 0)
+                        == nvml.contains("dcgm")
+            },
+        );
+        let m = agent.metrics();
+        let series = |wanted: &dyn Fn(&str) -> bool| {
+            m.lines()
+                .filter(|l| !l.starts_with('#') && wanted(l))
+                .count()
+        };
+        [
+            series(&|l| l.starts_with("mlnode_gpu_") && !l.starts_with("mlnode_gpu_pod_")),
+            series(&|l| l.starts_with("mlnode_gpu_pod_")),
+            series(&|l| l.starts_with("DCGM_")),
+        ]
+    };
+    let with_use = count("", "");
+    let dcgm = count("  dcgm_names: true\n", "");
+    let virtual_gpus = count("  dcgm_names: true\n", "  virtual_gpus: true\n");
+    println!("| agent: nvml.process_attribution | mlnode_gpu_* of the devices | mlnode_gpu_pod_* | DCGM_* |");
+    println!("| --- | --- | --- | --- |");
+    for (mode, [devices, per_pod, dcgm]) in [
+        ("alone", with_use),
+        ("with nvml.dcgm_names", dcgm),
+        (
+            "with nvml.dcgm_names and kubelet.virtual_gpus",
+            virtual_gpus,
+        ),
+    ] {
+        println!("| {mode} | {devices} | {per_pod} | {dcgm} |");
+    }
+    assert_eq!(with_use[1], 2 * GPUS * PODS, "two per container and GPU");
+    assert_eq!(
+        [virtual_gpus[0], virtual_gpus[1]],
+        [dcgm[0], dcgm[1]],
+        "the agent's own series are not copied"
+    );
+    let fields = dcgm[2] / GPUS;
+    assert_eq!(
+        virtual_gpus[2],
+        GPUS * (PODS * fields + PER_PROCESS_FIELDS),
+        "dcgm-exporter's rule: every field per holder, and the device's own framebuffer and utilisation"
+    );
+}
+
+/// `DCGM_FI_DEV_FB_USED` and `DCGM_FI_DEV_GPU_UTIL`, which dcgm-exporter keeps once per device
+/// beside the holders' own.
+const PER_PROCESS_FIELDS: usize = 2;
+
+fn times() -> PodTimes {
+    let now = unix_now();
+    PodTimes {
+        created: now - 600.0,
+        scheduled: now - 599.0,
+        started: now - 590.0,
+        ready: Some(now - 500.0),
+        restart_count: 0,
+        last_finished: None,
+    }
+}
+
+/// A GPU whose driver gives no per-process utilisation (NOT_SUPPORTED): the memory series are
+/// there, the SM series absent, the refusal counted and said once.
+#[test]
+fn without_per_process_utilisation_memory_is_still_attributed() {
+    let (mut scenario, _, _) = scenario();
+    scenario.set(0, "unsupported", json!(["process_utilization"]));
+    let proc_root = tempfile::tempdir().unwrap();
+    host_proc(proc_root.path(), &[]);
+    let agent = start(&scenario, proc_root.path(), None, "");
+    agent.wait_for("the refusal counted", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_process_attribution_errors_total",
+            &[("reason", "utilization_not_supported")],
+        )
+        .is_some_and(|n| n >= 3.0)
+    });
+    let m = agent.metrics();
+    assert!(
+        sample(
+            &m,
+            "mlnode_gpu_pod_memory_used_bytes",
+            &[("pod_uid", TENANTS[0].uid)]
+        )
+        .is_some(),
+        "{m}"
+    );
+    assert!(!m.contains("\nmlnode_gpu_pod_sm_utilization_ratio{"), "{m}");
+    assert_eq!(agent.log().matches("utilization_not_supported").count(), 1);
 }

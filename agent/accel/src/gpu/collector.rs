@@ -12,8 +12,10 @@ use super::attribution::{self, ContainerUse};
 use super::health;
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
-use mlnode_core::assignments::{Assignments, SharedAssignments};
-use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec};
+use mlnode_core::assignments::{Assignment, Assignments, SharedAssignments};
+use mlnode_core::metrics::family::{
+    descs, label_value, relabelled, with_label, Families, FamilySpec, Labels,
+};
 use mlnode_core::pods::{PodDirectory, PodNames};
 use mlnode_core::shared::Shared;
 
@@ -24,6 +26,59 @@ const MIB: u64 = 1 << 20;
 pub struct LabelStyle {
     /// `pod_name`/`pod_namespace`/`container_name`, as dcgm-exporter before 2.x.
     pub legacy_pod_labels: bool,
+}
+
+/// A shared device under `kubelet.virtual_gpus`: where its DCGM_* series are (the parent GPU's
+/// `UUID`, and `GPU_I_ID` for a MIG device), and the copy each holder gets.
+struct SharedDevice {
+    uuid: String,
+    gpu_instance: Option<String>,
+    copies: Vec<HolderCopy>,
+}
+
+struct HolderCopy {
+    /// The holder's names, what `holder_labels` adds, and `vgpu`.
+    labels: Labels,
+    /// Its own framebuffer MiB and SM percent, where the device's processes were read.
+    own: Option<(f64, f64)>,
+}
+
+/// The families dcgm-exporter's per-process collection gives each holder its own value of
+/// (its PR #594); the device-level sample stays beside them.
+const PER_PROCESS_FAMILIES: [&str; 2] = ["DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL"];
+
+/// dcgm-exporter's `--kubernetes-virtual-gpus` transformation of the DCGM_* series of `shared`
+/// devices: each sample becomes one copy per holder; framebuffer used and GPU utilisation keep
+/// the device's sample and give each copy the holder's own use, where that was read.
+fn copy_per_holder(out: &mut Families, shared: &[SharedDevice]) {
+    if shared.is_empty() {
+        return;
+    }
+    out.rewrite(|name, metric| {
+        if !name.starts_with("DCGM_") {
+            return None;
+        }
+        let device = shared.iter().find(|d| {
+            label_value(metric, "UUID") == Some(d.uuid.as_str())
+                && label_value(metric, "GPU_I_ID") == d.gpu_instance.as_deref()
+        })?;
+        let per_process = PER_PROCESS_FAMILIES.contains(&name);
+        let mut samples = Vec::new();
+        if per_process && device.copies.iter().any(|c| c.own.is_some()) {
+            samples.push(metric.clone());
+        }
+        for copy in &device.copies {
+            let own = copy.own.filter(|_| per_process).map(|(mib, percent)| {
+                if name == "DCGM_FI_DEV_FB_USED" {
+                    mib
+                } else {
+                    percent
+                }
+            });
+            samples.push(relabelled(metric, &copy.labels, own));
+        }
+        Some(samples)
+    });
 }
 
 /// Who holds each device, and what the agent knows of their pods: the labels naming a holder.
@@ -309,28 +364,79 @@ impl GpuCollector {
         ]
     }
 
-    /// The device's holder: its names, then what `holder_labels` adds of its pod.
-    fn push_pod(
-        &self,
-        labels: &mut Vec<(&'static str, String)>,
-        holders: &Holders,
-        device_id: &str,
-    ) {
-        if let Some(a) = holders.assignments.find(&self.resource_names, device_id) {
-            let names = if self.style.legacy_pod_labels {
-                ["pod_name", "pod_namespace", "container_name"]
-            } else {
-                ["pod", "namespace", "container"]
-            };
-            labels.push((names[0], a.pod.clone()));
-            labels.push((names[1], a.namespace.clone()));
-            labels.push((names[2], a.container.clone()));
-            let extra = self
-                .pod_names
-                .holder
-                .of(holders.pods, &a.namespace, &a.pod, labels);
-            labels.extend(extra);
+    /// A shared device's first holder is no more its holder than the others: with
+    /// `kubelet.virtual_gpus` its series carry none (the DCGM_* ones are then copied per holder).
+    fn push_pod(&self, labels: &mut Labels, holders: &Holders, device_id: &str) {
+        if self.pod_names.holder.virtual_gpus && holders.assignments.is_shared(device_id) {
+            return;
         }
+        if let Some(a) = holders.assignments.find(&self.resource_names, device_id) {
+            self.push_holder(labels, holders.pods, a);
+        }
+    }
+
+    /// A holder's names, then what `holder_labels` adds of its pod.
+    fn push_holder(&self, labels: &mut Labels, pods: &PodDirectory, a: &Assignment) {
+        let names = self.pod_label_names();
+        labels.push((names[0], a.pod.clone()));
+        labels.push((names[1], a.namespace.clone()));
+        labels.push((names[2], a.container.clone()));
+        let extra = self.pod_names.holder.of(pods, &a.namespace, &a.pod, labels);
+        labels.extend(extra);
+    }
+
+    fn pod_label_names(&self) -> [&'static str; 3] {
+        if self.style.legacy_pod_labels {
+            ["pod_name", "pod_namespace", "container_name"]
+        } else {
+            ["pod", "namespace", "container"]
+        }
+    }
+
+    /// With `kubelet.virtual_gpus` and dcgm-exporter's names, the copies a shared device's DCGM_*
+    /// series get: one per replica holder, with `vgpu`, and that holder's own framebuffer and SM
+    /// use where the device's processes were read (`rows`; 0 for a holder running nothing).
+    fn virtual_copies(
+        &self,
+        device_id: &str,
+        parent_uuid: &str,
+        gpu_instance: Option<u32>,
+        rows: Option<&[ContainerUse]>,
+        holders: &Holders,
+    ) -> Option<SharedDevice> {
+        if !(self.pod_names.holder.virtual_gpus && self.dcgm_names) {
+            return None;
+        }
+        let copies: Vec<HolderCopy> = holders
+            .assignments
+            .holders(device_id)
+            .into_iter()
+            .map(|(holder, replica)| {
+                let mut labels = Vec::new();
+                self.push_holder(&mut labels, holders.pods, holder);
+                labels.push(("vgpu", replica.to_string()));
+                let own = rows.map(|rows| {
+                    rows.iter()
+                        .find(|r| {
+                            r.namespace == holder.namespace
+                                && r.pod == holder.pod
+                                && r.container == holder.container
+                        })
+                        .map_or((0.0, 0.0), |r| {
+                            (
+                                (r.memory_bytes.unwrap_or(0) / MIB) as f64,
+                                (r.sm_ratio.unwrap_or(0.0) * 100.0).round(),
+                            )
+                        })
+                });
+                HolderCopy { labels, own }
+            })
+            .collect();
+        (!copies.is_empty()).then(|| SharedDevice {
+            uuid: parent_uuid.to_string(),
+            gpu_instance: gpu_instance.map(|id| id.to_string()),
+            copies,
+        })
     }
 }
 
@@ -347,6 +453,7 @@ impl Collector for GpuCollector {
             assignments: &assignments,
             pods: &pods,
         };
+        let mut shared = Vec::new();
         let mut out = Families::default();
         // While NVML cannot count them, there is no current count.
         if state.failing.is_none() {
@@ -404,30 +511,43 @@ impl Collector for GpuCollector {
             if let Some(reading) = entry.reading.as_ref().filter(|_| !stalled) {
                 self.collect_reading(reading, &labels, &mut out);
                 let device = self.device_labels(identity, &state.driver_version);
-                if let Some(processes) = &reading.processes {
-                    let rows =
-                        attribution::per_container(processes, &identity.uuid, &pods, &assignments);
-                    self.collect_container_use(&rows, &device, &mut out);
+                let rows = reading.processes.as_ref().map(|processes| {
+                    attribution::per_container(processes, &identity.uuid, &pods, &assignments)
+                });
+                if let Some(rows) = &rows {
+                    self.collect_container_use(rows, &device, &mut out);
                 }
+                shared.extend(self.virtual_copies(
+                    &identity.uuid,
+                    &identity.uuid,
+                    None,
+                    rows.as_deref(),
+                    &holders,
+                ));
                 for instance in &reading.mig {
                     let labels =
                         self.instance_labels(identity, &state.driver_version, instance, &holders);
                     self.collect_instance(instance, &labels, &mut out);
-                    if let Some(processes) = &instance.processes {
-                        let rows = attribution::per_container(
-                            processes,
-                            &instance.uuid,
-                            &pods,
-                            &assignments,
-                        );
+                    let rows = instance.processes.as_ref().map(|processes| {
+                        attribution::per_container(processes, &instance.uuid, &pods, &assignments)
+                    });
+                    if let Some(rows) = &rows {
                         let mut device = device.clone();
                         device.push(("GPU_I_ID", instance.gpu_instance_id.to_string()));
                         device.push(("GPU_I_PROFILE", instance.profile.clone()));
-                        self.collect_container_use(&rows, &device, &mut out);
+                        self.collect_container_use(rows, &device, &mut out);
                     }
+                    shared.extend(self.virtual_copies(
+                        &instance.uuid,
+                        &identity.uuid,
+                        Some(instance.gpu_instance_id),
+                        rows.as_deref(),
+                        &holders,
+                    ));
                 }
             }
         }
+        copy_per_holder(&mut out, &shared);
         for (reason, count) in &state.attribution_errors {
             out.counter(
                 "mlnode_gpu_process_attribution_errors_total",

@@ -58,6 +58,25 @@ impl Families {
         self.0.entry(name).or_default().push(metric);
     }
 
+    /// Passes every sample of every family through `rewrite`: None keeps it, Some its
+    /// replacements (none drops it). For a transformation of the series a collector built, as
+    /// dcgm-exporter's are transformed after collection.
+    pub fn rewrite(
+        &mut self,
+        mut rewrite: impl FnMut(&'static str, &Metric) -> Option<Vec<Metric>>,
+    ) {
+        for (name, metrics) in &mut self.0 {
+            let mut out = Vec::with_capacity(metrics.len());
+            for metric in metrics.drain(..) {
+                match rewrite(name, &metric) {
+                    None => out.push(metric),
+                    Some(replacements) => out.extend(replacements),
+                }
+            }
+            *metrics = out;
+        }
+    }
+
     /// The families with samples, with the help and type of `known` (name, help, type); a family
     /// with no sample this scrape is left out, as the registry would prune it anyway.
     pub fn into_families<'a>(
@@ -90,4 +109,27 @@ fn label_pairs(labels: &[(&'static str, String)]) -> Vec<LabelPair> {
             pair
         })
         .collect()
+}
+
+/// The value of label `name` on `metric`.
+pub fn label_value<'m>(metric: &'m Metric, name: &str) -> Option<&'m str> {
+    metric
+        .get_label()
+        .iter()
+        .find(|pair| pair.name() == name)
+        .map(|pair| pair.value())
+}
+
+/// `metric` with `extra` labels added and, given `gauge`, that gauge value.
+pub fn relabelled(metric: &Metric, extra: &[(&'static str, String)], gauge: Option<f64>) -> Metric {
+    let mut copy = metric.clone();
+    let mut labels = copy.take_label();
+    labels.extend(label_pairs(extra));
+    copy.set_label(labels);
+    if let Some(value) = gauge {
+        let mut gauge = Gauge::default();
+        gauge.set_value(value);
+        copy.set_gauge(gauge);
+    }
+    copy
 }

@@ -74,6 +74,11 @@ pub struct KubeletSettings {
     pub pod_labels: Vec<LabelPattern>,
     /// The most pod labels copied onto one series.
     pub max_pod_labels: Within<MaxPodLabels>,
+    /// dcgm-exporter's `--kubernetes-virtual-gpus`: a shared GPU's (time-slicing, MPS) DCGM_*
+    /// series once per replica holder, labelled `vgpu`, its framebuffer and utilisation the
+    /// holder's own where `nvml.process_attribution` reads them; its mlnode_* series under no
+    /// holder.
+    pub virtual_gpus: bool,
 }
 
 impl KubeletSettings {
@@ -83,6 +88,7 @@ impl KubeletSettings {
             pod_uid: self.pod_uid,
             copy: self.pod_labels.clone(),
             max: self.max_pod_labels.get(),
+            virtual_gpus: self.virtual_gpus,
         }
     }
 }
@@ -115,6 +121,7 @@ impl Default for KubeletSettings {
             pod_uid: false,
             pod_labels: Vec::new(),
             max_pod_labels: Within::default_of(8),
+            virtual_gpus: false,
         }
     }
 }
