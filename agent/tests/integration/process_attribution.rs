@@ -340,25 +340,56 @@ fn pods_sharing_a_mig_device_each_show_their_memory_and_no_utilisation() {
     assert!(!m.contains("reason=\"utilization_not_supported\""), "{m}");
 }
 
+/// NVML's refusals: the process list without hostPID (NO_PERMISSION) leaves every per-pod series
+/// absent; a driver without per-process utilisation (NOT_SUPPORTED) keeps the memory ones. Each
+/// is counted and said once, and the device's own series go on.
 #[test]
-fn nvml_refusing_the_process_list_leaves_the_series_absent_and_says_so() {
-    let (mut scenario, _, _) = scenario();
-    scenario.set(0, "no_permission", json!(["processes"]));
-    let proc_root = tempfile::tempdir().unwrap();
-    host_proc(proc_root.path(), &[]);
-    let agent = start(&scenario, proc_root.path(), None, "");
-    agent.wait_for("the refusal counted", Duration::from_secs(20), |m| {
-        sample(
-            m,
-            "mlnode_gpu_process_attribution_errors_total",
-            &[("reason", "processes_no_permission")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
-    let m = agent.metrics();
-    assert!(!m.contains("\nmlnode_gpu_pod_memory_used_bytes{"), "{m}");
-    assert!(sample(&m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]).is_some());
-    assert_eq!(agent.log().matches("processes_no_permission").count(), 1);
+fn nvml_refusing_per_process_calls_leaves_those_series_absent_and_says_so() {
+    for (refusal, call, reason, memory_kept) in [
+        (
+            "no_permission",
+            "processes",
+            "processes_no_permission",
+            false,
+        ),
+        (
+            "unsupported",
+            "process_utilization",
+            "utilization_not_supported",
+            true,
+        ),
+    ] {
+        let (mut scenario, _, _) = scenario();
+        scenario.set(0, refusal, json!([call]));
+        let proc_root = tempfile::tempdir().unwrap();
+        host_proc(proc_root.path(), &[]);
+        let agent = start(&scenario, proc_root.path(), None, "");
+        agent.wait_for("the refusal counted", Duration::from_secs(20), |m| {
+            sample(
+                m,
+                "mlnode_gpu_process_attribution_errors_total",
+                &[("reason", reason)],
+            )
+            .is_some_and(|n| n >= 3.0)
+        });
+        let m = agent.metrics();
+        assert_eq!(
+            sample(
+                &m,
+                "mlnode_gpu_pod_memory_used_bytes",
+                &[("pod_uid", TENANTS[0].uid)]
+            )
+            .is_some(),
+            memory_kept,
+            "{reason}: {m}"
+        );
+        assert!(
+            !m.contains("\nmlnode_gpu_pod_sm_utilization_ratio{"),
+            "{reason}: {m}"
+        );
+        assert!(sample(&m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]).is_some());
+        assert_eq!(agent.log().matches(reason).count(), 1, "{reason} said once");
+    }
 }
 
 fn gpu_uuid(scenario: &Scenario, gpu: usize) -> String {
@@ -612,35 +643,4 @@ fn times() -> PodTimes {
         restart_count: 0,
         last_finished: None,
     }
-}
-
-/// A GPU whose driver gives no per-process utilisation (NOT_SUPPORTED): the memory series are
-/// there, the SM series absent, the refusal counted and said once.
-#[test]
-fn without_per_process_utilisation_memory_is_still_attributed() {
-    let (mut scenario, _, _) = scenario();
-    scenario.set(0, "unsupported", json!(["process_utilization"]));
-    let proc_root = tempfile::tempdir().unwrap();
-    host_proc(proc_root.path(), &[]);
-    let agent = start(&scenario, proc_root.path(), None, "");
-    agent.wait_for("the refusal counted", Duration::from_secs(20), |m| {
-        sample(
-            m,
-            "mlnode_gpu_process_attribution_errors_total",
-            &[("reason", "utilization_not_supported")],
-        )
-        .is_some_and(|n| n >= 3.0)
-    });
-    let m = agent.metrics();
-    assert!(
-        sample(
-            &m,
-            "mlnode_gpu_pod_memory_used_bytes",
-            &[("pod_uid", TENANTS[0].uid)]
-        )
-        .is_some(),
-        "{m}"
-    );
-    assert!(!m.contains("\nmlnode_gpu_pod_sm_utilization_ratio{"), "{m}");
-    assert_eq!(agent.log().matches("utilization_not_supported").count(), 1);
 }
