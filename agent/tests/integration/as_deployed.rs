@@ -1205,6 +1205,64 @@ fn the_kernel_log_component_holds_the_node_on_an_xid_from_before_the_start() {
     );
 }
 
+/// components/process-attribution as deployed: the pod in the host's PID namespace (the emulation
+/// shares it, as hostPID does), no capability added, the variable the component sets; the agent
+/// reads each GPU process's cgroup in its own /proc. NVML lists the node's init (pid 1: no pod's,
+/// so empty pod labels) and a pid that exists no more (counted, left out).
+#[test]
+fn the_process_attribution_component_reads_the_hosts_processes_as_deployed() {
+    let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
+    let objects = common::needs!(kustomize::render_with(
+        "overlays/gpu",
+        &["components/process-attribution"]
+    ));
+    let (_, spec) = pod_template(&objects);
+    assert_eq!(spec["hostPID"], true);
+    assert_eq!(
+        spec["containers"][0]["securityContext"]["capabilities"],
+        json!({"drop": ["ALL"]}),
+        "no capability added"
+    );
+    let GpuNode {
+        mut agent,
+        _dirs: dirs,
+        ..
+    } = common::needs!(gpu_node_prepared(objects, 0, |_| Ok(())));
+    let scenario = dirs.0.root.path().join("nvml-scenario.json");
+    let mut nvml: Value =
+        serde_json::from_str(&std::fs::read_to_string(&scenario).unwrap()).unwrap();
+    // Past the kernel's pid_max (4194304 at most): no such process.
+    nvml["devices"][1]["processes"] = json!([
+        {"pid": 1, "used_memory": 1u64 << 30, "sm_util": 0},
+        {"pid": 4_194_400, "used_memory": 1u64 << 30, "sm_util": 0},
+    ]);
+    std::fs::write(&scenario, nvml.to_string()).unwrap();
+    let uuid = nvml["devices"][1]["uuid"].as_str().unwrap().to_string();
+    agent.wait(
+        "init's framebuffer, under no pod",
+        Duration::from_secs(30),
+        |a| {
+            a.metrics().is_some_and(|m| {
+                sample(
+                    &m,
+                    "mlnode_gpu_pod_memory_used_bytes",
+                    &[("UUID", uuid.as_str()), ("pod", "")],
+                ) == Some((1u64 << 30) as f64)
+            })
+        },
+    );
+    let metrics = agent.metrics().unwrap();
+    assert!(
+        sample(
+            &metrics,
+            "mlnode_gpu_process_attribution_errors_total",
+            &[("reason", "process_exited")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+}
+
 /// What the rendered RBAC allows the agent's token but its admission policy refuses: the status
 /// of another node's pod, and a condition type not its own.
 fn refused_pod_writes(api: &FakeApiServer, token: &str) {
