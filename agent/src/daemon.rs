@@ -11,7 +11,7 @@ use crate::cache::state::NodeFacts;
 use crate::cache::watch::FileWatch;
 use crate::components::{
     gpu::Gpu, kernel_log::KernelLog, kubelet::Kubelet, models::Models, neuron::Neuron,
-    node_pods::NodePods, pod_gates::PodGates, readiness::Readiness, startup::Startup,
+    node_pods::PodDirectory, pod_gates::PodGates, readiness::Readiness, startup::Startup,
 };
 use crate::config::{Config, ModelConfig};
 use crate::metrics::{AgentMetrics, Subsystem};
@@ -50,6 +50,8 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         .kernel_log
         .enabled
         .then(crate::shared::Shared::<crate::kernel_log::facts::LogFacts>::default);
+    // One watch of the node's pods, for the pod gates and the pod directory alike.
+    let node_pods = crate::node_pods::NodePodsSlot::default();
     vec![
         Box::new(KernelLog {
             settings: config.kernel_log.clone(),
@@ -86,10 +88,12 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         Box::new(PodGates {
             settings: config.readiness.clone(),
             mounts: config.models.iter().map(ModelConfig::mount).collect(),
+            node_pods: node_pods.clone(),
         }),
-        Box::new(NodePods {
+        Box::new(PodDirectory {
             needed: config.nvml.process_attribution || !kubelet.holder_labels().is_off(),
             api: config.readiness.enabled,
+            node_pods,
         }),
         Box::new(Kubelet {
             socket: kubelet.pod_resources_socket.clone(),

@@ -1,10 +1,11 @@
-//! The node's pods by UID ([`PodDirectory`]), kept current from one watch of the pods bound to the
-//! node: what names the pod and container a GPU process's cgroup points at. [`identity`] is the
-//! pure part (a Pod to what names it); [`run`] the watch.
+//! The one watch of the pods bound to the node ([`NodePods`]): their store, for the pod gates, and
+//! the directory of what names them by UID ([`PodDirectory`]), for a GPU process's cgroup and a
+//! device's holder. [`identity`] is the pure part (a Pod to what names it); [`run`] the watch.
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio_util::sync::CancellationToken;
 
@@ -41,19 +42,56 @@ fn container_id(status: &ContainerStatus) -> Option<(String, String)> {
     Some((id.to_string(), status.name.clone()))
 }
 
-/// Keeps `pods` current with the pods bound to `node_name` until `shutdown`. A watch that fails
-/// is said once, retried with backoff, and leaves the directory as it was.
-pub async fn run(
-    client: kube::Client,
-    node_name: String,
-    pods: SharedPods,
+/// One watch of the pods bound to the node, shared by everything that needs them: the pods
+/// themselves (a reflector store: the pod gates), the directory of what names them (GPU
+/// processes' owners, devices' holders), and word of each change.
+#[derive(Clone)]
+pub struct NodePods {
+    pub store: Store<Pod>,
+    /// The number of changes seen so far; Err while the watch fails (retried with backoff).
+    pub changes: tokio::sync::watch::Receiver<Result<u64, String>>,
+}
+
+/// Where the one watch is kept once a component has started it, for the others.
+pub type NodePodsSlot = std::sync::Arc<std::sync::OnceLock<NodePods>>;
+
+impl NodePods {
+    /// The node's watch from `slot`, started (on `tasks`, until `shutdown`) by the first caller;
+    /// it keeps `directory` current.
+    pub fn shared(
+        slot: &NodePodsSlot,
+        client: kube::Client,
+        node_name: &str,
+        directory: SharedPods,
+        tasks: &mut tokio::task::JoinSet<()>,
+        shutdown: CancellationToken,
+    ) -> NodePods {
+        slot.get_or_init(|| {
+            let (store, writer) = reflector::store();
+            let (tell, changes) = tokio::sync::watch::channel(Ok(0));
+            let api: Api<Pod> = Api::all(client);
+            let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+            let stream = reflector::reflector(writer, watcher(api, config))
+                .backoff(ErrorsOnlyBackoff::default());
+            tasks.spawn(run(stream, store.clone(), directory, tell, shutdown));
+            NodePods { store, changes }
+        })
+        .clone()
+    }
+}
+
+/// Applies each event of the watch: the store is the reflector's; the directory is rebuilt from
+/// it once a change is in (a relist is applied whole at its end), and the change told. A failure
+/// is said once and told, and leaves both as they were.
+async fn run(
+    stream: impl futures_util::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+    store: Store<Pod>,
+    directory: SharedPods,
+    tell: tokio::sync::watch::Sender<Result<u64, String>>,
     shutdown: CancellationToken,
 ) {
-    let api: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-    let mut stream = std::pin::pin!(watcher(api, config).backoff(ErrorsOnlyBackoff::default()));
-    // A relist builds the directory afresh, then replaces the old one whole.
-    let mut relisting: Option<Vec<PodIdentity>> = None;
+    let mut stream = std::pin::pin!(stream);
+    let mut seen = 0u64;
     let mut failing = String::new();
     loop {
         let event = tokio::select! {
@@ -65,37 +103,24 @@ pub async fn run(
             Some(Err(e)) => {
                 let message = e.to_string();
                 if message != failing {
-                    tracing::warn!(error = %message, "the node's pod watch failed; GPU processes keep the pod names last seen (retrying with backoff)");
-                    failing = message;
+                    tracing::warn!(error = %message, "the node's pod watch failed; pod gates and pod names wait for it (retrying with backoff)");
+                    failing = message.clone();
                 }
+                tell.send_modify(|told| *told = Err(message));
             }
             Some(Ok(event)) => {
                 if !failing.is_empty() {
                     tracing::info!("the node's pod watch works again");
                     failing.clear();
                 }
-                match event {
-                    watcher::Event::Init => relisting = Some(Vec::new()),
-                    watcher::Event::InitApply(pod) => {
-                        relisting
-                            .get_or_insert_with(Vec::new)
-                            .extend(identity(&pod));
-                    }
-                    watcher::Event::InitDone => {
-                        let listed = relisting.take().unwrap_or_default();
-                        pods.set(PodDirectory::from_pods(listed));
-                    }
-                    watcher::Event::Apply(pod) => {
-                        if let Some(identity) = identity(&pod) {
-                            pods.update(|d| d.insert(identity));
-                        }
-                    }
-                    watcher::Event::Delete(pod) => {
-                        if let Some(uid) = pod.metadata.uid.as_deref() {
-                            pods.update(|d| d.remove(uid));
-                        }
-                    }
+                if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                    continue;
                 }
+                directory.set(PodDirectory::from_pods(
+                    store.state().iter().filter_map(|pod| identity(pod)),
+                ));
+                seen += 1;
+                tell.send_modify(|told| *told = Ok(seen));
             }
         }
     }

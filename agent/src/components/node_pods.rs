@@ -8,17 +8,20 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use super::kube_for;
+use crate::node_pods::{NodePods, NodePodsSlot};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::settings::Toggle;
 
-pub struct NodePods {
+pub struct PodDirectory {
     /// Whether a consumer is configured.
     pub needed: bool,
     /// `readiness.enabled`: whether the agent talks to the API server at all.
     pub api: Toggle,
+    /// The node's one pod watch, shared with the pod gates (started by whichever starts first).
+    pub node_pods: NodePodsSlot,
 }
 
-impl Component for NodePods {
+impl Component for PodDirectory {
     fn about(&self) -> About {
         About::helper("node pod directory")
     }
@@ -36,12 +39,14 @@ impl Component for NodePods {
             let client = kube_for(self.api, "readiness").await.map_err(|e| {
                 NotStarted::Absent(format!("{e}: GPU processes are reported without pod names"))
             })?;
-            cx.tasks.spawn(crate::node_pods::run(
+            NodePods::shared(
+                &self.node_pods,
                 client,
-                cx.node_name.clone(),
+                &cx.node_name,
                 cx.pods.clone(),
+                &mut cx.tasks,
                 cx.shutdown.child_token(),
-            ));
+            );
             Ok(Started::up(format!("pods on node {}", cx.node_name)))
         }
         .boxed()

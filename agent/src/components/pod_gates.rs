@@ -7,6 +7,7 @@ use futures_util::FutureExt;
 
 use super::kube_for;
 use crate::models::ModelMount;
+use crate::node_pods::{NodePods, NodePodsSlot};
 use crate::readiness::settings::ReadinessSettings;
 use crate::workloads::controller::{OwnPod, PodController, WorkloadMetrics};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
@@ -16,6 +17,8 @@ pub struct PodGates {
     pub settings: ReadinessSettings,
     /// Where each configured model's cache is mounted from.
     pub mounts: Vec<ModelMount>,
+    /// The node's one pod watch, shared with the pod directory.
+    pub node_pods: NodePodsSlot,
 }
 
 /// The agent's own pod, as the DaemonSet passes it through the downward API.
@@ -59,7 +62,15 @@ impl Component for PodGates {
                 metrics: WorkloadMetrics::register(&cx.registry)?,
                 up: cx.up.clone(),
             };
-            cx.tasks.spawn(controller.run(cx.shutdown.child_token()));
+            let pods = NodePods::shared(
+                &self.node_pods,
+                controller.client.clone(),
+                &cx.node_name,
+                cx.pods.clone(),
+                &mut cx.tasks,
+                cx.shutdown.child_token(),
+            );
+            cx.tasks.spawn(controller.run(pods, cx.shutdown.child_token()));
             // Up once the node's pods are listed and their gates written, down while that fails.
             Ok(Started::reporting(format!("pods on node {}", cx.node_name)))
         }

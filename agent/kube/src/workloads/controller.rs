@@ -1,4 +1,4 @@
-//! The pod-gate loop: one watch of this node's pods (a reflector store), and each round, for every
+//! The pod-gate loop: the node's one pod watch (its reflector store, `node_pods`), and each round, for every
 //! pod with the `mlnode.dev/ModelVerified` readiness gate, its condition written to `pods/status`
 //! when [`gate::due`] says so; for every pod mounting a model cache writable, a Warning event once
 //! and a series while it runs. Woken by a pod change, a model's new verdict, or the interval.
@@ -7,11 +7,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::Store;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -19,8 +18,8 @@ use super::exposure::{writable_mounts, WritableMount};
 use super::gate::{self, PodGate, Written};
 use crate::events::{self, About};
 use crate::models::ModelMount;
+use crate::node_pods::NodePods;
 use crate::readiness::node::FIELD_MANAGER;
-use crate::watch::ErrorsOnlyBackoff;
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::state::{any_readiness_changed, ModelState, Readiness};
 
@@ -127,49 +126,23 @@ struct Series {
 }
 
 impl PodController {
-    pub async fn run(mut self, shutdown: CancellationToken) {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let config =
-            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
-        let (store, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(pods, config))
-            .backoff(ErrorsOnlyBackoff::default());
-        let mut stream = std::pin::pin!(stream);
+    pub async fn run(mut self, mut pods: NodePods, shutdown: CancellationToken) {
         let mut memory = Memory::default();
-        let mut watch_error = String::new();
         loop {
-            let event = tokio::select! {
+            tokio::select! {
                 _ = shutdown.cancelled() => return,
-                event = stream.next() => Some(event),
-                _ = any_readiness_changed(&self.models) => None,
-                _ = tokio::time::sleep(self.interval) => None,
-            };
-            let mut events: Vec<_> = event.into_iter().collect();
-            // A relist is a burst of events: one round for all of them.
-            while let Some(next) = stream.next().now_or_never() {
-                events.push(next);
+                changed = pods.changes.changed() => if changed.is_err() { return },
+                _ = any_readiness_changed(&self.models) => {}
+                _ = tokio::time::sleep(self.interval) => {}
             }
-            for event in events {
-                match event {
-                    None => return,
-                    Some(Err(e)) => {
-                        let message = e.to_string();
-                        if message != watch_error {
-                            tracing::warn!(error = %message, "pod watch failed; pod readiness gates wait for it (retrying with backoff)");
-                            watch_error = message;
-                        }
-                        self.up.set_up(Subsystem::PodGates, false);
-                    }
-                    Some(Ok(_)) => {
-                        if !watch_error.is_empty() {
-                            tracing::info!("pod watch works again");
-                            watch_error.clear();
-                        }
-                    }
-                }
+            // The watch says its failures itself; here they hold the gates' rounds.
+            let healthy = pods.changes.borrow_and_update().is_ok();
+            if !healthy {
+                self.up.set_up(Subsystem::PodGates, false);
+                continue;
             }
-            if store.wait_until_ready().now_or_never().is_some() && watch_error.is_empty() {
-                self.round(&store, &mut memory).await;
+            if pods.store.wait_until_ready().now_or_never().is_some() {
+                self.round(&pods.store, &mut memory).await;
             }
         }
     }
