@@ -541,19 +541,6 @@ fn processes(
     owner_of: &OwnerOf,
     trouble: &mut Vec<&'static str>,
 ) -> Option<Vec<GpuProcess>> {
-    let refused = |e: &NvmlError, what: &str| match e {
-        NvmlError::NoPermission => Some(if what == "processes" {
-            "processes_no_permission"
-        } else {
-            "utilization_no_permission"
-        }),
-        NvmlError::NotSupported | NvmlError::FunctionNotFound => Some(if what == "processes" {
-            "processes_not_supported"
-        } else {
-            "utilization_not_supported"
-        }),
-        _ => None,
-    };
     let mut memory: BTreeMap<u32, Option<u64>> = BTreeMap::new();
     for list in [
         device.running_compute_processes(),
@@ -573,7 +560,14 @@ fn processes(
                 }
             }
             Err(e) => {
-                trouble.extend(refused(&e, "processes").or(Some("processes_failed")));
+                trouble.push(refusal(
+                    &e,
+                    [
+                        "processes_no_permission",
+                        "processes_not_supported",
+                        "processes_failed",
+                    ],
+                ));
                 return None;
             }
         }
@@ -583,7 +577,14 @@ fn processes(
         // nvml.h: NOT_FOUND when there is no sample since `lastSeenTimeStamp`: no use.
         Err(NvmlError::NotFound) => Some(BTreeMap::new()),
         Err(e) => {
-            trouble.extend(refused(&e, "utilization").or(Some("utilization_failed")));
+            trouble.push(refusal(
+                &e,
+                [
+                    "utilization_no_permission",
+                    "utilization_not_supported",
+                    "utilization_failed",
+                ],
+            ));
             None
         }
     });
@@ -598,6 +599,17 @@ fn processes(
             })
             .collect(),
     )
+}
+
+/// Why a per-process call failed, as one of its `[no permission, not supported, other]` reasons:
+/// NO_PERMISSION is a caller outside the host's PID namespace, NOT_SUPPORTED (or a driver without
+/// the call) the GPU or driver.
+fn refusal(error: &NvmlError, reasons: [&'static str; 3]) -> &'static str {
+    match error {
+        NvmlError::NoPermission => reasons[0],
+        NvmlError::NotSupported | NvmlError::FunctionNotFound => reasons[1],
+        _ => reasons[2],
+    }
 }
 
 /// Each process's mean SM use (0-1) over the samples newer than `seen`, which becomes the newest
@@ -619,6 +631,38 @@ fn mean_sm_since(samples: &[ProcessUtilizationSample], seen: &mut u64) -> BTreeM
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// nvml.h's `lastSeenTimeStamp`: only samples newer than the last one read count, each
+    /// process's SM use is their mean, and the next read starts after the newest.
+    #[test]
+    fn per_process_sm_use_is_the_mean_of_the_samples_since_the_last_read() {
+        let sample = |pid, timestamp, sm_util| ProcessUtilizationSample {
+            pid,
+            timestamp,
+            sm_util,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+        };
+        let samples = [
+            sample(10, 100, 90),
+            sample(10, 200, 40),
+            sample(10, 300, 20),
+            sample(11, 300, 250),
+        ];
+        let mut seen = 100;
+        let sm = mean_sm_since(&samples, &mut seen);
+        assert!(
+            (sm[&10] - 0.3).abs() < 1e-12,
+            "the sample at the last timestamp read is not counted again: {sm:?}"
+        );
+        assert_eq!(sm[&11], 1.0, "a percentage past 100 is the whole GPU");
+        assert_eq!(seen, 300);
+        assert!(mean_sm_since(&samples, &mut seen).is_empty());
+        assert_eq!(refusal(&NvmlError::NoPermission, ["a", "b", "c"]), "a");
+        assert_eq!(refusal(&NvmlError::NotSupported, ["a", "b", "c"]), "b");
+        assert_eq!(refusal(&NvmlError::Unknown, ["a", "b", "c"]), "c");
+    }
 
     /// The versions nvml.h's NVML_STRUCT_VERSION gives the fabric structs (0x02000024, 0x03000028),
     /// from the layouts nvml-wrapper-sys binds.
