@@ -50,7 +50,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         .kernel_log
         .enabled
         .then(crate::shared::Shared::<crate::kernel_log::facts::LogFacts>::default);
-    // One watch of the node's pods, for the pod gates and the pod directory alike.
+    // One watch of the node's pods, for the startup tracker, the pod gates and the pod directory.
     let node_pods = crate::node_pods::NodePodsSlot::default();
     vec![
         Box::new(KernelLog {
@@ -80,6 +80,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
             settings: config.startup.clone(),
             models: config.models.iter().map(ModelConfig::mount).collect(),
             loads: loads.clone(),
+            node_pods: node_pods.clone(),
         }),
         Box::new(Readiness {
             settings: config.readiness.clone(),

@@ -80,9 +80,9 @@ impl NodePods {
     }
 }
 
-/// Applies each event of the watch: the store is the reflector's; the directory is rebuilt from
-/// it once a change is in (a relist is applied whole at its end), and the change told. A failure
-/// is said once and told, and leaves both as they were.
+/// Applies each event of the watch: the store is the reflector's; the directory follows it pod
+/// by pod (rebuilt whole after a relist), and each change is told. A failure is said once and
+/// told, and leaves both as they were.
 async fn run(
     stream: impl futures_util::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
     store: Store<Pod>,
@@ -113,12 +113,23 @@ async fn run(
                     tracing::info!("the node's pod watch works again");
                     failing.clear();
                 }
-                if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-                    continue;
+                match event {
+                    // A relist is applied whole at its end.
+                    watcher::Event::Init | watcher::Event::InitApply(_) => continue,
+                    watcher::Event::InitDone => directory.set(PodDirectory::from_pods(
+                        store.state().iter().filter_map(|pod| identity(pod)),
+                    )),
+                    watcher::Event::Apply(pod) => {
+                        if let Some(identity) = identity(&pod) {
+                            directory.update(|d| d.insert(identity));
+                        }
+                    }
+                    watcher::Event::Delete(pod) => {
+                        if let Some(uid) = pod.metadata.uid.as_deref() {
+                            directory.update(|d| d.remove(uid));
+                        }
+                    }
                 }
-                directory.set(PodDirectory::from_pods(
-                    store.state().iter().filter_map(|pod| identity(pod)),
-                ));
                 seen += 1;
                 tell.send_modify(|told| *told = Ok(seen));
             }

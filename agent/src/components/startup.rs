@@ -1,10 +1,11 @@
-//! The startup-phase tracker: this node's pods, followed through the API server.
+//! The startup-phase tracker: this node's pods, followed through the node's one pod watch.
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use super::kube_for;
 use crate::models::ModelMount;
+use crate::node_pods::{NodePods, NodePodsSlot};
 use crate::startup::loads::LoadActivity;
 use crate::startup::settings::StartupSettings;
 use crate::startup::tracker::{StartupMetrics, Tracker};
@@ -17,6 +18,8 @@ pub struct Startup {
     pub models: Vec<ModelMount>,
     /// When the model monitors saw weight files opened: a pod's model-load phase.
     pub loads: LoadActivity,
+    /// The node's one pod watch, shared with the pod gates and the pod directory.
+    pub node_pods: NodePodsSlot,
 }
 
 impl Component for Startup {
@@ -37,15 +40,16 @@ impl Component for Startup {
                 .await
                 .map_err(NotStarted::Absent)?;
             let metrics = StartupMetrics::register(&cx.registry)?;
-            let tracker = Tracker::new(
-                client,
-                cx.node_name.clone(),
-                self.models,
-                self.loads,
-                metrics,
-                self.settings,
+            let pods = NodePods::shared(
+                &self.node_pods,
+                client.clone(),
+                &cx.node_name,
+                cx.pods.clone(),
+                &mut cx.tasks,
+                cx.shutdown.child_token(),
             );
-            cx.tasks.spawn(tracker.run(cx.shutdown.child_token()));
+            let tracker = Tracker::new(client, self.models, self.loads, metrics, self.settings);
+            cx.tasks.spawn(tracker.run(pods, cx.shutdown.child_token()));
             Ok(Started::up(format!("pods on node {}", cx.node_name)))
         }
         .boxed()

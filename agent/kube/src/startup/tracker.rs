@@ -1,14 +1,13 @@
-//! Follows the pods on this node (one watch, `fieldSelector=spec.nodeName=<node>`, with kube's
-//! watcher: list, watch, back off, relist on 410 Gone) and, when a pod (or a restarted main
-//! container) becomes Ready, lists that pod's Events by `involvedObject.uid` once, splits the
-//! startup into phases, exports them and logs one line. No cluster-wide event watch, no polling.
+//! Follows the pods on this node (the node's one pod watch, `node_pods`: kube's watcher with
+//! `fieldSelector=spec.nodeName=<node>`, which lists, watches, backs off and relists on 410 Gone)
+//! and, when a pod (or a restarted main container) becomes Ready, lists that pod's Events by
+//! `involvedObject.uid` once, splits the startup into phases, exports them and logs one line. No
+//! cluster-wide event watch, no polling.
 
 use std::collections::{HashSet, VecDeque};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams};
-use kube::runtime::{watcher, WatchStreamExt};
 use prometheus::{CounterVec, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -16,7 +15,7 @@ use super::loads::{unix_now, LoadActivity};
 use super::phases::{self, Phase, Startup};
 use super::settings::StartupSettings;
 use crate::models::{model_of, ModelMount};
-use crate::watch::ErrorsOnlyBackoff;
+use crate::node_pods::NodePods;
 
 /// kubelet's `kubelet_pod_start_sli_duration_seconds` buckets, so the two line up.
 pub const POD_START_BUCKETS: [f64; 25] = [
@@ -101,7 +100,6 @@ impl StartupMetrics {
 
 pub struct Tracker {
     client: kube::Client,
-    node_name: String,
     models: Vec<ModelMount>,
     loads: LoadActivity,
     metrics: StartupMetrics,
@@ -111,7 +109,6 @@ pub struct Tracker {
 impl Tracker {
     pub fn new(
         client: kube::Client,
-        node_name: String,
         models: Vec<ModelMount>,
         loads: LoadActivity,
         metrics: StartupMetrics,
@@ -119,7 +116,6 @@ impl Tracker {
     ) -> Tracker {
         Tracker {
             client,
-            node_name,
             models,
             loads,
             metrics,
@@ -127,61 +123,39 @@ impl Tracker {
         }
     }
 
-    pub async fn run(self, shutdown: CancellationToken) {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let config =
-            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
-        let mut stream =
-            std::pin::pin!(watcher(pods, config).backoff(ErrorsOnlyBackoff::default()));
+    /// Follows the node's pods through its one watch (`pods`): at each change, each pod newly
+    /// Ready (or Ready again after a restart) is measured once.
+    pub async fn run(self, mut pods: NodePods, shutdown: CancellationToken) {
         let started_at = unix_now();
-        // (pod uid, restart count) already reported; pruned as pods go, so it stays as small as
-        // the node's pod count.
+        // (pod uid, restart count) already reported; pruned to the pods the watch still has, so
+        // it stays as small as the node's pod count.
         let mut reported: HashSet<(String, i32)> = HashSet::new();
-        let mut relisted: HashSet<String> = HashSet::new();
         let mut recent: VecDeque<(f64, String, String)> = VecDeque::new();
-        let mut last_error = String::new();
         loop {
-            let next = tokio::select! {
+            tokio::select! {
                 _ = shutdown.cancelled() => return,
-                next = stream.next() => next,
-            };
-            let pod = match next {
-                Some(Ok(watcher::Event::Apply(pod))) => pod,
-                Some(Ok(watcher::Event::InitApply(pod))) => {
-                    relisted.extend(pod.metadata.uid.clone());
-                    pod
-                }
-                Some(Ok(watcher::Event::Delete(pod))) => {
-                    reported.retain(|(uid, _)| Some(uid) != pod.metadata.uid.as_ref());
-                    continue;
-                }
-                Some(Ok(watcher::Event::Init)) => {
-                    relisted.clear();
-                    continue;
-                }
-                Some(Ok(watcher::Event::InitDone)) => {
-                    // After a relist (a 410 Gone, a reconnect), pods deleted meanwhile are gone.
-                    reported.retain(|(uid, _)| relisted.contains(uid));
-                    continue;
-                }
-                Some(Err(e)) => {
-                    let message = e.to_string();
-                    if message != last_error {
-                        tracing::warn!(error = %message, "pod watch failed; retrying with backoff");
-                        last_error = message;
-                    }
-                    continue;
-                }
-                None => return,
-            };
-            let Some(key) = startup_key(&pod, started_at) else {
-                continue;
-            };
-            if !reported.insert(key) {
+                changed = pods.changes.changed() => if changed.is_err() { return },
+            }
+            // The watch says its failures itself; meanwhile its store is as it was.
+            if pods.changes.borrow_and_update().is_err() {
                 continue;
             }
-            if let Some(startup) = self.measure(&pod).await {
-                self.record(&startup, &mut recent);
+            let listed = pods.store.state();
+            let uids: HashSet<&str> = listed
+                .iter()
+                .filter_map(|pod| pod.metadata.uid.as_deref())
+                .collect();
+            reported.retain(|(uid, _)| uids.contains(uid.as_str()));
+            for pod in &listed {
+                let Some(key) = startup_key(pod, started_at) else {
+                    continue;
+                };
+                if !reported.insert(key) {
+                    continue;
+                }
+                if let Some(startup) = self.measure(pod).await {
+                    self.record(&startup, &mut recent);
+                }
             }
         }
     }
