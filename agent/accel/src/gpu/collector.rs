@@ -11,11 +11,10 @@ use prometheus::proto::{MetricFamily, MetricType};
 use super::attribution::{self, ContainerUse};
 use super::health;
 use super::state::{GpuEntry, GpuFailure, GpuState};
+use super::virtual_gpus::{copy_per_holder, HolderCopy, SharedDevice};
 use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
 use mlnode_core::assignments::{Assignment, Assignments, SharedAssignments};
-use mlnode_core::metrics::family::{
-    descs, label_value, relabelled, with_label, Families, FamilySpec, Labels,
-};
+use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec, Labels};
 use mlnode_core::pods::{PodDirectory, PodNames};
 use mlnode_core::shared::Shared;
 
@@ -26,59 +25,6 @@ const MIB: u64 = 1 << 20;
 pub struct LabelStyle {
     /// `pod_name`/`pod_namespace`/`container_name`, as dcgm-exporter before 2.x.
     pub legacy_pod_labels: bool,
-}
-
-/// A shared device under `kubelet.virtual_gpus`: where its DCGM_* series are (the parent GPU's
-/// `UUID`, and `GPU_I_ID` for a MIG device), and the copy each holder gets.
-struct SharedDevice {
-    uuid: String,
-    gpu_instance: Option<String>,
-    copies: Vec<HolderCopy>,
-}
-
-struct HolderCopy {
-    /// The holder's names, what `holder_labels` adds, and `vgpu`.
-    labels: Labels,
-    /// Its own framebuffer MiB and SM percent, where the device's processes were read.
-    own: Option<(f64, f64)>,
-}
-
-/// The families dcgm-exporter's per-process collection gives each holder its own value of
-/// (its PR #594); the device-level sample stays beside them.
-const PER_PROCESS_FAMILIES: [&str; 2] = ["DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL"];
-
-/// dcgm-exporter's `--kubernetes-virtual-gpus` transformation of the DCGM_* series of `shared`
-/// devices: each sample becomes one copy per holder; framebuffer used and GPU utilisation keep
-/// the device's sample and give each copy the holder's own use, where that was read.
-fn copy_per_holder(out: &mut Families, shared: &[SharedDevice]) {
-    if shared.is_empty() {
-        return;
-    }
-    out.rewrite(|name, metric| {
-        if !name.starts_with("DCGM_") {
-            return None;
-        }
-        let device = shared.iter().find(|d| {
-            label_value(metric, "UUID") == Some(d.uuid.as_str())
-                && label_value(metric, "GPU_I_ID") == d.gpu_instance.as_deref()
-        })?;
-        let per_process = PER_PROCESS_FAMILIES.contains(&name);
-        let mut samples = Vec::new();
-        if per_process && device.copies.iter().any(|c| c.own.is_some()) {
-            samples.push(metric.clone());
-        }
-        for copy in &device.copies {
-            let own = copy.own.filter(|_| per_process).map(|(mib, percent)| {
-                if name == "DCGM_FI_DEV_FB_USED" {
-                    mib
-                } else {
-                    percent
-                }
-            });
-            samples.push(relabelled(metric, &copy.labels, own));
-        }
-        Some(samples)
-    });
 }
 
 /// Who holds each device, and what the agent knows of their pods: the labels naming a holder.

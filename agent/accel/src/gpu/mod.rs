@@ -10,6 +10,7 @@ pub mod health;
 mod nvml;
 pub mod settings;
 pub mod state;
+mod virtual_gpus;
 
 /// NVML's clock event (formerly "throttle") reasons: bit and series label, as nvml.h defines them.
 pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
