@@ -145,7 +145,9 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
         serde_json::json!({"uuid": format!("GPU-{i}"), "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": format!("00000000:0{i}:00.0"),
         "memory": {"total": 85520809984u64, "used": 1048576000u64, "free": 83935952896u64, "reserved": 536281088u64},
         "clocks_event_reasons": 4, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 45, "power_mw": 312500,
-        "utilization": {"gpu": 87, "memory": 40}, "energy_mj": 123456789u64, "xid_events": [79]})
+        "utilization": {"gpu": 87, "memory": 40}, "energy_mj": 123456789u64, "xid_events": [79],
+        // The node's init on the GPU: a process no pod owns, for the shared-GPU panels.
+        "processes": [{"pid": 1, "used_memory": 1048576000u64, "sm_util": 87}]})
     };
     std::fs::write(
         &scenario,
@@ -154,7 +156,7 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
     )
     .unwrap();
     let config = format!(
-        "nvml:\n  library: {:?}\n  sample_interval: 200ms\n  dcgm_names: true\nneuron:\n  sysfs_root: {:?}\n{}",
+        "nvml:\n  library: {:?}\n  sample_interval: 200ms\n  dcgm_names: true\n  process_attribution: true\nneuron:\n  sysfs_root: {:?}\n{}",
         common::nvml::fake_nvml().display().to_string(),
         tree.root().display().to_string(),
         common::agent::model_config("tiny-model", model.root(), &manifest)
