@@ -196,7 +196,8 @@ impl Reader {
         // One live engine at a time; rebuilt after an error of its own, from where it stopped.
         loop {
             match self.follow_live(&boot, &mut position) {
-                Ok(()) => return Ok(()),
+                Ok(Followed::Stopped) => return Ok(()),
+                Ok(Followed::FilesChanged) => continue,
                 Err(trouble) => {
                     // A journal that cannot be opened at all is the run loop's to say and wait for.
                     open(
@@ -217,13 +218,14 @@ impl Reader {
     /// rescan that takes seconds on a large journal; the entries appended meanwhile (the first of
     /// a file journald just rotated to) it never delivers (sdjournal 0.1.15; fixed in 0.1.19, which
     /// needs Rust 1.96). So whenever the set of files changes, and at the start, the reader reads
-    /// what comes after `position` itself, from a snapshot taken after the engine's; the engine's
-    /// later copies of those entries are passed over by their place in the journal's order.
+    /// what comes after `position` itself, from a snapshot taken after the engine's, and a change
+    /// ends this engine (`FilesChanged`) so that a new one starts on the new set; the engines'
+    /// copies of what the reader read are passed over by their place in the journal's order.
     fn follow_live(
         &mut self,
         boot: &[u8; 16],
         position: &mut Option<Position>,
-    ) -> Result<(), String> {
+    ) -> Result<Followed, String> {
         let dirs = self.settings.journal_dirs.clone();
         let (journal, _) = open(&dirs, self.settings.poll_interval.get())?;
         let mut live = journal
@@ -233,13 +235,19 @@ impl Reader {
             .subscribe(live.filter())
             .map_err(|e| format!("cannot follow the journal: {e}"))?;
         drop(journal);
-        let mut files = journal_files(&dirs);
-        // The engine may see a new file one poll after the reader does: read after it twice.
+        let files = journal_files(&dirs);
+        // The engine may have found a file the set above does not have yet: read after it twice.
         let mut catch_up = 2u8;
         while !self.stopped() {
             if catch_up > 0 {
                 catch_up -= 1;
                 self.catch_up(boot, position);
+            }
+            // A new set of files (a rotation, a vacuum): a new engine and a catch-up of the
+            // reader's, rather than the engine's own rescan of every entry after its last one
+            // (3.5 s of CPU on a 2 GiB journal).
+            if journal_files(&dirs) != files {
+                return Ok(Followed::FilesChanged);
             }
             live.poll_once()
                 .map_err(|e| format!("cannot follow the journal: {e}"))?;
@@ -255,16 +263,11 @@ impl Reader {
                 }
             }
             self.apply(batch);
-            let now = journal_files(&dirs);
-            if now != files {
-                files = now;
-                catch_up = 2;
-            }
             // Entries that arrive meanwhile are read together at the next poll: the follower
             // reopens a file once per wake-up, not once per line (a burst costs one read).
             self.pause(self.settings.poll_interval.get());
         }
-        Ok(())
+        Ok(Followed::Stopped)
     }
 
     /// Reads what the journal holds after `position`, from a snapshot of it taken now.
@@ -342,6 +345,13 @@ impl Reader {
         self.metrics.bad.inc();
         tracing::debug!(error = %error, "skipped a journal entry that cannot be read");
     }
+}
+
+/// Why a live engine's following ended without an error.
+enum Followed {
+    Stopped,
+    /// The set of journal files changed: a new engine follows them.
+    FilesChanged,
 }
 
 /// A place in the journal: an entry, and its key in sdjournal's order (wall-clock time, then
