@@ -11,7 +11,7 @@ use crate::cache::state::NodeFacts;
 use crate::cache::watch::FileWatch;
 use crate::components::{
     gpu::Gpu, kernel_log::KernelLog, kubelet::Kubelet, models::Models, neuron::Neuron,
-    node_pods::PodDirectory, pod_gates::PodGates, readiness::Readiness, startup::Startup,
+    pod_directory::PodDirectory, pod_gates::PodGates, readiness::Readiness, startup::Startup,
 };
 use crate::config::{Config, ModelConfig};
 use crate::metrics::{AgentMetrics, Subsystem};

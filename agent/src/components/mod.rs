@@ -6,7 +6,7 @@ pub mod kernel_log;
 pub mod kubelet;
 pub mod models;
 pub mod neuron;
-pub mod node_pods;
+pub mod pod_directory;
 pub mod pod_gates;
 pub mod readiness;
 pub mod startup;

@@ -17,7 +17,8 @@ pub struct PodDirectory {
     pub needed: bool,
     /// `readiness.enabled`: whether the agent talks to the API server at all.
     pub api: Toggle,
-    /// The node's one pod watch, shared with the pod gates (started by whichever starts first).
+    /// The node's one pod watch, shared with the startup tracker and the pod gates (started by
+    /// whichever starts first).
     pub node_pods: NodePodsSlot,
 }
 
