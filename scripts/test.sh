@@ -55,9 +55,9 @@ if [ ! -x "$systemd_backport/lib/systemd/systemd-journal-remote" ]; then
     apt_state="$tools/apt-backports"
     mkdir -p "$apt_state/lists/partial" "$systemd_backport"
     echo 'deb http://deb.debian.org/debian bookworm-backports main' >"$apt_state/sources.list"
-    apt_private=(-o "Dir::Etc::sourcelist=$apt_state/sources.list" -o Dir::Etc::sourceparts=/dev/null -o "Dir::State::Lists=$apt_state/lists")
+    apt_private=(-o "Dir::Etc::sourcelist=$apt_state/sources.list" -o Dir::Etc::sourceparts=/dev/null -o "Dir::State::Lists=$apt_state/lists" -o APT::Sandbox::User=root)
     apt-get -qq "${apt_private[@]}" update
-    (cd "$apt_state" && apt-get -qq "${apt_private[@]}" download systemd-journal-remote/bookworm-backports libsystemd-shared/bookworm-backports 2>/dev/null)
+    (cd "$apt_state" && apt-get -qq "${apt_private[@]}" download systemd-journal-remote/bookworm-backports libsystemd-shared/bookworm-backports)
     for deb in "$apt_state"/*.deb; do dpkg-deb -x "$deb" "$systemd_backport"; done
 fi
 export MLNODE_TEST_JOURNAL_REMOTE_BACKPORT="$systemd_backport/lib/systemd/systemd-journal-remote"
