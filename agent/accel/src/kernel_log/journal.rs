@@ -103,7 +103,7 @@ pub fn spawn(
                 metrics,
                 stop,
                 parser: Parser::default(),
-                resume: None,
+                position: None,
             };
             reader.run()
         })
@@ -116,9 +116,10 @@ struct Reader {
     metrics: KernelLogMetrics,
     stop: Arc<AtomicBool>,
     parser: Parser,
-    /// The last entry read: after an error the reader resumes after it, never reading an entry
-    /// twice nor skipping one that is still there.
-    resume: Option<Cursor>,
+    /// The last entry read, of any transport: the follower reads what comes after it, and after an
+    /// error the reader resumes there, never reading an entry twice nor skipping one that is
+    /// still there.
+    position: Option<Position>,
 }
 
 impl Reader {
@@ -163,7 +164,8 @@ impl Reader {
             self.settings.poll_interval.get(),
         )?;
         let started = Instant::now();
-        let query = kernel_entries(&journal, boot, self.resume.clone());
+        let after = self.position.as_ref().map(|p| p.cursor.clone());
+        let query = kernel_entries(&journal, boot, after);
         let mut batch = Vec::new();
         let mut read = 0u64;
         for item in query
@@ -190,12 +192,14 @@ impl Reader {
         tracing::info!(dirs = ?dirs, entries = read, seconds = started.elapsed().as_secs_f64(), "read this boot's kernel log; following it");
         // What the lookback's snapshot holds ends at its last entry, of any transport: the
         // follower reads what comes after it.
-        let mut position = last_entry(&journal);
+        if let Some(last) = last_entry(&journal) {
+            self.position = Some(last);
+        }
         drop(journal);
         let boot = boot_id_bytes(boot)?;
         // One live engine at a time; rebuilt after an error of its own, from where it stopped.
         loop {
-            match self.follow_live(&boot, &mut position) {
+            match self.follow_live(&boot) {
                 Ok(Followed::Stopped) => return Ok(()),
                 Ok(Followed::FilesChanged) => continue,
                 Err(trouble) => {
@@ -221,11 +225,7 @@ impl Reader {
     /// what comes after `position` itself, from a snapshot taken after the engine's, and a change
     /// ends this engine (`FilesChanged`) so that a new one starts on the new set; the engines'
     /// copies of what the reader read are passed over by their place in the journal's order.
-    fn follow_live(
-        &mut self,
-        boot: &[u8; 16],
-        position: &mut Option<Position>,
-    ) -> Result<Followed, String> {
+    fn follow_live(&mut self, boot: &[u8; 16]) -> Result<Followed, String> {
         let dirs = self.settings.journal_dirs.clone();
         let (journal, _) = open(&dirs, self.settings.poll_interval.get())?;
         let mut live = journal
@@ -241,7 +241,7 @@ impl Reader {
         while !self.stopped() {
             if catch_up > 0 {
                 catch_up -= 1;
-                self.catch_up(boot, position);
+                self.catch_up(boot);
             }
             // A new set of files (a rotation, a vacuum): a new engine and a catch-up of the
             // reader's, rather than the engine's own rescan of every entry after its last one
@@ -254,7 +254,7 @@ impl Reader {
             let mut batch = Vec::new();
             loop {
                 match subscription.try_recv() {
-                    Ok(Ok(entry)) => batch.extend(self.followed(&entry, boot, position)),
+                    Ok(Ok(entry)) => batch.extend(self.followed(&entry, boot)),
                     Ok(Err(e)) => self.bad(&e),
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -271,7 +271,7 @@ impl Reader {
     }
 
     /// Reads what the journal holds after `position`, from a snapshot of it taken now.
-    fn catch_up(&mut self, boot: &[u8; 16], position: &mut Option<Position>) {
+    fn catch_up(&mut self, boot: &[u8; 16]) {
         let Ok((journal, _)) = open(
             &self.settings.journal_dirs,
             self.settings.poll_interval.get(),
@@ -279,7 +279,7 @@ impl Reader {
             return; // Nothing to read; the live engine says why if it matters.
         };
         let mut query = journal.query();
-        if let Some(after) = position {
+        if let Some(after) = &self.position {
             // The entries are in the order of their wall-clock time: what follows is found
             // by a seek in each file, not a walk from its start.
             query
@@ -291,7 +291,7 @@ impl Reader {
         // An entry that cannot be read here is one being written as the snapshot was taken:
         // the live engine delivers it. A damaged one it reports.
         for entry in entries.flatten() {
-            batch.extend(self.followed(&entry, boot, position));
+            batch.extend(self.followed(&entry, boot));
             if batch.len() >= LOOKBACK_BATCH {
                 self.apply(std::mem::take(&mut batch));
             }
@@ -301,17 +301,12 @@ impl Reader {
 
     /// An entry the follower reads: passed over if it is not after `position` (read already),
     /// else the new position, and read as a kernel entry if it is one of this boot's.
-    fn followed(
-        &mut self,
-        entry: &EntryRef,
-        boot: &[u8; 16],
-        position: &mut Option<Position>,
-    ) -> Option<(KernelEvent, Instant)> {
+    fn followed(&mut self, entry: &EntryRef, boot: &[u8; 16]) -> Option<(KernelEvent, Instant)> {
         let at = Position::of(entry)?;
-        if position.as_ref().is_some_and(|p| p.key() >= at.key()) {
+        if self.position.as_ref().is_some_and(|p| p.key() >= at.key()) {
             return None;
         }
-        *position = Some(at);
+        self.position = Some(at);
         if entry.boot_id() != *boot || entry.get("_TRANSPORT") != Some(b"kernel".as_slice()) {
             return None;
         }
@@ -319,12 +314,9 @@ impl Reader {
         self.entry(entry)
     }
 
-    /// One kernel entry: counted, remembered as the place to resume, and parsed.
+    /// One kernel entry: counted and parsed.
     fn entry(&mut self, entry: &EntryRef) -> Option<(KernelEvent, Instant)> {
         self.metrics.entries.inc();
-        if let Ok(cursor) = entry.cursor() {
-            self.resume = Some(cursor);
-        }
         let event = event_of(&mut self.parser, entry)?;
         self.metrics.count(&event.0);
         Some(event)
@@ -439,17 +431,17 @@ fn open(dirs: &[PathBuf], poll_interval: Duration) -> Result<(Journal, Vec<PathB
     Ok((journal, present))
 }
 
-/// `boot`'s kernel entries, after `resume` when given.
+/// `boot`'s kernel entries, after the entry at `after` when given.
 fn kernel_entries(
     journal: &Journal,
     boot: &str,
-    resume: Option<Cursor>,
+    after: Option<Cursor>,
 ) -> sdjournal::JournalQuery {
     let mut query = journal.query();
     query
         .match_exact("_TRANSPORT", b"kernel")
         .match_exact("_BOOT_ID", boot.as_bytes());
-    if let Some(cursor) = resume {
+    if let Some(cursor) = after {
         query.after_cursor(cursor);
     }
     query
