@@ -271,15 +271,10 @@ impl GpuCollector {
         })
     }
 
-    /// dcgm-exporter's label set for one GPU.
-    fn labels(
-        &self,
-        identity: &GpuIdentity,
-        driver: &str,
-        holders: &Holders,
-    ) -> Vec<(&'static str, String)> {
-        let mut labels = self.device_labels(identity, driver);
-        self.push_pod(&mut labels, holders, &identity.uuid);
+    /// dcgm-exporter's label set for one GPU: its device labels, and its holder's.
+    fn labels(&self, device: &[(&'static str, String)], uuid: &str, holders: &Holders) -> Labels {
+        let mut labels = device.to_vec();
+        self.push_pod(&mut labels, holders, uuid);
         labels
     }
 
@@ -292,10 +287,21 @@ impl GpuCollector {
         instance: &MigInstance,
         holders: &Holders,
     ) -> Vec<(&'static str, String)> {
+        let mut labels = self.instance_device_labels(identity, driver, instance);
+        self.push_pod(&mut labels, holders, &instance.uuid);
+        labels
+    }
+
+    /// A MIG device's own labels: its parent GPU's, `GPU_I_ID`, `GPU_I_PROFILE`.
+    fn instance_device_labels(
+        &self,
+        identity: &GpuIdentity,
+        driver: &str,
+        instance: &MigInstance,
+    ) -> Labels {
         let mut labels = self.device_labels(identity, driver);
         labels.push(("GPU_I_ID", instance.gpu_instance_id.to_string()));
         labels.push(("GPU_I_PROFILE", instance.profile.clone()));
-        self.push_pod(&mut labels, holders, &instance.uuid);
         labels
     }
 
@@ -421,7 +427,8 @@ impl Collector for GpuCollector {
             let Some(identity) = &entry.identity else {
                 continue;
             };
-            let labels = self.labels(identity, &state.driver_version, &holders);
+            let device = self.device_labels(identity, &state.driver_version);
+            let labels = self.labels(&device, &identity.uuid, &holders);
             let lost = entry.failure == Some(GpuFailure::Lost);
             out.gauge("mlnode_gpu_lost", &labels, f64::from(u8::from(lost)));
             if let Some(failure) = entry.failure {
@@ -456,7 +463,6 @@ impl Collector for GpuCollector {
             // A stalled sampler's readings are history, not the GPU now.
             if let Some(reading) = entry.reading.as_ref().filter(|_| !stalled) {
                 self.collect_reading(reading, &labels, &mut out);
-                let device = self.device_labels(identity, &state.driver_version);
                 let rows = reading.processes.as_ref().map(|processes| {
                     attribution::per_container(processes, &identity.uuid, &pods, &assignments)
                 });
@@ -478,9 +484,8 @@ impl Collector for GpuCollector {
                         attribution::per_container(processes, &instance.uuid, &pods, &assignments)
                     });
                     if let Some(rows) = &rows {
-                        let mut device = device.clone();
-                        device.push(("GPU_I_ID", instance.gpu_instance_id.to_string()));
-                        device.push(("GPU_I_PROFILE", instance.profile.clone()));
+                        let device =
+                            self.instance_device_labels(identity, &state.driver_version, instance);
                         self.collect_container_use(rows, &device, &mut out);
                     }
                     shared.extend(self.virtual_copies(
@@ -524,11 +529,7 @@ impl GpuCollector {
         device: &[(&'static str, String)],
         out: &mut Families,
     ) {
-        let names = if self.style.legacy_pod_labels {
-            ["pod_name", "pod_namespace", "container_name"]
-        } else {
-            ["pod", "namespace", "container"]
-        };
+        let names = self.pod_label_names();
         for row in rows {
             let mut labels = device.to_vec();
             labels.push((names[0], row.pod.clone()));

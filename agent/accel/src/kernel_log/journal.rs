@@ -432,11 +432,7 @@ fn open(dirs: &[PathBuf], poll_interval: Duration) -> Result<(Journal, Vec<PathB
 }
 
 /// `boot`'s kernel entries, after the entry at `after` when given.
-fn kernel_entries(
-    journal: &Journal,
-    boot: &str,
-    after: Option<Cursor>,
-) -> sdjournal::JournalQuery {
+fn kernel_entries(journal: &Journal, boot: &str, after: Option<Cursor>) -> sdjournal::JournalQuery {
     let mut query = journal.query();
     query
         .match_exact("_TRANSPORT", b"kernel")

@@ -93,7 +93,7 @@ impl NvmlSource {
         let mig_mode = device.mig_mode().ok().map(|m| m.current == 1);
         let gpm_supported = device.gpm_support().unwrap_or(false);
         let mut attribution_trouble = Vec::new();
-        let mut reading = GpuReading {
+        let reading = GpuReading {
             memory_copy_util_pct: utilization.as_ref().map(|u| u.memory),
             encoder_util_pct: field(
                 device.encoder_utilization().map(|u| u.utilization),
@@ -134,7 +134,8 @@ impl NvmlSource {
                         &mut attribution_trouble,
                     )
                 }),
-            attribution_trouble: Vec::new(),
+            // After the two reads above, which add to it.
+            attribution_trouble,
             memory: field(self.memory(&device), &mut failed),
             clock_event_reasons: field(self.clock_event_reasons(&device), &mut failed),
             sm_clock_mhz: field(device.clock_info(Clock::SM), &mut failed),
@@ -147,7 +148,6 @@ impl NvmlSource {
             fabric: field(self.fabric(&device), &mut failed)
                 .filter(|f: &FabricReading| f.state != 0),
         };
-        reading.attribution_trouble = attribution_trouble;
         Some(match failed {
             Some(failure) => DeviceRead::Failed(failure),
             None => DeviceRead::Read {
