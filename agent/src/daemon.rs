@@ -50,8 +50,10 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         .kernel_log
         .enabled
         .then(crate::shared::Shared::<crate::kernel_log::facts::LogFacts>::default);
-    // One watch of the node's pods, for the startup tracker, the pod gates and the pod directory.
-    let node_pods = crate::node_pods::NodePodsSlot::default();
+    // One watch of the node's pods, for the startup tracker, the pod gates and the pod directory;
+    // the directory is kept only where something names pods by it.
+    let names_pods = config.nvml.process_attribution || !kubelet.holder_labels().is_off();
+    let node_pods = crate::node_pods::NodePodsSlot::new(names_pods);
     vec![
         Box::new(KernelLog {
             settings: config.kernel_log.clone(),
@@ -92,7 +94,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
             node_pods: node_pods.clone(),
         }),
         Box::new(PodDirectory {
-            needed: config.nvml.process_attribution || !kubelet.holder_labels().is_off(),
+            needed: names_pods,
             api: config.readiness.enabled,
             node_pods,
         }),

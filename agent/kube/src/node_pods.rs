@@ -52,12 +52,27 @@ pub struct NodePods {
     pub changes: tokio::sync::watch::Receiver<Result<u64, String>>,
 }
 
-/// Where the one watch is kept once a component has started it, for the others.
-pub type NodePodsSlot = std::sync::Arc<std::sync::OnceLock<NodePods>>;
+/// Where the one watch is kept once a component has started it, for the others; and whether
+/// anything reads the pod directory (where nothing does, the watch keeps none: no work per pod
+/// event for it).
+#[derive(Clone, Default)]
+pub struct NodePodsSlot {
+    watch: std::sync::Arc<std::sync::OnceLock<NodePods>>,
+    keeps_directory: bool,
+}
+
+impl NodePodsSlot {
+    pub fn new(keeps_directory: bool) -> NodePodsSlot {
+        NodePodsSlot {
+            watch: Default::default(),
+            keeps_directory,
+        }
+    }
+}
 
 impl NodePods {
     /// The node's watch from `slot`, started (on `tasks`, until `shutdown`) by the first caller;
-    /// it keeps `directory` current.
+    /// it keeps `directory` current where the slot says something reads it.
     pub fn shared(
         slot: &NodePodsSlot,
         client: kube::Client,
@@ -66,17 +81,20 @@ impl NodePods {
         tasks: &mut tokio::task::JoinSet<()>,
         shutdown: CancellationToken,
     ) -> NodePods {
-        slot.get_or_init(|| {
-            let (store, writer) = reflector::store();
-            let (tell, changes) = tokio::sync::watch::channel(Ok(0));
-            let api: Api<Pod> = Api::all(client);
-            let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-            let stream = reflector::reflector(writer, watcher(api, config))
-                .backoff(ErrorsOnlyBackoff::default());
-            tasks.spawn(run(stream, store.clone(), directory, tell, shutdown));
-            NodePods { store, changes }
-        })
-        .clone()
+        slot.watch
+            .get_or_init(|| {
+                let (store, writer) = reflector::store();
+                let (tell, changes) = tokio::sync::watch::channel(Ok(0));
+                let api: Api<Pod> = Api::all(client);
+                let config =
+                    watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+                let stream = reflector::reflector(writer, watcher(api, config))
+                    .backoff(ErrorsOnlyBackoff::default());
+                let directory = slot.keeps_directory.then_some(directory);
+                tasks.spawn(run(stream, store.clone(), directory, tell, shutdown));
+                NodePods { store, changes }
+            })
+            .clone()
     }
 }
 
@@ -86,7 +104,7 @@ impl NodePods {
 async fn run(
     stream: impl futures_util::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
     store: Store<Pod>,
-    directory: SharedPods,
+    directory: Option<SharedPods>,
     tell: tokio::sync::watch::Sender<Result<u64, String>>,
     shutdown: CancellationToken,
 ) {
@@ -113,25 +131,35 @@ async fn run(
                     tracing::info!("the node's pod watch works again");
                     failing.clear();
                 }
-                match event {
-                    // A relist is applied whole at its end.
-                    watcher::Event::Init | watcher::Event::InitApply(_) => continue,
-                    watcher::Event::InitDone => directory.set(PodDirectory::from_pods(
-                        store.state().iter().filter_map(|pod| identity(pod)),
-                    )),
-                    watcher::Event::Apply(pod) => {
-                        if let Some(identity) = identity(&pod) {
-                            directory.update(|d| d.insert(identity));
-                        }
-                    }
-                    watcher::Event::Delete(pod) => {
-                        if let Some(uid) = pod.metadata.uid.as_deref() {
-                            directory.update(|d| d.remove(uid));
-                        }
-                    }
+                // A relist is applied whole at its end.
+                if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                    continue;
+                }
+                if let Some(directory) = &directory {
+                    keep(directory, &store, event);
                 }
                 seen += 1;
                 tell.send_modify(|told| *told = Ok(seen));
+            }
+        }
+    }
+}
+
+/// The directory after `event`: the pod's identity in or out, or all of them after a relist.
+fn keep(directory: &SharedPods, store: &Store<Pod>, event: watcher::Event<Pod>) {
+    match event {
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        watcher::Event::InitDone => directory.set(PodDirectory::from_pods(
+            store.state().iter().filter_map(|pod| identity(pod)),
+        )),
+        watcher::Event::Apply(pod) => {
+            if let Some(identity) = identity(&pod) {
+                directory.update(|d| d.insert(identity));
+            }
+        }
+        watcher::Event::Delete(pod) => {
+            if let Some(uid) = pod.metadata.uid.as_deref() {
+                directory.update(|d| d.remove(uid));
             }
         }
     }
