@@ -515,7 +515,7 @@ fn startup_report(args: StartupReportArgs) -> ExitCode {
         &config
             .models
             .iter()
-            .map(config::ModelConfig::mount)
+            .map(config::model_mount)
             .collect::<Vec<_>>(),
     ));
     match result {
@@ -579,7 +579,7 @@ fn kernel_log(args: KernelLogArgs) -> ExitCode {
             "xids": facts.xids.iter().map(|((gpu, xid), l)| serde_json::json!({
                 "gpu": gpu.to_string(), "xid": xid, "count": l.count, "process": l.process,
                 "last_seconds_ago": ago(l.last),
-                "immediate_action": crate::gpu::health::immediate_action(*xid),
+                "immediate_action": crate::gpu::xid::immediate_action(*xid),
             })).collect::<Vec<_>>(),
             "fallen_off_bus": facts.fallen_off_bus.iter().map(|(gpu, l)| serde_json::json!({
                 "gpu": gpu.to_string(), "count": l.count, "last_seconds_ago": ago(l.last),
@@ -604,7 +604,7 @@ fn kernel_log(args: KernelLogArgs) -> ExitCode {
             .unwrap_or_default();
         println!(
             "XID {xid} ({}) on the GPU at {gpu}: {} time(s), last {} s ago{process}",
-            crate::gpu::health::immediate_action(*xid),
+            crate::gpu::xid::immediate_action(*xid),
             l.count,
             ago(l.last)
         );

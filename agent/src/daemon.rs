@@ -13,11 +13,11 @@ use crate::components::{
     gpu::Gpu, kernel_log::KernelLog, kubelet::Kubelet, models::Models, neuron::Neuron,
     pod_directory::PodDirectory, pod_gates::PodGates, readiness::Readiness, startup::Startup,
 };
-use crate::config::{Config, ModelConfig};
+use crate::config::{self, Config};
 use crate::metrics::{AgentMetrics, Subsystem};
 use crate::server::{self, AppState};
-use crate::startup::loads::LoadActivity;
 use mlnode_core::component::{self, Component, StartContext};
+use mlnode_core::loads::LoadActivity;
 
 /// How long the monitors get to stop after the signal: in-flight hashing is cancelled, not awaited.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
@@ -80,7 +80,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         }),
         Box::new(Startup {
             settings: config.startup.clone(),
-            models: config.models.iter().map(ModelConfig::mount).collect(),
+            models: config.models.iter().map(config::model_mount).collect(),
             loads: loads.clone(),
             node_pods: node_pods.clone(),
         }),
@@ -90,7 +90,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         }),
         Box::new(PodGates {
             settings: config.readiness.clone(),
-            mounts: config.models.iter().map(ModelConfig::mount).collect(),
+            mounts: config.models.iter().map(config::model_mount).collect(),
             node_pods: node_pods.clone(),
         }),
         Box::new(PodDirectory {

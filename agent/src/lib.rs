@@ -5,13 +5,12 @@
 //!
 //! The subsystems are crates of their own, re-exported here under their module names
 //! (docs/architecture.md): the verifier core (`mlnode-verify`: [`files`], and [`cache`]'s core),
-//! the shared contracts (`mlnode-core`: [`settings`], [`metrics`], [`health`], [`assignments`]),
-//! the accelerator collectors (`mlnode-accel`: [`gpu`], [`neuron`], [`pci`]) and the Kubernetes
-//! side (`mlnode-kube`: [`kubelet`], [`startup`], [`readiness`]). This crate is the binary's: the
-//! config, the daemon that starts every subsystem, the HTTP server, the command line, and the
-//! model monitors that keep each cache verified.
+//! the shared contracts (`mlnode-core`: [`settings`], [`metrics`], [`health`], [`assignments`],
+//! [`loads`]), the model monitors that keep each cache verified (`mlnode-cache`: [`cache`]), the
+//! accelerator collectors (`mlnode-accel`: [`gpu`], [`neuron`], [`pci`]) and the Kubernetes side
+//! (`mlnode-kube`: [`kubelet`], [`startup`], [`readiness`]). This crate is the binary's wiring: the
+//! config, the components and the daemon that starts them, the HTTP server, the command line.
 
-pub mod cache;
 pub mod cli;
 pub mod components;
 pub mod config;
@@ -19,7 +18,8 @@ pub mod daemon;
 pub mod server;
 
 pub use mlnode_accel::{gpu, kernel_log, neuron, pci};
-pub use mlnode_core::{assignments, health, metrics, settings, shared};
+pub use mlnode_cache as cache;
+pub use mlnode_core::{assignments, health, loads, metrics, settings, shared};
 pub use mlnode_kube::{kubelet, models, node_pods, readiness, startup, workloads};
 pub use mlnode_verify::files;
 

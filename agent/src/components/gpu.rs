@@ -5,8 +5,9 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use crate::gpu::health::{GpuHealth, XidPolicy};
+use crate::gpu::health::GpuHealth;
 use crate::gpu::settings::NvmlSettings;
+use crate::gpu::xid::XidPolicy;
 use crate::gpu::GpuRuntime;
 use crate::kernel_log::facts::LogFacts;
 use crate::shared::Shared;

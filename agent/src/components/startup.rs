@@ -6,10 +6,10 @@ use futures_util::FutureExt;
 use super::kube_for;
 use crate::models::ModelMount;
 use crate::node_pods::{NodePods, NodePodsSlot};
-use crate::startup::loads::LoadActivity;
 use crate::startup::settings::StartupSettings;
 use crate::startup::tracker::{StartupMetrics, Tracker};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
+use mlnode_core::loads::LoadActivity;
 use mlnode_core::metrics::Subsystem;
 
 pub struct Startup {

@@ -146,7 +146,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn no_two_modules_depend_on_each_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for krate in ["", "core", "accel", "kube", "verify"] {
+    for krate in ["", "cache", "core", "accel", "kube", "verify"] {
         assert_no_circles(&root.join(krate).join("src"));
     }
 }
@@ -186,8 +186,8 @@ fn dependencies(package: &str, direct: bool) -> BTreeSet<String> {
 }
 
 /// The cut of docs/architecture.md: the verifier core and the shared contracts build on no other
-/// crate of the workspace, the collectors on those two, the Kubernetes side on the collectors'
-/// verdicts, and only the binary on everything. The verifier core links no async runtime, API
+/// crate of the workspace, the model-cache monitors and the collectors on those two, the
+/// Kubernetes side on the collectors' verdicts, and only the binary on everything. The verifier core links no async runtime, API
 /// client, gRPC or metrics library, so it can be used alone.
 #[test]
 fn crates_build_on_each_other_one_way() {
@@ -205,6 +205,10 @@ fn crates_build_on_each_other_one_way() {
         set(&["mlnode-core", "mlnode-verify"])
     );
     assert_eq!(
+        workspace("mlnode-cache"),
+        set(&["mlnode-core", "mlnode-verify"])
+    );
+    assert_eq!(
         workspace("mlnode-kube"),
         set(&["mlnode-accel", "mlnode-core", "mlnode-verify"])
     );
@@ -212,6 +216,7 @@ fn crates_build_on_each_other_one_way() {
         workspace("mlnode-agent"),
         set(&[
             "mlnode-accel",
+            "mlnode-cache",
             "mlnode-core",
             "mlnode-kube",
             "mlnode-verify"
@@ -227,6 +232,10 @@ fn crates_build_on_each_other_one_way() {
             &["kube", "tonic", "nvml-wrapper", "k8s-openapi"],
         ),
         ("mlnode-accel", &["kube", "tonic"]),
+        (
+            "mlnode-cache",
+            &["kube", "tonic", "nvml-wrapper", "k8s-openapi"],
+        ),
     ] {
         let linked = dependencies(package, false);
         for name in never {

@@ -6,11 +6,13 @@
 
 pub mod attribution;
 pub mod collector;
+mod families;
 pub mod health;
 mod nvml;
 pub mod settings;
 pub mod state;
 mod virtual_gpus;
+pub mod xid;
 
 /// NVML's clock event (formerly "throttle") reasons: bit and series label, as nvml.h defines them.
 pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [

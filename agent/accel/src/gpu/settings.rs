@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::de::{MapAccess, SeqAccess};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::health::XidPolicy;
+use super::xid::XidPolicy;
 use mlnode_core::settings::{
     bounds, days, invalid_field, millis, minutes, seconds, Toggle, Within,
 };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use mlnode_accel::gpu::health::XidPolicy;
+use mlnode_accel::gpu::xid::XidPolicy;
 use mlnode_core::settings::{
     bounds, hours, invalid_field, millis, minutes, seconds, Toggle, Within,
 };

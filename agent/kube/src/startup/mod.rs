@@ -2,10 +2,8 @@
 //! on this node, each from its own source.
 //!
 //! [`phases`] computes them from Pod and Event objects (pure, tested on objects shaped as a real
-//! cluster returns them); [`loads`] records when a model's weight files are opened; [`tracker`]
-//! follows the node's pods through the API server and exports the result.
+//! cluster returns them); [`tracker`] follows the node's pods through the API server and exports the result.
 
-pub mod loads;
 pub mod phases;
 pub mod report;
 pub mod settings;

@@ -11,11 +11,11 @@ use kube::api::{Api, ListParams};
 use prometheus::{CounterVec, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
-use super::loads::{unix_now, LoadActivity};
 use super::phases::{self, Phase, Startup};
 use super::settings::StartupSettings;
 use crate::models::{model_of, ModelMount};
 use crate::node_pods::NodePods;
+use mlnode_core::loads::{unix_now, LoadActivity};
 
 /// kubelet's `kubelet_pod_start_sli_duration_seconds` buckets, so the two line up.
 pub const POD_START_BUCKETS: [f64; 25] = [

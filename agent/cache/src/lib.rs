@@ -1,6 +1,6 @@
-//! Model-cache verification in the agent: the verifier core is the `mlnode-verify` crate
-//! (`agent/verify`), usable alone and re-exported here under its own module names; this module adds
-//! what a node agent needs around it: continuous verification as files change ([`watch`],
+//! mlnode-cache: model caches kept verified on a node. The verifier core is the `mlnode-verify`
+//! crate (`agent/verify`), usable alone and re-exported here under its own module names; this crate
+//! adds what a node agent needs around it: continuous verification as files change ([`watch`],
 //! [`events`], [`monitor`]), hashing at a priority that never steals from inference
 //! ([`priority`]), each model's state for the server and the readiness gates ([`state`]), and the
 //! cache series ([`metrics`]).

@@ -233,7 +233,7 @@ pub fn changes_content(kind: &EventKind) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::manifest::{ContentDigest, ExpectedFile, ManifestFormat, Sha256};
+    use crate::manifest::{ContentDigest, ExpectedFile, ManifestFormat, Sha256};
     use notify::event::{CreateKind, Flag, RemoveKind};
 
     fn manifest(paths: &[&str]) -> Manifest {

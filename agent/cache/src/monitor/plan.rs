@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::cache::events::Work;
+use crate::events::Work;
 
 /// The loop's timing rules.
 #[derive(Clone, Copy, Debug)]

@@ -7,8 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::manifest::{SignerFields, TrustPolicy};
-use crate::models::ModelMount;
-use crate::settings::{
+use mlnode_core::settings::{
     bounds, days, invalid_field, millis, minutes, seconds, NumberOrText, Within,
 };
 
@@ -76,18 +75,6 @@ fn signer<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TrustPolicy, D::
             conflict.why(|field| field.key().to_string()),
         )
     })
-}
-
-impl ModelConfig {
-    /// Where pods mount this model's cache from.
-    pub fn mount(&self) -> ModelMount {
-        ModelMount {
-            name: self.name.clone(),
-            root: self.root.clone(),
-            host_path: self.host_path.clone(),
-            pvc: self.pvc.clone(),
-        }
-    }
 }
 
 impl Serialize for ModelConfig {

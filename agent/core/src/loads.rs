@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 
-use mlnode_core::shared::Shared;
+use crate::shared::Shared;
 
 /// File endings of model weights; config and tokenizer files are opened by other things too.
 const WEIGHT_EXTENSIONS: [&str; 9] = [

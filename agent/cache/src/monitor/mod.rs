@@ -26,7 +26,7 @@ use super::settings::{ModelConfig, PrioritySetting, VerifySettings};
 use super::state::{ModelState, NodeFacts, Readiness};
 use super::verify::{verify, VerifyOptions};
 use super::watch::{FileWatch, Subscription, WatchError, WatchedPath};
-use crate::startup::loads::{is_weight_file, unix_now, LoadActivity};
+use mlnode_core::loads::{is_weight_file, unix_now, LoadActivity};
 use plan::{Action, Input, Outcome, Planner, Progress, Timing, Todo};
 
 /// How often the monitor wakes when nothing happens: its heartbeat, stall check, ROOT check and
