@@ -19,6 +19,9 @@ use crate::server::{self, AppState};
 use mlnode_core::component::{self, Component, StartContext};
 use mlnode_core::loads::LoadActivity;
 
+/// What a restarted model monitor allows, beyond the start jitter, for the readiness controller's
+/// first read of the node before it hashes without the previous agent's record.
+const RECORD_READ: Duration = Duration::from_secs(10);
 /// How long the monitors get to stop after the signal: in-flight hashing is cancelled, not awaited.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
 
@@ -40,10 +43,15 @@ pub enum DaemonError {
 }
 
 /// What talks to hardware or the cluster, in the order each needs the ones before it: the
-/// collectors offer their health and devices, the readiness controller takes the health, the
-/// kubelet poller the devices. All start after the server, so that none of them can keep
-/// `/metrics`, `/healthz` or SIGTERM waiting.
-fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Box<dyn Component>> {
+/// collectors offer their health and devices, the kubelet poller takes the devices, the readiness
+/// controller the health. The first list talks to the node only; the second, the API server, after
+/// the start jitter. All start after the server, so that none of them can keep `/metrics`,
+/// `/healthz` or SIGTERM waiting.
+fn collectors(
+    config: &Config,
+    node: &NodeFacts,
+    loads: &LoadActivity,
+) -> [Vec<Box<dyn Component>>; 2] {
     let kubelet = &config.kubelet;
     // The kernel log's facts, read by the GPU and Neuron verdicts beside their own.
     let kernel_log = config
@@ -54,7 +62,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
     // the directory is kept only where something names pods by it.
     let names_pods = config.nvml.process_attribution || !kubelet.holder_labels().is_off();
     let node_pods = crate::node_pods::NodePodsSlot::new(names_pods);
-    vec![
+    let on_the_node: Vec<Box<dyn Component>> = vec![
         Box::new(KernelLog {
             settings: config.kernel_log.clone(),
             facts: kernel_log.clone().unwrap_or_default(),
@@ -78,6 +86,13 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
             kernel_log,
             holder_labels: kubelet.holder_labels(),
         }),
+        Box::new(Kubelet {
+            socket: kubelet.pod_resources_socket.clone(),
+            interval: kubelet.pod_resources_interval.get(),
+            workload: node.workload.clone(),
+        }),
+    ];
+    let with_the_api_server: Vec<Box<dyn Component>> = vec![
         Box::new(Startup {
             settings: config.startup.clone(),
             models: config.models.iter().map(config::model_mount).collect(),
@@ -87,6 +102,7 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
         Box::new(Readiness {
             settings: config.readiness.clone(),
             node_taint: node.taint.clone(),
+            node_records: node.records.clone(),
         }),
         Box::new(PodGates {
             settings: config.readiness.clone(),
@@ -98,12 +114,8 @@ fn collectors(config: &Config, node: &NodeFacts, loads: &LoadActivity) -> Vec<Bo
             api: config.readiness.enabled,
             node_pods,
         }),
-        Box::new(Kubelet {
-            socket: kubelet.pod_resources_socket.clone(),
-            interval: kubelet.pod_resources_interval.get(),
-            workload: node.workload.clone(),
-        }),
-    ]
+    ];
+    [on_the_node, with_the_api_server]
 }
 
 /// Every scraper, probe and client holds a descriptor, and the soft limit is often 1,024: raise it
@@ -173,6 +185,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             metrics: cache_metrics,
             loads: loads.clone(),
             watch: FileWatch::default(),
+            // The jitter, one read of the node, and time for an API server that answers slowly.
+            record_wait: config.start_jitter.get() + RECORD_READ,
         },
     });
     component::start(vec![models], &mut cx).await?;
@@ -187,9 +201,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         max_connections,
         shutdown.clone(),
     ));
-    let collectors = collectors(&config, &node, &loads);
+    let [on_the_node, with_the_api_server] = collectors(&config, &node, &loads);
+    let jitter = crate::settings::jitter(config.start_jitter.get());
     let mut running = tokio::spawn(async move {
-        component::start(collectors, &mut cx).await?;
+        component::start(on_the_node, &mut cx).await?;
+        tracing::debug!(delay = ?jitter, "spreading the first API requests (start_jitter)");
+        tokio::select! {
+            _ = tokio::time::sleep(jitter) => component::start(with_the_api_server, &mut cx).await?,
+            _ = cx.shutdown.cancelled() => {}
+        }
         cx.shutdown.cancelled().await;
         while cx.tasks.join_next().await.is_some() {}
         Ok::<(), DaemonError>(())

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::state::{ModelState, Readiness};
+use crate::cache::state::{ModelState, Readiness, VerifiedBy};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -157,10 +157,26 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
                 } else {
                     "; not continuously verified: its files cannot be watched, only rescanned"
                 };
+                let by = match model.verified_by() {
+                    VerifiedBy::Hash => String::new(),
+                    VerifiedBy::UnchangedSince(at) => format!(
+                        "; unchanged since {}, when a previous agent of this boot hashed every file",
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(at)
+                        )
+                    ),
+                };
                 format!(
-                    "{}: verified (revision {}){watched}",
+                    "{}: verified (revision {}){by}{watched}",
                     model.name,
                     revision.as_deref().unwrap_or("not given")
+                )
+            }
+            Readiness::Resuming => {
+                ready = false;
+                format!(
+                    "{}: not verified yet: looking whether the cache is as a previous agent of this boot verified it",
+                    model.name
                 )
             }
             Readiness::Starting => {

@@ -6,8 +6,8 @@
 //! cache series ([`metrics`]).
 
 pub use mlnode_verify::{
-    generate, hasher, layout, manifest, page_cache, paths, report, safe_open, throttle, verify,
-    walk,
+    fingerprint, generate, hasher, layout, manifest, page_cache, paths, report, safe_open,
+    throttle, verify, walk,
 };
 
 pub mod events;

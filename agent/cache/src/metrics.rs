@@ -11,6 +11,7 @@ use prometheus::{
 
 use super::priority::Priority;
 use super::report::{FileStatus, Report};
+use super::state::VerifiedBy;
 
 /// Verification takes from milliseconds (a config file) to an hour (a cold 400 GB cache).
 const DURATION_BUCKETS: [f64; 14] = [
@@ -32,6 +33,10 @@ impl VerifyKind {
     }
 }
 
+/// The `result` label of `mlnode_model_cache_restart_records_total`.
+pub const RESTART_RECORD_RESULTS: [&str; 5] =
+    ["trusted", "partial", "unusable", "malformed", "none"];
+
 pub struct CacheMetrics {
     verified: IntGaugeVec,
     files: IntGaugeVec,
@@ -45,6 +50,9 @@ pub struct CacheMetrics {
     priority: IntGaugeVec,
     throttled: CounterVec,
     max_read_rate: IntGauge,
+    verified_by: IntGaugeVec,
+    last_full_hash: GaugeVec,
+    restart_records: IntCounterVec,
     /// The revision label each model's `verified` series carries now, to drop it when it changes.
     revisions: Mutex<HashMap<String, String>>,
 }
@@ -119,6 +127,27 @@ impl CacheMetrics {
                 "mlnode_model_cache_verify_max_bytes_per_second",
                 "verify.max_bytes_per_second: the most bytes per second all verifications together read. Absent when there is no limit.",
             ))?,
+            verified_by: IntGaugeVec::new(
+                Opts::new(
+                    "mlnode_model_cache_verified_by",
+                    "1 for how the model's current verdict of verified came about, 0 for the other: hash (this agent hashed every file) or unchanged_since (a previous agent of this boot hashed them, and every file is as it was then, or was hashed again; verify.trust_unchanged_after_restart).",
+                ),
+                &["model_name", "verified_by"],
+            )?,
+            last_full_hash: GaugeVec::new(
+                Opts::new(
+                    "mlnode_model_cache_last_full_hash_timestamp_seconds",
+                    "Unix time at which every file of the model was last hashed and found ok, by this agent or, across a restart, by a previous agent of this boot.",
+                ),
+                &["model_name"],
+            )?,
+            restart_records: IntCounterVec::new(
+                Opts::new(
+                    "mlnode_model_cache_restart_records_total",
+                    "What a start found of the record a previous agent of this boot left for the model: trusted (every file as recorded: nothing hashed), partial (the changed groups of files hashed again), unusable (another manifest or other settings: hashed), malformed (not of the form this agent writes: ignored, hashed), none (no record: another boot, the first start, or no API server).",
+                ),
+                &["model_name", "result"],
+            )?,
             revisions: Mutex::new(HashMap::new()),
         };
         registry.register(Box::new(metrics.verified.clone()))?;
@@ -132,6 +161,9 @@ impl CacheMetrics {
         registry.register(Box::new(metrics.weight_opens.clone()))?;
         registry.register(Box::new(metrics.priority.clone()))?;
         registry.register(Box::new(metrics.throttled.clone()))?;
+        registry.register(Box::new(metrics.verified_by.clone()))?;
+        registry.register(Box::new(metrics.last_full_hash.clone()))?;
+        registry.register(Box::new(metrics.restart_records.clone()))?;
         Ok(metrics)
     }
 
@@ -168,6 +200,32 @@ impl CacheMetrics {
         self.hashed_bytes.with_label_values(&[model]).inc_by(0);
         self.watch_overflows.with_label_values(&[model]).inc_by(0);
         self.weight_opens.with_label_values(&[model]).inc_by(0);
+        for result in RESTART_RECORD_RESULTS {
+            self.restart_records
+                .with_label_values(&[model, result])
+                .inc_by(0);
+        }
+    }
+
+    /// What a start found of the model's restart record (one of [`RESTART_RECORD_RESULTS`]).
+    pub fn restart_record(&self, model: &str, result: &str) {
+        self.restart_records
+            .with_label_values(&[model, result])
+            .inc();
+    }
+
+    /// How the model's verdict of verified came about, and when every file was last hashed.
+    pub fn verified_by(&self, model: &str, by: VerifiedBy, last_full_hash: Option<u64>) {
+        for kind in [VerifiedBy::Hash, VerifiedBy::UnchangedSince(0)] {
+            self.verified_by
+                .with_label_values(&[model, kind.as_str()])
+                .set(i64::from(kind.as_str() == by.as_str()));
+        }
+        if let Some(at) = last_full_hash {
+            self.last_full_hash
+                .with_label_values(&[model])
+                .set(at as f64);
+        }
     }
 
     /// The model cannot be verified at all (its manifest is unreadable, its root gone): no file is

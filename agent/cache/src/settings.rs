@@ -110,6 +110,9 @@ bounds! {
     pub Debounce: Duration = Duration::ZERO, seconds(30),
         "a longer debounce leaves a corrupted file unreported for that long";
     pub StallTimeout: Duration = seconds(10), days(1);
+    /// Past half an hour a rollout's hashing is spread thinner than any storage needs, and a
+    /// changed cache waits that long to be found.
+    pub RestartJitter: Duration = Duration::ZERO, minutes(30);
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -128,6 +131,15 @@ pub struct VerifySettings {
     /// The most bytes per second `serve` reads from all model caches together, for network file
     /// systems where a full re-read costs money and bandwidth; unset: no limit.
     pub max_bytes_per_second: Option<ByteRate>,
+    /// A restarted agent takes as verified what a previous agent of this boot verified, for every
+    /// file that is as it was then (one look at each, no read), and hashes the rest
+    /// (docs/cache-verification.md, "Restarts").
+    pub trust_unchanged_after_restart: bool,
+    /// The most a restarted agent delays a full hash it cannot skip because the previous agent's
+    /// record is of another manifest or other settings (a rollout that changed them): a random
+    /// delay up to this, so a fleet's agents do not all read shared storage at once. Never while
+    /// the node is held by the startup taint.
+    pub restart_jitter: Within<RestartJitter>,
 }
 
 impl Default for VerifySettings {
@@ -139,6 +151,8 @@ impl Default for VerifySettings {
             stall_timeout: Within::default_of(Duration::from_secs(300)),
             priority: PrioritySetting::Auto,
             max_bytes_per_second: None,
+            trust_unchanged_after_restart: true,
+            restart_jitter: Within::default_of(seconds(60)),
         }
     }
 }

@@ -186,6 +186,16 @@ pub const fn seconds(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// A delay drawn up to `limit` (a configured jitter), different in each process: std's hasher is
+/// keyed randomly per process, so the agents a rollout starts together draw different delays.
+pub fn jitter(limit: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let draw = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    limit.mul_f64((draw >> 11) as f64 / (1u64 << 53) as f64)
+}
+
 pub const fn minutes(n: u64) -> Duration {
     Duration::from_secs(n * 60)
 }

@@ -13,6 +13,10 @@ const HEARTBEAT_LIMIT: Duration = Duration::from_secs(30);
 /// Whether a model's cache may be served from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Readiness {
+    /// A restarted agent is looking whether the cache is as a previous agent of this boot
+    /// verified it (the node's record, one look at each file): nothing is concluded yet, so the
+    /// node's and the pods' verdicts are left as they are.
+    Resuming,
     /// The first verification has not finished.
     Starting,
     Verified {
@@ -23,10 +27,73 @@ pub enum Readiness {
     },
 }
 
+/// How a model's current `Verified` came about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifiedBy {
+    /// Every file was hashed by this agent.
+    Hash,
+    /// A previous agent of this boot hashed every file at this Unix time, and none has changed
+    /// since (or the ones that had were hashed again).
+    UnchangedSince(u64),
+}
+
+impl VerifiedBy {
+    /// The `verified_by` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerifiedBy::Hash => "hash",
+            VerifiedBy::UnchangedSince(_) => "unchanged_since",
+        }
+    }
+}
+
+/// What a verification that passed leaves for a restarted agent of the same boot: what the
+/// cache was verified against, when every byte was last hashed, and the fingerprint of the files
+/// it found intact (`mlnode_verify::fingerprint`). The readiness controller keeps it in
+/// `ModelCacheVerified`'s message, as it keeps held faults in `AcceleratorHealthy`'s.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheRecord {
+    /// The first 16 bytes of SHA-256 over the manifest's bytes and the settings that decide the
+    /// verdict: a record of another manifest or other settings never matches.
+    pub against: [u8; 16],
+    /// Unix seconds of the last hash of every file.
+    pub hashed_at: u64,
+    pub buckets: Vec<u64>,
+}
+
+/// What a previous agent of this boot recorded, by model, as the node showed it at the readiness
+/// controller's first read. Unknown until then (or until it is known not to run: then empty).
+#[derive(Clone, Debug)]
+pub struct NodeRecords(Shared<Option<std::collections::BTreeMap<String, CacheRecord>>>);
+
+impl Default for NodeRecords {
+    fn default() -> Self {
+        NodeRecords(Shared::new(None))
+    }
+}
+
+impl NodeRecords {
+    pub fn set(&self, records: std::collections::BTreeMap<String, CacheRecord>) {
+        self.0.set(Some(records));
+    }
+
+    /// The record of `model`, waiting at most `limit` for the node to be read; None when there is
+    /// none, or the node could not be read in time.
+    pub async fn of(&self, model: &str, limit: Duration) -> Option<CacheRecord> {
+        let _ = tokio::time::timeout(limit, self.0.wait_for(Option::is_some)).await;
+        self.0
+            .read(|records| records.as_ref().and_then(|r| r.get(model).cloned()))
+    }
+}
+
 /// What the HTTP server reads about a model: readiness for /readyz, liveness for /healthz.
 pub struct ModelState {
     pub name: String,
     readiness: Shared<Readiness>,
+    verified_by: Shared<VerifiedBy>,
+    /// The record of the last verification that passed, for the node to keep; None while the
+    /// model is not verified, or its verification leaves nothing a restart could trust.
+    record: Shared<Option<CacheRecord>>,
     heartbeat: Shared<Instant>,
     /// Set while a verification has hashed nothing for `verify.stall_timeout`.
     pub stalled: AtomicBool,
@@ -36,10 +103,14 @@ pub struct ModelState {
 }
 
 impl ModelState {
-    pub fn new(name: &str) -> ModelState {
+    /// A model whose first verdict is yet to come: `Resuming` when a previous agent's record may
+    /// spare its first hash, `Starting` otherwise.
+    pub fn new(name: &str, first: Readiness) -> ModelState {
         ModelState {
             name: name.to_string(),
-            readiness: Shared::new(Readiness::Starting),
+            readiness: Shared::new(first),
+            verified_by: Shared::new(VerifiedBy::Hash),
+            record: Shared::new(None),
             heartbeat: Shared::new(Instant::now()),
             stalled: AtomicBool::new(false),
             watched: AtomicBool::new(true),
@@ -58,8 +129,31 @@ impl ModelState {
         self.readiness.get()
     }
 
-    pub fn set_readiness(&self, readiness: Readiness) {
+    /// A verdict of `Verified`, with how it came about and what a restarted agent may trust.
+    pub fn set_verified(
+        &self,
+        revision: Option<String>,
+        by: VerifiedBy,
+        record: Option<CacheRecord>,
+    ) {
+        self.verified_by.set(by);
+        self.record.set(record);
+        self.readiness
+            .set_if_changed(Readiness::Verified { revision });
+    }
+
+    /// A verdict other than `Verified`: nothing is left for a restart to trust.
+    pub fn set_not_verified(&self, readiness: Readiness) {
+        self.record.set(None);
         self.readiness.set_if_changed(readiness);
+    }
+
+    pub fn verified_by(&self) -> VerifiedBy {
+        self.verified_by.get()
+    }
+
+    pub fn record(&self) -> Option<CacheRecord> {
+        self.record.get()
     }
 
     /// Waits until the model's readiness changes: a verification that passed, or one that failed.
@@ -159,4 +253,5 @@ impl NodeWorkload {
 pub struct NodeFacts {
     pub taint: NodeTaint,
     pub workload: NodeWorkload,
+    pub records: NodeRecords,
 }

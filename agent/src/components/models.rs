@@ -10,7 +10,7 @@ use crate::cache::settings::{ModelConfig, VerifySettings};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
 use mlnode_core::settings::Toggle;
-use mlnode_core::state::ModelState;
+use mlnode_core::state::{ModelState, Readiness};
 
 /// Started first, before the server: the server and the readiness gates read the models' state.
 pub struct Models {
@@ -34,8 +34,15 @@ impl Component for Models {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
+            // A restarted agent may find what a previous one verified; until it has looked, the
+            // node's and the pods' verdicts stand.
+            let first = if self.settings.trust_unchanged_after_restart {
+                Readiness::Resuming
+            } else {
+                Readiness::Starting
+            };
             for model in self.models {
-                let state = Arc::new(ModelState::new(&model.name));
+                let state = Arc::new(ModelState::new(&model.name, first.clone()));
                 cx.models.push(state.clone());
                 let monitor =
                     Monitor::new(model, self.settings.clone(), self.shared.clone(), state);

@@ -9,13 +9,15 @@ use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::readiness::settings::ReadinessSettings;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
-use mlnode_core::state::NodeTaint;
+use mlnode_core::state::{NodeRecords, NodeTaint};
 
 /// Started after the collectors: it takes their health reports from the context.
 pub struct Readiness {
     pub settings: ReadinessSettings,
     /// Where the controller says whether our taint is on the node (the verifiers' priority).
     pub node_taint: NodeTaint,
+    /// Where the controller hands the monitors what a previous agent of this boot verified.
+    pub node_records: NodeRecords,
 }
 
 impl Component for Readiness {
@@ -35,8 +37,10 @@ impl Component for Readiness {
             let client = match kube_for(self.settings.enabled, "readiness").await {
                 Ok(client) => client,
                 Err(reason) => {
-                    // No controller, so no taint of ours: the monitors need not wait to learn it.
+                    // No controller, so no taint of ours and no record kept on the node: the
+                    // monitors need not wait to learn either.
                     self.node_taint.set(false);
+                    self.node_records.set(Default::default());
                     return Err(NotStarted::Absent(reason));
                 }
             };
@@ -45,6 +49,7 @@ impl Component for Readiness {
                 health: std::mem::take(&mut cx.health),
                 missing_collectors: cx.required_missing.clone(),
                 node_taint: self.node_taint,
+                node_records: self.node_records,
             };
             let detail = format!(
                 "{} models, {} accelerator collectors",

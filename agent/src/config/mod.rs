@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -21,6 +22,7 @@ use crate::neuron::settings::NeuronSettings;
 use crate::readiness::settings::ReadinessSettings;
 use crate::startup::settings::StartupSettings;
 use mlnode_core::metrics::NodeLabel;
+use mlnode_core::settings::{bounds, seconds, Within};
 
 mod layers;
 
@@ -49,6 +51,9 @@ pub struct Config {
     /// `hostname` (its main branch, #655) or `both`.
     pub hostname_label: NodeLabel,
     pub log_format: LogFormat,
+    /// The most the agents a rollout starts together spread their first API requests over: each
+    /// waits a random delay up to this (docs/configuration.md, "Rollouts").
+    pub start_jitter: Within<StartJitter>,
     #[serde(deserialize_with = "crate::cache::settings::unique_names")]
     pub models: Vec<ModelConfig>,
     pub verify: VerifySettings,
@@ -67,6 +72,7 @@ impl Default for Config {
             node_name: String::new(),
             hostname_label: NodeLabel::default(),
             log_format: LogFormat::Auto,
+            start_jitter: Within::default_of(Duration::from_secs(1)),
             models: Vec::new(),
             verify: VerifySettings::default(),
             nvml: NvmlSettings::default(),
@@ -77,6 +83,12 @@ impl Default for Config {
             kernel_log: KernelLogSettings::default(),
         }
     }
+}
+
+bounds! {
+    /// Past a minute the node's readiness gates and the pods' wait on the agent for no gain: a
+    /// rollout's own pace (maxUnavailable) spreads its starts far more.
+    pub StartJitter: Duration = Duration::ZERO, seconds(60);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -485,6 +497,9 @@ mod tests {
             ("verify.max_bytes_per_second", "fast"),
             ("neuron.logical_nc_config", "4"),
             ("neuron.logical_nc_config", "lnc2"),
+            ("start_jitter", "2m"),
+            ("verify.restart_jitter", "1h"),
+            ("verify.trust_unchanged_after_restart", "sometimes"),
         ];
         for (key, value) in cases {
             let o = Override::from_flag(&format!("{key}={value}")).unwrap();
@@ -497,6 +512,7 @@ mod tests {
                         "not a duration",
                         "not a byte rate",
                         "not a logical NeuronCore config",
+                        "expected a boolean",
                     ]
                     .iter()
                     .any(|reason| message.contains(reason)),

@@ -344,7 +344,7 @@ fn the_agents_write_on_the_example_pod_is_admitted() {
             revision: Some("0e9e39f249a16976918f6564b8830bc894c89659".into()),
         },
     )]);
-    let gate = mlnode_agent::workloads::gate::decide(&pod, &verdicts);
+    let gate = mlnode_agent::workloads::gate::decide(&pod, &verdicts).unwrap();
     assert!(gate.ok(), "{gate:?}");
     let patch = mlnode_agent::workloads::gate::condition_patch(&gate, None, "2026-12-01T10:00:00Z");
     let new = with_pod_condition(old.clone(), patch["status"]["conditions"][0].clone());

@@ -24,10 +24,11 @@ const GOLDEN: &str = concat!(
 );
 
 /// Families whose values move with the clock, not with the fakes.
-const VARYING: [&str; 5] = [
+const VARYING: [&str; 6] = [
     "mlnode_model_cache_verify_duration_seconds",
     "mlnode_gpu_readings_age_seconds",
     "mlnode_model_cache_last_verified_timestamp_seconds",
+    "mlnode_model_cache_last_full_hash_timestamp_seconds",
     "mlnode_gpu_clock_event_reason_seconds_total",
     // The fakes include no kubelet: its List fails once per interval.
     "mlnode_kubelet_pod_resources_errors_total",

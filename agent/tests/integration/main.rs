@@ -24,6 +24,7 @@ mod neuron_monitor;
 mod pod_gates;
 mod process_attribution;
 mod readiness;
+mod restart;
 mod scrape;
 mod serve;
 mod startup;

@@ -147,10 +147,17 @@ fn exposition() -> String {
         expected_bytes: 0,
         bytes_hashed: 0,
         seconds: 0.0,
+        trusted_files: 0,
+        fingerprint: None,
     };
     cache.starting("m", Some("r"), 1);
     cache.priority("m", mlnode_agent::cache::priority::Priority::Idle);
     cache.watched("m", true);
+    cache.verified_by(
+        "m",
+        mlnode_agent::cache::state::VerifiedBy::UnchangedSince(1),
+        Some(1),
+    );
     cache.throttled("m", std::time::Duration::from_millis(5));
     cache.max_bytes_per_second(&registry, 1 << 20).unwrap();
     mlnode_agent::kubelet::pod_resources::register_errors(&registry).unwrap();

@@ -14,6 +14,7 @@
 //!    from a cache the same way.
 
 pub mod files;
+pub mod fingerprint;
 pub mod generate;
 pub mod hasher;
 pub mod layout;

@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use crate::fingerprint::Fingerprint;
+
 /// What was found for one file. The words are part of the interface: they appear in `--json`
 /// output, in the `status` label of `mlnode_model_cache_files`, and in alert rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -141,6 +143,14 @@ pub struct Report {
     pub expected_bytes: u64,
     pub bytes_hashed: u64,
     pub seconds: f64,
+    /// Files taken as `ok` without hashing because they matched the trusted fingerprint
+    /// ([`crate::VerifyOptions::trusted`]).
+    #[serde(skip)]
+    pub trusted_files: usize,
+    /// What a full run saw of its intact files, for a later run to trust
+    /// ([`crate::fingerprint`]); None for a run of some files only.
+    #[serde(skip)]
+    pub fingerprint: Option<Fingerprint>,
 }
 
 impl Report {
@@ -157,6 +167,8 @@ impl Report {
             expected_bytes: 0,
             bytes_hashed: 0,
             seconds: 0.0,
+            trusted_files: 0,
+            fingerprint: None,
         }
     }
 

@@ -3,10 +3,11 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use rayon::prelude::*;
 
+use super::fingerprint::{Fingerprint, Folder};
 use super::hasher::{self, Algorithm, Control, Job, JobResult};
 use super::layout::{self, Layout, PartialBlobs};
 use super::manifest::{ContentDigest, Digest, ExpectedFile, Manifest, ManifestFormat};
@@ -32,6 +33,10 @@ pub struct VerifyOptions {
     pub only: Option<HashSet<String>>,
     /// Keep the report lines of `ok` files (the CLI prints them); without, they are only counted.
     pub keep_ok_lines: bool,
+    /// A full run's files that still match this earlier fingerprint (looked at, not read) are
+    /// taken as `ok` without hashing; the rest are hashed. The caller vouches that it was taken
+    /// by a verification of this same manifest and these options that passed.
+    pub trusted: Option<Fingerprint>,
 }
 
 impl VerifyOptions {
@@ -52,6 +57,7 @@ impl Default for VerifyOptions {
             manifest_path: None,
             only: None,
             keep_ok_lines: true,
+            trusted: None,
         }
     }
 }
@@ -140,6 +146,7 @@ fn verify_tree(
     list_extras: bool,
 ) -> Result<Report, VerifyError> {
     let started = Instant::now();
+    let started_wall = SystemTime::now();
     let hashed_before = control.hashed_bytes.load(Ordering::Relaxed);
     let root_error = |source| VerifyError::Root {
         path: root_path.to_path_buf(),
@@ -177,26 +184,54 @@ fn verify_tree(
     let mut files = Vec::new();
     let mut ok_not_kept = 0;
     let mut expected_bytes = 0;
-    for batch in manifest.files.chunks(BATCH) {
-        let selected: Vec<&ExpectedFile> = batch
-            .iter()
-            .filter(|f| {
-                options
-                    .only
-                    .as_ref()
-                    .is_none_or(|only| only.contains(&*f.path))
-            })
-            .collect();
+    let full = options.only.is_none();
+    let count = manifest.files.len();
+    // Buckets whose files still match the trusted fingerprint, with what those files weigh.
+    let unchanged: Vec<Option<u64>> = match (&options.trusted, full) {
+        (Some(trusted), true) => unchanged_buckets(&root, &layout, &partials, manifest, trusted),
+        _ => vec![None; Fingerprint::bucket_count(count)],
+    };
+    let mut trusted_files = 0;
+    let mut folder = Folder::new(count, started_wall);
+    for (batch_index, batch) in manifest.files.chunks(BATCH).enumerate() {
+        let mut selected: Vec<(usize, &ExpectedFile)> = Vec::new();
+        for (i, expected) in batch.iter().enumerate() {
+            let index = batch_index * BATCH + i;
+            if !options
+                .only
+                .as_ref()
+                .is_none_or(|only| only.contains(&*expected.path))
+            {
+                continue;
+            }
+            if unchanged[Fingerprint::bucket_of(index, count)].is_some() {
+                trusted_files += 1;
+                if options.keep_ok_lines {
+                    files.push(FileReport::new(&*expected.path, FileStatus::Ok));
+                } else {
+                    ok_not_kept += 1;
+                }
+                continue;
+            }
+            selected.push((index, expected));
+        }
         // An incremental run looks at a few files of a large manifest: most batches are empty.
         if selected.is_empty() {
             continue;
         }
-        let lines = verify_batch(&root, &layout, &partials, &selected, control);
+        let expected_files: Vec<&ExpectedFile> = selected.iter().map(|(_, e)| *e).collect();
+        let lines = verify_batch(&root, &layout, &partials, &expected_files, control);
         if control.is_cancelled() {
             return Err(VerifyError::Cancelled(root_path.to_path_buf()));
         }
-        for (expected, line) in selected.iter().zip(lines) {
+        for ((index, expected), (line, seen)) in selected.into_iter().zip(lines) {
             expected_bytes += expected.size.or(line.size).unwrap_or(0);
+            match seen.filter(|_| line.status == FileStatus::Ok) {
+                Some((snapshot, blob)) => {
+                    folder.add(index, &expected.path, blob.as_deref(), &snapshot)
+                }
+                None => folder.spoil(index),
+            }
             if line.status == FileStatus::Ok && !options.keep_ok_lines {
                 ok_not_kept += 1;
             } else {
@@ -204,6 +239,18 @@ fn verify_tree(
             }
         }
     }
+    expected_bytes += unchanged.iter().flatten().sum::<u64>();
+    let kept: Vec<(usize, u64)> = match &options.trusted {
+        Some(trusted) => unchanged
+            .iter()
+            .zip(trusted.buckets())
+            .enumerate()
+            .filter(|(_, (bytes, _))| bytes.is_some())
+            .map(|(bucket, (_, value))| (bucket, *value))
+            .collect(),
+        None => Vec::new(),
+    };
+    let fingerprint = full.then(|| folder.finish(&kept));
 
     // Without a manifest, a download that never made its snapshot link is only found in blobs/
     // and .locks/. Listed relative to the snapshot, as the hub's own links name blobs.
@@ -270,17 +317,61 @@ fn verify_tree(
         expected_bytes,
         bytes_hashed: control.hashed_bytes.load(Ordering::Relaxed) - hashed_before,
         seconds: started.elapsed().as_secs_f64(),
+        trusted_files,
+        fingerprint,
     })
 }
 
-/// Looks at, hashes and judges one batch of manifest files; one line per file, in their order.
+/// Per bucket of `trusted`, whether its files are as they were (one look at each: open, `fstat`,
+/// no read), and then what they weigh.
+fn unchanged_buckets(
+    root: &Root,
+    layout: &Layout,
+    partials: &PartialBlobs,
+    manifest: &Manifest,
+    trusted: &Fingerprint,
+) -> Vec<Option<u64>> {
+    let count = manifest.files.len();
+    let mut folder = Folder::new(count, SystemTime::now());
+    let mut bytes = vec![0u64; Fingerprint::bucket_count(count)];
+    for (batch_index, batch) in manifest.files.chunks(BATCH).enumerate() {
+        let looks: Vec<_> = batch
+            .par_iter()
+            .map(|expected| first_look(root, layout, partials, expected))
+            .collect();
+        for (i, (expected, look)) in batch.iter().zip(looks).enumerate() {
+            let index = batch_index * BATCH + i;
+            match look {
+                Ok((snapshot, blob)) => {
+                    bytes[Fingerprint::bucket_of(index, count)] += snapshot.size;
+                    folder.add(index, &expected.path, blob.as_deref(), &snapshot);
+                }
+                Err(_) => folder.spoil(index),
+            }
+        }
+    }
+    folder
+        .finish(&[])
+        .unchanged_since(trusted)
+        .into_iter()
+        .zip(bytes)
+        .map(|(same, bytes)| same.then_some(bytes))
+        .collect()
+}
+
+/// What the first look at a file saw, where it could look: its snapshot and, in a hub cache, the
+/// blob its snapshot link names.
+type Seen = Option<(Snapshot, Option<String>)>;
+
+/// Looks at, hashes and judges one batch of manifest files; one line per file, in their order,
+/// with what the first look saw of it.
 fn verify_batch(
     root: &Root,
     layout: &Layout,
     partials: &PartialBlobs,
     selected: &[&ExpectedFile],
     control: &Control,
-) -> Vec<FileReport> {
+) -> Vec<(FileReport, Seen)> {
     let firsts: Vec<Result<(Snapshot, Option<String>), FileReport>> = selected
         .par_iter()
         .map(|expected| first_look(root, layout, partials, expected))
@@ -334,7 +425,7 @@ fn verify_batch(
         .iter()
         .zip(plans)
         .map(|(expected, plan)| match plan {
-            Plan::Done(report) => report,
+            Plan::Done(report) => (report, None),
             Plan::Hash {
                 first_job,
                 jobs,
@@ -342,7 +433,7 @@ fn verify_batch(
                 snapshot,
             } => {
                 let report = judge(expected, &results[first_job..first_job + jobs], snapshot);
-                if download_explains(&report)
+                let report = if download_explains(&report)
                     && layout.download_in_progress(root, partials, &expected.path, blob.as_deref())
                 {
                     FileReport {
@@ -351,7 +442,8 @@ fn verify_batch(
                     }
                 } else {
                     report
-                }
+                };
+                (report, Some((snapshot, blob)))
             }
         })
         .collect()

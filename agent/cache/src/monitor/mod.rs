@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::events::{changes_content, Router, Work};
+use super::fingerprint::Fingerprint;
 use super::hasher::Control;
 use super::layout;
 use super::manifest::{self, Manifest};
@@ -23,7 +24,7 @@ use super::metrics::{CacheMetrics, VerifyKind};
 use super::priority::{self, Hashers, Priority, Situation};
 use super::report::{FileStatus, Report};
 use super::settings::{ModelConfig, PrioritySetting, VerifySettings};
-use super::state::{ModelState, NodeFacts, Readiness};
+use super::state::{CacheRecord, ModelState, NodeFacts, Readiness, VerifiedBy};
 use super::verify::{verify, VerifyOptions};
 use super::watch::{FileWatch, Subscription, WatchError, WatchedPath};
 use mlnode_core::loads::{is_weight_file, unix_now, LoadActivity};
@@ -42,6 +43,9 @@ const OWN_READ_ECHO: Duration = Duration::from_secs(1);
 /// (the readiness controller's first read of the node, normally well under a second): started
 /// before, it could not know that it may run at full speed.
 const TAINT_WAIT: Duration = Duration::from_secs(10);
+/// What a record that decides nothing else is verified against: a new number when what a passed
+/// verification means changes, so that no record of the old meaning is trusted.
+const RECORD_FORMAT: u8 = 1;
 /// At shutdown, how long to wait for hashing to notice it was cancelled.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
@@ -51,6 +55,11 @@ struct Running {
     control: Arc<Control>,
     kind: VerifyKind,
     priority: Priority,
+    /// What a full run is verified against ([`Monitor::against`]), and when it started (Unix s).
+    against: [u8; 16],
+    started_unix: u64,
+    /// A previous agent's record this run trusts: when it hashed every file.
+    trusted: Option<u64>,
     /// The manifest files an incremental run looks at again.
     looked: HashSet<String>,
     progress: Progress,
@@ -66,6 +75,9 @@ pub struct Shared {
     pub loads: LoadActivity,
     /// The agent's one file watch.
     pub watch: FileWatch,
+    /// How long a restarted agent waits for the node's record of what a previous agent verified
+    /// (the API start jitter and one read of the node) before it hashes anyway.
+    pub record_wait: Duration,
 }
 
 pub struct Monitor {
@@ -110,6 +122,71 @@ impl Monitor {
         }
     }
 
+    /// What a verification of this model is verified against: the manifest's bytes and the
+    /// settings that decide the verdict (the signer is checked on every load of the manifest).
+    /// A previous agent's record for anything else is not trusted.
+    fn against(&self, manifest_digest: &[u8; 32]) -> [u8; 16] {
+        use sha2::{Digest, Sha256};
+        let model = &self.model;
+        let mut hasher = Sha256::new();
+        let mut field = |bytes: &[u8]| {
+            hasher.update((bytes.len() as u64).to_le_bytes());
+            hasher.update(bytes);
+        };
+        field(&[RECORD_FORMAT]);
+        field(manifest_digest);
+        field(model.root.as_os_str().as_encoded_bytes());
+        field(model.revision.as_deref().unwrap_or_default().as_bytes());
+        field(&[
+            u8::from(model.fail_on_extra),
+            u8::from(model.ignore_unsigned_files),
+        ]);
+        let mut ignored = model.ignore_paths.clone();
+        ignored.sort();
+        for path in &ignored {
+            field(path.as_bytes());
+        }
+        let digest = hasher.finalize();
+        digest[..16].try_into().expect("16 of 32 bytes")
+    }
+
+    /// At a restart: the fingerprint of what a previous agent of this boot verified against the
+    /// same manifest and settings, with when it hashed every file; None to hash as at any start;
+    /// Err to defer that hash by the restart jitter (the record is of another manifest or other
+    /// settings: a rollout changed them, and every node of the fleet is about to hash at once).
+    async fn resumable(&self, against: [u8; 16]) -> Result<Option<(Fingerprint, u64)>, Outcome> {
+        let name = &self.model.name;
+        let metrics = &self.shared.metrics;
+        let Some(record) = self
+            .shared
+            .node
+            .records
+            .of(name, self.shared.record_wait)
+            .await
+        else {
+            metrics.restart_record(name, "none");
+            return Ok(None);
+        };
+        if record.against != against {
+            metrics.restart_record(name, "unusable");
+            let delay = mlnode_core::settings::jitter(*self.settings.restart_jitter);
+            tracing::info!(model_name = %name, delay = ?delay, "the previous agent verified another manifest or other settings: hashing every file");
+            if delay.is_zero() || self.shared.node.taint.is_present() {
+                return Ok(None);
+            }
+            self.state.set_not_verified(Readiness::Starting);
+            return Err(Outcome::Deferred(delay));
+        }
+        match Fingerprint::from_buckets(record.buckets) {
+            Ok(fingerprint) => Ok(Some((fingerprint, record.hashed_at))),
+            Err(e) => {
+                metrics.restart_record(name, "malformed");
+                tracing::warn!(model_name = %name, error = %e, "the previous agent's record of this model is not of the form this agent writes; hashing every file");
+                Ok(None)
+            }
+        }
+    }
+
     fn timing(&self) -> Timing {
         Timing {
             debounce: *self.settings.debounce,
@@ -133,6 +210,8 @@ impl Monitor {
         let mut report: Option<Report> = None;
         let mut running: Option<Running> = None;
         let mut last_error = String::new();
+        // Until the first full verification has looked at the previous agent's record.
+        let mut resume = self.settings.trust_unchanged_after_restart;
         let mut planner = Planner::new(self.timing(), Instant::now());
         let mut tick = tokio::time::interval(TICK);
         let mut inputs = VecDeque::from([Input::Wake]);
@@ -169,7 +248,7 @@ impl Monitor {
                             // Loading a manifest of a million entries takes seconds; SIGTERM must
                             // not wait for it (the parse finishes on its blocking thread, unobserved).
                             let started = tokio::select! {
-                                started = self.start(todo, &mut loaded, &mut router, report.is_none(), &mut last_error) => started,
+                                started = self.start(todo, &mut loaded, &mut router, report.is_none(), &mut resume, &mut last_error) => started,
                                 _ = shutdown.cancelled() => return,
                             };
                             match started {
@@ -214,6 +293,11 @@ impl Monitor {
                     let outcome = result.unwrap_or_else(|e| Err(format!("verification task failed: {e}")));
                     let outcome = self.finish(&job, outcome, &mut report, loaded.as_ref(), &mut router);
                     inputs.push_back(Input::Finished(outcome));
+                    // A trusted restart's next full hash is due an interval after the recorded one.
+                    if let (Some(_), Some(record)) = (job.trusted, self.state.record()) {
+                        let ago = (unix_now() as u64).saturating_sub(record.hashed_at);
+                        inputs.push_back(Input::LastFullHash(Duration::from_secs(ago)));
+                    }
                 }
                 _ = tokio::time::sleep_until(wake) => inputs.push_back(Input::Wake),
             }
@@ -298,6 +382,7 @@ impl Monitor {
         loaded: &mut Option<Loaded>,
         router: &mut Option<Router>,
         first: bool,
+        resume: &mut bool,
         last_error: &mut String,
     ) -> Result<Running, Outcome> {
         let mut full = work.full;
@@ -329,7 +414,7 @@ impl Monitor {
                     }
                     *loaded = None;
                     *router = None;
-                    self.state.set_readiness(Readiness::Failed { reason });
+                    self.state.set_not_verified(Readiness::Failed { reason });
                     self.shared.metrics.unverifiable(&self.model.name);
                     return Err(Outcome::NoManifest);
                 }
@@ -348,12 +433,26 @@ impl Monitor {
         } else {
             VerifyKind::Incremental
         };
+        let digest = loaded.as_ref().map_or([0; 32], |l| l.digest);
+        let against = self.against(&digest);
+        // The node's first read tells both the record and the taint: one wait serves both.
+        let node_read_from = Instant::now();
+        let trusted = if full && std::mem::take(resume) {
+            self.resumable(against).await?
+        } else {
+            None
+        };
+        if trusted.is_none() && self.state.readiness() == Readiness::Resuming {
+            self.state.set_not_verified(Readiness::Starting);
+        }
         let options = VerifyOptions {
             only,
+            trusted: trusted.as_ref().map(|(fingerprint, _)| fingerprint.clone()),
             ..self.verify_options()
         };
         if first && self.settings.priority == PrioritySetting::Auto {
-            self.shared.node.taint.known(TAINT_WAIT).await;
+            let left = TAINT_WAIT.saturating_sub(node_read_from.elapsed());
+            self.shared.node.taint.known(left).await;
         }
         let priority = priority::decide(
             self.settings.priority,
@@ -383,6 +482,9 @@ impl Monitor {
             control,
             kind,
             priority,
+            against,
+            started_unix: unix_now() as u64,
+            trusted: trusted.map(|(_, hashed_at)| hashed_at),
             looked: work.files,
             progress: Progress::new(Instant::now()),
         })
@@ -418,13 +520,14 @@ impl Monitor {
             Ok(partial) => partial,
             Err(reason) => {
                 tracing::error!(model_name = %name, error = %reason, "cannot verify the model cache");
-                self.state.set_readiness(Readiness::Failed { reason });
+                self.state.set_not_verified(Readiness::Failed { reason });
                 self.shared.metrics.unverifiable(name);
                 *report = None;
                 return Outcome::Failed;
             }
         };
         let (hashed, seconds) = (partial.bytes_hashed, partial.seconds);
+        let (trusted_files, fingerprint) = (partial.trusted_files, partial.fingerprint.clone());
         let extras_fail = loaded.is_some_and(|l| self.verify_options().extras_fail(&l.manifest));
         let current = match (kind, report.take()) {
             (VerifyKind::Incremental, Some(mut previous)) => {
@@ -442,16 +545,43 @@ impl Monitor {
         self.shared
             .metrics
             .observe(name, &current, kind, hashed, seconds);
-        log_result(name, &current, job, hashed, seconds);
-        self.state.set_readiness(if current.is_verified() {
-            Readiness::Verified {
-                revision: current.revision.clone(),
-            }
+        log_result(name, &current, job, hashed, seconds, trusted_files);
+        if let (VerifyKind::Full, Some(_)) = (kind, job.trusted) {
+            let all = trusted_files == loaded.manifest.files.len();
+            self.shared
+                .metrics
+                .restart_record(name, if all { "trusted" } else { "partial" });
+        }
+        if current.is_verified() {
+            let (by, record) = match kind {
+                VerifyKind::Full => {
+                    let hashed_at = match job.trusted {
+                        Some(at) if trusted_files > 0 => at,
+                        _ => job.started_unix,
+                    };
+                    let by = if trusted_files > 0 {
+                        VerifiedBy::UnchangedSince(hashed_at)
+                    } else {
+                        VerifiedBy::Hash
+                    };
+                    let record = fingerprint.map(|f| CacheRecord {
+                        against: job.against,
+                        hashed_at,
+                        buckets: f.buckets().to_vec(),
+                    });
+                    (by, record)
+                }
+                VerifyKind::Incremental => (self.state.verified_by(), self.state.record()),
+            };
+            let last_full_hash = record.as_ref().map(|r| r.hashed_at);
+            self.shared.metrics.verified_by(name, by, last_full_hash);
+            self.state
+                .set_verified(current.revision.clone(), by, record);
         } else {
-            Readiness::Failed {
+            self.state.set_not_verified(Readiness::Failed {
                 reason: failure_summary(&current),
-            }
-        });
+            });
+        }
         *report = Some(current);
         Outcome::Report
     }
@@ -584,7 +714,14 @@ fn failure_summary(report: &Report) -> String {
 }
 
 /// One line per verification: the audit trail an SRE greps.
-fn log_result(name: &str, report: &Report, job: &Running, hashed: u64, seconds: f64) {
+fn log_result(
+    name: &str,
+    report: &Report,
+    job: &Running,
+    hashed: u64,
+    seconds: f64,
+    trusted_files: usize,
+) {
     let (kind, priority) = (job.kind.as_str(), job.priority.as_str());
     let throttled_seconds = job.control.throttled().as_secs_f64();
     let failing: Vec<String> = failing(report)
@@ -599,7 +736,7 @@ fn log_result(name: &str, report: &Report, job: &Running, hashed: u64, seconds: 
         "failed"
     };
     if report.is_verified() {
-        tracing::info!(model_name = %name, revision, root_digest, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds, "model cache verified");
+        tracing::info!(model_name = %name, revision, root_digest, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds, trusted_files, "model cache verified");
     } else {
         tracing::warn!(model_name = %name, revision, outcome, kind, priority, duration_seconds = seconds, bytes_hashed = hashed, throttled_seconds,
             failing_files = %failing.join(" "), error = report.error.as_deref().unwrap_or(""), "model cache failed verification");

@@ -68,10 +68,17 @@ pub enum Input {
     WeightFileOpened,
     /// The verification asked for ended.
     Finished(Outcome),
+    /// Every file was last hashed this long ago (by a previous agent of this boot, whose record a
+    /// restart trusted): the next full rescan is due a rescan interval after that hash, not after
+    /// the restart.
+    LastFullHash(Duration),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
+    /// Not started: a restarted agent spreads the full hash it cannot skip over this delay
+    /// (`verify.restart_jitter`), so that a rollout's agents do not all read at once.
+    Deferred(Duration),
     /// A verdict, either way: the model's state is known.
     Report,
     /// It could not run (ROOT unreadable): the next run must look at everything.
@@ -118,6 +125,8 @@ pub struct Planner {
     /// The last verification could not run: the next one starts from the manifest, whole.
     unverified: bool,
     manifest_retry_at: Option<Instant>,
+    /// A deferred verification waits until then.
+    not_before: Option<Instant>,
 }
 
 impl Planner {
@@ -137,6 +146,7 @@ impl Planner {
             next_rescan: now + timing.full_rescan_interval,
             unverified: true,
             manifest_retry_at: None,
+            not_before: None,
         }
     }
 
@@ -174,9 +184,22 @@ impl Planner {
                 self.verifying = false;
                 self.own_reads_until = Some(now + self.timing.own_read_echo);
                 self.unverified = outcome != Outcome::Report;
-                if outcome == Outcome::NoManifest {
-                    self.manifest_retry_at = Some(now + self.timing.manifest_retry);
+                match outcome {
+                    Outcome::NoManifest => {
+                        self.manifest_retry_at = Some(now + self.timing.manifest_retry)
+                    }
+                    Outcome::Deferred(delay) => {
+                        self.todo.full = true;
+                        self.not_before = Some(now + delay);
+                    }
+                    Outcome::Report | Outcome::Failed => {}
                 }
+            }
+            Input::LastFullHash(ago) => {
+                let due = now
+                    .checked_sub(ago)
+                    .map_or(now, |hashed| hashed + self.rescan_interval());
+                self.next_rescan = due.max(now);
             }
         }
         let watch_due = match self.watch {
@@ -205,6 +228,7 @@ impl Planner {
             }
             self.last_event = None;
             self.verifying = true;
+            self.not_before = None;
             actions.push(Action::Verify(todo));
         }
         actions
@@ -223,6 +247,7 @@ impl Planner {
     /// Collected work may start at once when scheduled, `debounce` after the last event otherwise.
     fn is_due(&self, now: Instant) -> bool {
         !self.todo.is_empty()
+            && self.not_before.is_none_or(|at| now >= at)
             && self
                 .last_event
                 .is_none_or(|event| now >= event + self.timing.debounce)
@@ -234,7 +259,10 @@ impl Planner {
         if let Watch::Failed { at } = self.watch {
             wake = wake.min(at + self.timing.watch_retry);
         }
-        if let Some(at) = self.manifest_retry_at {
+        for at in [self.manifest_retry_at, self.not_before]
+            .into_iter()
+            .flatten()
+        {
             wake = wake.min(at);
         }
         if let (false, false, Some(event)) = (self.verifying, self.todo.is_empty(), self.last_event)
@@ -512,6 +540,49 @@ mod tests {
         assert_eq!(
             planner.on(Input::Wake, t0 + ms(1400)),
             [verify(true, true, &["b"])]
+        );
+    }
+
+    #[test]
+    fn a_deferred_first_verification_starts_whole_once_its_delay_passed() {
+        let t0 = Instant::now();
+        let mut planner = Planner::new(TIMING, t0);
+        assert_eq!(
+            planner.on(Input::Wake, t0),
+            [Action::Watch, verify(true, true, &[])]
+        );
+        planner.on(Input::Watched(true), t0);
+        assert_eq!(
+            planner.on(Input::Finished(Outcome::Deferred(ms(20_000))), t0 + ms(5)),
+            []
+        );
+        assert_eq!(planner.next_wake(), t0 + ms(20_005));
+        // Events meanwhile are folded into the full verification, not started on their own.
+        planner.on(Input::Work(Work::Files(files(&["a"]))), t0 + ms(100));
+        assert_eq!(planner.on(Input::Wake, t0 + ms(10_000)), []);
+        assert_eq!(
+            planner.on(Input::Wake, t0 + ms(20_005)),
+            [verify(true, true, &["a"])]
+        );
+    }
+
+    #[test]
+    fn a_trusted_restart_rescans_an_interval_after_the_recorded_hash() {
+        let t0 = Instant::now();
+        let mut planner = settled(t0);
+        let hours = |n: u64| Duration::from_secs(n * 3600);
+        planner.on(Input::LastFullHash(hours(20)), t0);
+        assert_eq!(planner.next_wake(), t0 + hours(4));
+        assert_eq!(planner.on(Input::Wake, t0 + hours(4) - ms(1)), []);
+        assert_eq!(
+            planner.on(Input::Wake, t0 + hours(4)),
+            [verify(true, false, &[])]
+        );
+        // A record older than the interval: the rescan is due at once.
+        let mut planner = settled(t0);
+        assert_eq!(
+            planner.on(Input::LastFullHash(hours(30)), t0),
+            [verify(true, false, &[])]
         );
     }
 }

@@ -23,9 +23,13 @@ use super::settings::ReadinessSettings;
 use crate::events;
 use mlnode_core::health::{FromNode, HealthSource};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
-use mlnode_core::state::{any_readiness_changed, ModelState, NodeTaint};
+use mlnode_core::state::{any_readiness_changed, ModelState, NodeRecords, NodeTaint, Readiness};
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
+/// After handing the monitors their records, how long the first round waits for them to conclude
+/// (a look at each file, milliseconds; longer only while changed files are hashed), so that the
+/// first write carries every gate rather than all but the models'.
+const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Retries of the taint's test-and-replace when the list changed between read and write.
 const TAINT_ATTEMPTS: usize = 5;
 
@@ -56,7 +60,7 @@ impl ReadinessMetrics {
         )?;
         let memory_errors = prometheus::IntCounter::new(
             "mlnode_readiness_memory_errors_total",
-            "Reads of the node whose remembered faults (AcceleratorHealthy's message), clearing annotation or device-count labels could not be parsed; the live facts decide then.",
+            "Reads of the node whose remembered faults (AcceleratorHealthy's message), verified caches' records (ModelCacheVerified's), clearing annotation or device-count labels could not be parsed; the live facts decide then, and the caches are hashed.",
         )?;
         let repair_refused = prometheus::IntGauge::new(
             "mlnode_readiness_repair_condition_refused",
@@ -91,6 +95,9 @@ pub struct Sources {
     pub missing_collectors: Vec<String>,
     /// Where the controller says whether our taint is on the node (the verifiers' priority).
     pub node_taint: NodeTaint,
+    /// Where it hands the monitors what a previous agent of this boot verified (at its first read
+    /// of the node).
+    pub node_records: NodeRecords,
 }
 
 pub struct Controller {
@@ -166,8 +173,12 @@ impl Controller {
         loop {
             // The node is read before the first gates are decided: they must include what a
             // previous agent on this boot held, never overwrite it with a premature True.
+            let first_read = memory.from_node.since.is_none();
             let synced = match self.read_node_if_needed(&mut memory).await {
                 Ok(()) => {
+                    if first_read {
+                        self.let_models_resume().await;
+                    }
                     let gates = self.gates(&mut memory);
                     for gate in &gates {
                         self.metrics.set_gate(gate.condition_type, gate.ok());
@@ -212,6 +223,18 @@ impl Controller {
         }
     }
 
+    /// Waits, at most [`RESUME_WAIT`], until no model is resuming a previous agent's verdict.
+    async fn let_models_resume(&self) {
+        let models = &self.sources.models;
+        let resuming = || models.iter().any(|m| m.readiness() == Readiness::Resuming);
+        let _ = tokio::time::timeout(RESUME_WAIT, async {
+            while resuming() {
+                any_readiness_changed(models).await;
+            }
+        })
+        .await;
+    }
+
     async fn read_node_if_needed(&self, memory: &mut Memory) -> Result<(), kube::Error> {
         if memory.planner.needs_read() {
             let node = self.nodes.get(&self.node_name).await?;
@@ -228,6 +251,7 @@ impl Controller {
                 name: m.name.clone(),
                 readiness: m.readiness(),
                 watched: m.is_watched(),
+                verified_by: m.verified_by(),
             })
             .collect()
     }
@@ -244,10 +268,21 @@ impl Controller {
         let held: mlnode_core::health::HeldFaults =
             reports.iter().flat_map(|r| r.held.clone()).collect();
         let missing = &self.sources.missing_collectors;
-        let mut gates = vec![
-            gates::model_cache_gate(&models),
-            gates::accelerator_gate(missing, &reports, &memory::trailer(&self.boot_id, &held)),
-        ];
+        let records = self
+            .sources
+            .models
+            .iter()
+            .filter_map(|m| Some((m.name.clone(), m.record()?)))
+            .collect();
+        let mut gates: Vec<Gate> =
+            gates::model_cache_gate(&models, &memory::records_trailer(&self.boot_id, &records))
+                .into_iter()
+                .collect();
+        gates.push(gates::accelerator_gate(
+            missing,
+            &reports,
+            &memory::trailer(&self.boot_id, &held),
+        ));
         if let Some(repair) = self.settings.repair_condition {
             gates.push(gates::repair_gate(repair.as_str(), missing, &reports));
         }
@@ -330,6 +365,11 @@ impl Controller {
                 .await;
             }
         }
+        // A model still resuming has no gate yet: nothing about the caches is concluded, so the
+        // taint and the model labels stay as the node shows them.
+        if !all.iter().any(|g| g.condition_type == MODEL_CACHE_VERIFIED) {
+            return Ok(());
+        }
         self.sync_taint(all.iter().all(Gate::ok), memory).await?;
         self.sync_labels(memory).await
     }
@@ -387,6 +427,7 @@ impl Controller {
         }
         if memory.from_node.since.is_none() {
             memory.from_node.since = Some(now.0);
+            trouble.extend(self.hand_over_records(memory));
             let message = memory
                 .conditions
                 .get(ACCELERATOR_HEALTHY)
@@ -412,6 +453,34 @@ impl Controller {
             tracing::warn!(node = %self.node_name, error = %trouble, "cannot read what the node remembers; the live facts decide");
         }
         memory.memory_trouble = trouble;
+    }
+
+    /// On the first read: gives the monitors the records a previous agent of this boot left in
+    /// `ModelCacheVerified`'s message (none from another boot, or when they cannot be read: then
+    /// each model is hashed). Returns the trouble, if any.
+    fn hand_over_records(&self, memory: &Memory) -> Option<String> {
+        let message = memory
+            .conditions
+            .get(MODEL_CACHE_VERIFIED)
+            .and_then(|c| c.message.as_deref())
+            .unwrap_or_default();
+        let (records, trouble) = match memory::parse_records(message) {
+            Ok(Some((boot, records))) if boot == self.boot_id => {
+                tracing::info!(node = %self.node_name, models = records.len(), "a previous agent of this boot recorded what it verified: files still as recorded are not hashed again");
+                (records, None)
+            }
+            Ok(Some((boot, _))) => {
+                tracing::info!(node = %self.node_name, previous_boot = %boot, "the verified caches' records are from an earlier boot: every model is hashed");
+                (Default::default(), None)
+            }
+            Ok(None) => (Default::default(), None),
+            Err(e) => (
+                Default::default(),
+                Some(format!("ModelCacheVerified's message does not carry the verified caches' records in the form this agent writes: {e}")),
+            ),
+        };
+        self.sources.node_records.set(records);
+        trouble
     }
 
     /// Puts the taint where the planner wants it (see [`Planner::taint_wanted`]).

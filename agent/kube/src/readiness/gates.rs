@@ -2,7 +2,7 @@
 //! a node-readiness-controller rule (`requiredStatus: True`) or an alert uses them as they are.
 
 use mlnode_core::health::{DeviceKind, Report};
-use mlnode_core::state::Readiness;
+use mlnode_core::state::{Readiness, VerifiedBy};
 
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
 pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
@@ -72,20 +72,38 @@ pub struct ModelFacts {
     pub readiness: Readiness,
     /// Its files are watched: a verdict is kept current, not only as fresh as the last rescan.
     pub watched: bool,
+    /// How its verdict of verified came about.
+    pub verified_by: VerifiedBy,
 }
 
 /// `ModelCacheVerified`: every configured model verified. A model whose files cannot be watched
 /// does not hold the node (its last verdict stands), but the message says it is not continuously
-/// verified.
-pub fn model_cache_gate(models: &[ModelFacts]) -> Gate {
+/// verified; one taken over from a previous agent of this boot says since when it is unchanged.
+/// `memory` is what the message must carry for a restarted agent (`memory::records_trailer`): kept
+/// whole, after the readable part. None while a restarted agent is resuming a model's verdict:
+/// the node's condition is left as it is until then.
+pub fn model_cache_gate(models: &[ModelFacts], memory: &str) -> Option<Gate> {
     let mut failing = Vec::new();
     let mut starting = Vec::new();
+    let mut unchanged = Vec::new();
     for ModelFacts {
-        name, readiness, ..
+        name,
+        readiness,
+        verified_by,
+        ..
     } in models
     {
         match readiness {
-            Readiness::Verified { .. } => {}
+            Readiness::Resuming => return None,
+            Readiness::Verified { .. } => {
+                if let VerifiedBy::UnchangedSince(at) = verified_by {
+                    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(*at);
+                    unchanged.push(format!(
+                        "{name} since {}",
+                        humantime::format_rfc3339_seconds(at)
+                    ));
+                }
+            }
             Readiness::Starting => starting.push(name.clone()),
             Readiness::Failed { reason } => failing.push(format!("{name}: {reason}")),
         }
@@ -124,12 +142,20 @@ pub fn model_cache_gate(models: &[ModelFacts]) -> Gate {
             unwatched.join(", ")
         )
     };
-    Gate {
+    let message = if unchanged.is_empty() || !ok {
+        message
+    } else {
+        format!(
+            "{message}; unchanged since a previous agent of this boot hashed them: {}",
+            unchanged.join(", ")
+        )
+    };
+    Some(Gate {
         condition_type: MODEL_CACHE_VERIFIED,
         status: Status::of(ok),
         reason: reason.into(),
-        message: truncate(message),
-    }
+        message: truncate(message) + memory,
+    })
 }
 
 /// `AcceleratorHealthy` from every accelerator collector's report ([`mlnode_core::health`]): each
@@ -217,6 +243,7 @@ pub(crate) mod tests {
             name: name.into(),
             readiness,
             watched: true,
+            verified_by: VerifiedBy::Hash,
         }
     }
 
@@ -231,33 +258,61 @@ pub(crate) mod tests {
                 },
             ),
         ];
-        let gate = model_cache_gate(&models);
+        let gate = model_cache_gate(&models, "").unwrap();
         assert!(!gate.ok());
         assert_eq!(gate.reason, "ModelCacheNotVerified");
         assert_eq!(gate.message, "mistral: model.safetensors digest_mismatch");
-        let gate = model_cache_gate(&[model("llama", Readiness::Starting)]);
+        let gate = model_cache_gate(&[model("llama", Readiness::Starting)], "").unwrap();
         assert_eq!(
             (gate.ok(), gate.reason.as_str()),
             (false, "VerificationInProgress"),
             "never a premature True"
         );
-        assert!(model_cache_gate(&[model("llama", Readiness::Verified { revision: None })]).ok());
+        assert!(model_cache_gate(
+            &[model("llama", Readiness::Verified { revision: None })],
+            ""
+        )
+        .unwrap()
+        .ok());
     }
 
     #[test]
     fn model_gate_says_which_models_are_not_continuously_verified() {
         let mut unwatched = model("mistral", Readiness::Verified { revision: None });
         unwatched.watched = false;
-        let gate = model_cache_gate(&[
-            model("llama", Readiness::Verified { revision: None }),
-            unwatched,
-        ]);
+        let gate = model_cache_gate(
+            &[
+                model("llama", Readiness::Verified { revision: None }),
+                unwatched,
+            ],
+            "",
+        )
+        .unwrap();
         assert!(gate.ok(), "its last verdict stands");
         assert_eq!(gate.reason, "AllModelCachesVerified");
         assert!(
             gate.message.ends_with("not continuously verified (their files cannot be watched, so changes are only found by rescans): mistral"),
             "{}",
             gate.message
+        );
+    }
+
+    /// A restarted agent says where a verdict came from, keeps its memory whole past the readable
+    /// part, and leaves the node's condition alone while it is still looking.
+    #[test]
+    fn model_gate_of_a_restart_says_since_when_and_waits_while_resuming() {
+        let mut resumed = model("llama", Readiness::Verified { revision: None });
+        resumed.verified_by = VerifiedBy::UnchangedSince(1_764_633_600);
+        let memory = " [mlnode-agent: boot 3f2b; verified llama=x]";
+        let gate = model_cache_gate(&[resumed.clone()], memory).unwrap();
+        assert!(gate.ok());
+        assert_eq!(
+            gate.message,
+            format!("1 model cache(s) verified; unchanged since a previous agent of this boot hashed them: llama since 2025-12-02T00:00:00Z{memory}")
+        );
+        assert_eq!(
+            model_cache_gate(&[resumed, model("mistral", Readiness::Resuming)], ""),
+            None
         );
     }
 

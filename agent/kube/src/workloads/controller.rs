@@ -195,9 +195,16 @@ impl PodController {
                 ..Series::default()
             };
             if gate::has_gate(pod) {
-                let decided = gate::decide(pod, &verdicts);
-                series.gate = Some((decided.model.clone(), decided.ok()));
-                synced &= self.write_gate(pod, &uid, &decided, memory).await;
+                match gate::decide(pod, &verdicts) {
+                    Some(decided) => {
+                        series.gate = Some((decided.model.clone(), decided.ok()));
+                        synced &= self.write_gate(pod, &uid, &decided, memory).await;
+                    }
+                    // Its model's verdict is not concluded yet: the pod keeps what it shows.
+                    None => {
+                        series.gate = memory.series.get(&uid).and_then(|s| s.gate.clone());
+                    }
+                }
             }
             let writable = writable_mounts(pod, &self.mounts);
             for mount in &writable {

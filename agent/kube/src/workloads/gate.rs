@@ -44,8 +44,9 @@ impl PodGate {
 }
 
 /// The gate of a pod that names its model by annotation, from the verdicts of the models
-/// configured on this node (by name).
-pub fn decide(pod: &Pod, verdicts: &BTreeMap<String, Readiness>) -> PodGate {
+/// configured on this node (by name); None while its model's verdict is not concluded (a restarted
+/// agent resuming a previous one's), when the pod's condition is left as it is.
+pub fn decide(pod: &Pod, verdicts: &BTreeMap<String, Readiness>) -> Option<PodGate> {
     let model = annotated_model(pod).unwrap_or_default().to_string();
     let required = pod
         .metadata
@@ -53,11 +54,13 @@ pub fn decide(pod: &Pod, verdicts: &BTreeMap<String, Readiness>) -> PodGate {
         .as_ref()
         .and_then(|a| a.get(REVISION_ANNOTATION))
         .filter(|r| !r.is_empty());
-    let gate = |ok, reason, message: String| PodGate {
-        model: model.clone(),
-        status: Status::of(ok),
-        reason,
-        message: truncate(message),
+    let gate = |ok, reason, message: String| {
+        Some(PodGate {
+            model: model.clone(),
+            status: Status::of(ok),
+            reason,
+            message: truncate(message),
+        })
     };
     let configured = || verdicts.keys().cloned().collect::<Vec<_>>().join(", ");
     if model.is_empty() {
@@ -76,6 +79,7 @@ pub fn decide(pod: &Pod, verdicts: &BTreeMap<String, Readiness>) -> PodGate {
                 configured()
             ),
         ),
+        Some(Readiness::Resuming) => None,
         Some(Readiness::Starting) => gate(
             false,
             "VerificationInProgress",
@@ -191,6 +195,11 @@ pub fn condition_patch(gate: &PodGate, current: Option<&PodCondition>, now: &str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every verdict the tests give is concluded.
+    fn decide(pod: &Pod, verdicts: &BTreeMap<String, Readiness>) -> PodGate {
+        super::decide(pod, verdicts).expect("a concluded verdict decides")
+    }
 
     const COMMIT: &str = "0e9e39f249a16976918f6564b8830bc894c89659";
 
