@@ -24,8 +24,6 @@ GNU time, model-signing (scripts/test.sh installs it).
 import argparse
 import contextlib
 import hashlib
-import http.server
-import json
 import mmap
 import multiprocessing
 import os
@@ -39,6 +37,7 @@ import threading
 import time
 
 import agent_process
+from fake_api import FakeApiServer
 import bench_verify
 
 MiB = 1 << 20
@@ -181,74 +180,6 @@ def wait_reading(pid: int):
         time.sleep(0.02)
 
 
-class FakeApiServer(http.server.ThreadingHTTPServer):
-    """Just what the readiness controller asks of a real API server, in the shapes it answers
-    (core/v1 Node; a strategic-merge patch of status.conditions; a JSON patch of spec.taints):
-    records when ModelCacheVerified first turns True."""
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), ApiHandler)
-        self.node = {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": NODE, "uid": "9f0e6b1c-0000-4000-8000-000000000001", "resourceVersion": "1"},
-            "spec": {"taints": [dict(TAINT)]},
-            "status": {"conditions": []},
-        }
-        self.verified_at = None
-        self.lock = threading.Lock()
-
-    def kubeconfig(self, path: pathlib.Path) -> pathlib.Path:
-        server = f"http://127.0.0.1:{self.server_address[1]}"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-            "clusters": [{"name": "bench", "cluster": {"server": server}}],
-            "users": [{"name": "bench", "user": {"token": "bench"}}],
-            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
-        }))
-        return path
-
-
-class ApiHandler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def answer(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def body(self):
-        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
-
-    def do_GET(self):
-        with self.server.lock:
-            self.answer(200, self.server.node)
-
-    def do_PATCH(self):
-        patch = self.body()
-        with self.server.lock:
-            node = self.server.node
-            if self.path.split("?")[0].endswith("/status"):
-                conditions = {c["type"]: c for c in node["status"]["conditions"]}
-                for condition in patch["status"]["conditions"]:
-                    conditions[condition["type"]] = condition
-                    verified = (condition["type"], condition["status"]) == ("ModelCacheVerified", "True")
-                    if verified and self.server.verified_at is None:
-                        self.server.verified_at = time.monotonic()
-                node["status"]["conditions"] = list(conditions.values())
-            else:
-                # The agent's only JSON patch: take its taint off, guarded by a test of the list.
-                node["spec"]["taints"] = [t for t in node["spec"]["taints"] if t["key"] != TAINT["key"]]
-            node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
-            self.answer(200, node)
-
-    def do_POST(self):
-        self.answer(201, self.body())
-
-
 # --- the parts ----------------------------------------------------------------------------------
 
 def main():
@@ -358,7 +289,7 @@ def main():
     times = {}
     for priority in ["normal", "auto", "idle"]:
         make_cold(hot)
-        api = FakeApiServer()
+        api = FakeApiServer(NODE, [TAINT])
         threading.Thread(target=api.serve_forever, daemon=True).start()
         kubeconfig = api.kubeconfig(work / "kubeconfig")
         with cpu_load(), serving(binary, agent_config(hot, hot_manifest, priority, readiness=True), work,

@@ -7,15 +7,13 @@ block device gave, the page cache dropped before each case) and its CPU seconds.
 changed in place while the agent was down: the time until the restarted agent fails it.
 
 The record lives in ModelCacheVerified's message on the node, so each agent talks to an API server:
-a minimal one on loopback, here, that answers what `serve` asks at start (its node, the node's
+a minimal one on loopback (fake_api.py) that answers what `serve` asks at start (its node, the node's
 status patches, events, its pods' list and watch), shaped as the real server's answers are.
 
     python3 scripts/bench_restart.py [--big-gib 20] [--small-files 2000]
 
 Writes the table to stdout and target/bench_restart.md."""
 import argparse
-import http.server
-import json
 import os
 import pathlib
 import subprocess
@@ -26,96 +24,12 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import agent_process  # noqa: E402
+from bench_priority import make_cold  # noqa: E402
+from fake_api import FakeApiServer  # noqa: E402
 
 NODE = "bench-node"
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-class FakeApi(http.server.ThreadingHTTPServer):
-    """One node, no pods: enough for the readiness controller and the pod gates to run."""
-
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": NODE, "resourceVersion": "1", "labels": {}, "annotations": {}},
-            "spec": {},
-            "status": {"conditions": []},
-        }
-        self.lock = threading.Lock()
-        self.closing = threading.Event()
-
-    def condition(self, kind):
-        with self.lock:
-            return next((c for c in self.node["status"]["conditions"] if c["type"] == kind), None)
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def reply(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def body(self):
-        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-
-    def do_GET(self):
-        api = self.server
-        if self.path.startswith(f"/api/v1/nodes/{NODE}"):
-            with api.lock:
-                return self.reply(200, api.node)
-        if self.path.startswith("/api/v1/pods") and "watch=true" in self.path:
-            # A watch that sends nothing until the server closes: no pod changes.
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            api.closing.wait()
-            return
-        if self.path.startswith("/api/v1/pods"):
-            return self.reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": []})
-        self.reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-
-    def do_PATCH(self):
-        api = self.server
-        patch = self.body()
-        with api.lock:
-            if self.path.split("?")[0].endswith("/status"):
-                # Strategic merge of conditions, keyed by type.
-                conditions = {c["type"]: c for c in api.node["status"]["conditions"]}
-                for c in patch.get("status", {}).get("conditions", []):
-                    conditions[c["type"]] = c
-                api.node["status"]["conditions"] = list(conditions.values())
-            else:
-                api.node["metadata"]["labels"].update(patch.get("metadata", {}).get("labels", {}))
-            api.node["metadata"]["resourceVersion"] = str(int(api.node["metadata"]["resourceVersion"]) + 1)
-            return self.reply(200, api.node)
-
-    def do_POST(self):
-        self.reply(201, self.body())
-
-
-def kubeconfig(api: FakeApi, work: pathlib.Path) -> pathlib.Path:
-    path = work / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-        "clusters": [{"name": "bench", "cluster": {"server": f"http://127.0.0.1:{api.server_address[1]}"}}],
-        "users": [{"name": "bench", "user": {"token": "bench"}}],
-        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
-    }))
-    return path
 
 
 def proc_io(pid: int) -> dict:
@@ -125,16 +39,6 @@ def proc_io(pid: int) -> dict:
 def cpu_seconds(pid: int) -> float:
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def make_cold(root: pathlib.Path):
-    for path in root.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def verdict(port: int):
@@ -152,7 +56,7 @@ def verdict(port: int):
     return None
 
 
-def recorded(api: FakeApi) -> bool:
+def recorded(api: FakeApiServer) -> bool:
     condition = api.condition("ModelCacheVerified") or {}
     return condition.get("status") == "True" and "; verified m=" in condition.get("message", "")
 
@@ -174,7 +78,7 @@ def run_agent(binary, root, manifest, api, work, trust: bool):
     # The agent's own files beside neither the cache nor the manifest, whose folder it watches.
     home = work / "agent"
     home.mkdir(exist_ok=True)
-    env = {"KUBECONFIG": str(kubeconfig(api, home))}
+    env = {"KUBECONFIG": str(api.kubeconfig(home / "kubeconfig"))}
     started = time.monotonic()
     agent, port = agent_process.serve(binary, config, home, log=open(home / "agent.log", "w"), env=env)
     try:
@@ -254,7 +158,7 @@ def main():
     parser.add_argument("--small-files", type=int, default=2000)
     args = parser.parse_args()
     binary = agent_process.release_binary()
-    api = FakeApi()
+    api = FakeApiServer(NODE)
     threading.Thread(target=api.serve_forever, daemon=True).start()
     rows = []
     with tempfile.TemporaryDirectory(dir=agent_process.REPO / "target") as tmp:
@@ -266,8 +170,7 @@ def main():
         small = work / "small"
         write_model(small, [(f"part-{i // 100:02d}/file-{i:05d}.bin", 64 * 1024) for i in range(args.small_files)])
         rows += case_rows(f"{args.small_files} files of 64 KiB", binary, small, api, work)
-    api.closing.set()
-    api.shutdown()
+    api.close()
 
     lines = [
         "| model | agent start | to verdict (s) | read, all reads (MiB) | read from disk (MiB) | CPU (s) |",
