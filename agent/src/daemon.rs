@@ -62,6 +62,7 @@ fn collectors(
     // the directory is kept only where something names pods by it.
     let names_pods = config.nvml.process_attribution || !kubelet.holder_labels().is_off();
     let node_pods = crate::node_pods::NodePodsSlot::new(names_pods);
+    let api = crate::components::ApiClient::new(config.api_request_timeout.get());
     let on_the_node: Vec<Box<dyn Component>> = vec![
         Box::new(KernelLog {
             settings: config.kernel_log.clone(),
@@ -85,11 +86,13 @@ fn collectors(
             core_resources: kubelet.neuron_core_resource_names.clone(),
             kernel_log,
             holder_labels: kubelet.holder_labels(),
+            api: api.clone(),
         }),
         Box::new(Kubelet {
             socket: kubelet.pod_resources_socket.clone(),
             interval: kubelet.pod_resources_interval.get(),
             workload: node.workload.clone(),
+            api: api.clone(),
         }),
     ];
     let with_the_api_server: Vec<Box<dyn Component>> = vec![
@@ -98,21 +101,25 @@ fn collectors(
             models: config.models.iter().map(config::model_mount).collect(),
             loads: loads.clone(),
             node_pods: node_pods.clone(),
+            api: api.clone(),
         }),
         Box::new(Readiness {
             settings: config.readiness.clone(),
             node_taint: node.taint.clone(),
             node_records: node.records.clone(),
+            api: api.clone(),
         }),
         Box::new(PodGates {
             settings: config.readiness.clone(),
             mounts: config.models.iter().map(config::model_mount).collect(),
             node_pods: node_pods.clone(),
+            api: api.clone(),
         }),
         Box::new(PodDirectory {
             needed: names_pods,
-            api: config.readiness.enabled,
+            enabled: config.readiness.enabled,
             node_pods,
+            api,
         }),
     ];
     [on_the_node, with_the_api_server]

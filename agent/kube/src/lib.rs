@@ -1,5 +1,6 @@
 //! mlnode-kube: the agent's Kubernetes side, what it learns from and tells the cluster.
 //!
+//! - [`api`]: the one client of the API server, its requests counted and its push-back honoured;
 //! - [`kubelet`]: which container holds which device (the pod-resources API, DRA slices);
 //! - [`startup`]: each inference pod's startup phases, from its Pod and Events;
 //! - [`readiness`]: the node's conditions, its startup taint and the repair condition;
@@ -7,6 +8,7 @@
 //! - [`models`]: where each configured model's cache is, as pods mount it;
 //! - [`node_pods`]: the node's pods by UID, for naming a process's pod.
 
+pub mod api;
 mod events;
 pub mod kubelet;
 pub mod models;

@@ -9,7 +9,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::watch::ErrorsOnlyBackoff;
+use crate::watch::{watch_config, ErrorsOnlyBackoff};
 use mlnode_core::pods::{PodDirectory, PodIdentity, SharedPods};
 
 /// What names `pod` and its containers: each container's runtime id (`containerd://<id>`,
@@ -86,8 +86,7 @@ impl NodePods {
                 let (store, writer) = reflector::store();
                 let (tell, changes) = tokio::sync::watch::channel(Ok(0));
                 let api: Api<Pod> = Api::all(client);
-                let config =
-                    watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+                let config = watch_config(&format!("spec.nodeName={node_name}"));
                 let stream = reflector::reflector(writer, watcher(api, config))
                     .backoff(ErrorsOnlyBackoff::default());
                 let directory = slot.keeps_directory.then_some(directory);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::kube_client;
+use super::ApiClient;
 use crate::kubelet::dra::DraSlices;
 use crate::kubelet::pod_resources::{self, Published};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
@@ -19,6 +19,7 @@ pub struct Kubelet {
     pub interval: Duration,
     /// Where the poller says whether pods hold accelerators (the verifiers' priority).
     pub workload: NodeWorkload,
+    pub api: ApiClient,
 }
 
 impl Component for Kubelet {
@@ -42,7 +43,7 @@ impl Component for Kubelet {
             // kubelet reports one.
             let dra = match devices.dra_drivers.is_empty() {
                 true => None,
-                false => match kube_client().await {
+                false => match self.api.any(&cx.registry).await {
                     Ok(client) => Some(DraSlices::spawn(
                         client,
                         &cx.node_name,

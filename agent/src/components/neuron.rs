@@ -1,12 +1,10 @@
 //! The AWS Neuron collector, its neuron-monitor input, and the node labels its series carry.
 
-use std::time::Duration;
-
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
-use super::kube_for;
+use super::ApiClient;
 use crate::kernel_log::facts::LogFacts;
 use crate::neuron::health::NeuronHealth;
 use crate::neuron::settings::NeuronSettings;
@@ -27,6 +25,7 @@ pub struct Neuron {
     pub kernel_log: Option<Shared<LogFacts>>,
     /// What of a device's holder its series carry (`kubelet.pod_uid`, `kubelet.pod_labels`).
     pub holder_labels: HolderLabels,
+    pub api: ApiClient,
 }
 
 impl Component for Neuron {
@@ -75,7 +74,7 @@ impl Component for Neuron {
                 cx.tasks.spawn(reader);
             }
             if settings.instance_type.is_empty() || settings.availability_zone.is_empty() {
-                match kube_for(Toggle::Auto, "neuron").await {
+                match self.api.for_feature(Toggle::Auto, "neuron", &cx.registry).await {
                     Ok(client) => {
                         let reader = read_node_labels(
                             client,
@@ -100,8 +99,8 @@ impl Component for Neuron {
     }
 }
 
-/// Reads this node's instance type and zone labels once, retrying with a doubling wait (1 s to a
-/// minute) while the API server cannot answer: they are set when the kubelet registers the node
+/// Reads this node's instance type and zone labels once, retrying with a jittered doubling wait
+/// (1 s to a minute) while the API server cannot answer: they are set when the kubelet registers the node
 /// and do not change.
 async fn read_node_labels(
     client: kube::Client,
@@ -110,9 +109,9 @@ async fn read_node_labels(
     shutdown: CancellationToken,
 ) {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
-    let mut wait = Duration::from_secs(1);
+    let mut backoff = mlnode_kube::api::Backoff::default();
     loop {
-        match nodes.get(&node_name).await {
+        let wait = match nodes.get(&node_name).await {
             Ok(node) => {
                 let labels = NodeLabels::of(&node);
                 tracing::info!(instance_type = %labels.instance_type, availability_zone = %labels.availability_zone, "read the node's instance type and zone for the Neuron series");
@@ -120,13 +119,14 @@ async fn read_node_labels(
                 return;
             }
             Err(e) => {
-                tracing::warn!(node = %node_name, error = %e, retry_in = ?wait, "cannot read the node's instance type label")
+                let wait = backoff.failed_now();
+                tracing::warn!(node = %node_name, error = %e, retry_in = ?wait, "cannot read the node's instance type label");
+                wait
             }
-        }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        wait = (wait * 2).min(Duration::from_secs(60));
     }
 }

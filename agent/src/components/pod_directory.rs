@@ -7,7 +7,7 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::kube_for;
+use super::ApiClient;
 use crate::node_pods::{NodePods, NodePodsSlot};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::settings::Toggle;
@@ -16,10 +16,11 @@ pub struct PodDirectory {
     /// Whether a consumer is configured.
     pub needed: bool,
     /// `readiness.enabled`: whether the agent talks to the API server at all.
-    pub api: Toggle,
+    pub enabled: Toggle,
     /// The node's one pod watch, shared with the startup tracker and the pod gates (started by
     /// whichever starts first).
     pub node_pods: NodePodsSlot,
+    pub api: ApiClient,
 }
 
 impl Component for PodDirectory {
@@ -37,7 +38,10 @@ impl Component for PodDirectory {
                     "nothing asks for the pods' names, UIDs or labels (nvml.process_attribution, kubelet.pod_uid and kubelet.pod_labels are off)".into(),
                 ));
             }
-            let client = kube_for(self.api, "readiness").await.map_err(|e| {
+            let client = self
+                .api
+                .for_feature(self.enabled, "readiness", &cx.registry)
+                .await.map_err(|e| {
                 NotStarted::Absent(format!("{e}: GPU processes are reported without pod names"))
             })?;
             NodePods::shared(

@@ -5,7 +5,7 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::kube_for;
+use super::ApiClient;
 use crate::models::ModelMount;
 use crate::node_pods::{NodePods, NodePodsSlot};
 use crate::readiness::settings::ReadinessSettings;
@@ -19,6 +19,7 @@ pub struct PodGates {
     pub mounts: Vec<ModelMount>,
     /// The node's one pod watch, shared with the pod directory.
     pub node_pods: NodePodsSlot,
+    pub api: ApiClient,
 }
 
 /// The agent's own pod, as the DaemonSet passes it through the downward API.
@@ -44,7 +45,8 @@ impl Component for PodGates {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
-            let client = kube_for(self.settings.enabled, "readiness")
+            let client = self.api
+                .for_feature(self.settings.enabled, "readiness", &cx.registry)
                 .await
                 .map_err(NotStarted::Absent)?;
             let own_pod = own_pod();
@@ -58,7 +60,6 @@ impl Component for PodGates {
                 mounts: self.mounts,
                 own_pod,
                 interval: self.settings.interval.get(),
-                heartbeat: self.settings.heartbeat.get(),
                 metrics: WorkloadMetrics::register(&cx.registry)?,
                 up: cx.up.clone(),
             };

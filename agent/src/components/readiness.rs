@@ -4,7 +4,7 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::kube_for;
+use super::ApiClient;
 use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::readiness::settings::ReadinessSettings;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
@@ -18,6 +18,7 @@ pub struct Readiness {
     pub node_taint: NodeTaint,
     /// Where the controller hands the monitors what a previous agent of this boot verified.
     pub node_records: NodeRecords,
+    pub api: ApiClient,
 }
 
 impl Component for Readiness {
@@ -34,7 +35,11 @@ impl Component for Readiness {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
-            let client = match kube_for(self.settings.enabled, "readiness").await {
+            let client = match self
+                .api
+                .for_feature(self.settings.enabled, "readiness", &cx.registry)
+                .await
+            {
                 Ok(client) => client,
                 Err(reason) => {
                     // No controller, so no taint of ours and no record kept on the node: the

@@ -3,7 +3,7 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::kube_for;
+use super::ApiClient;
 use crate::models::ModelMount;
 use crate::node_pods::{NodePods, NodePodsSlot};
 use crate::startup::settings::StartupSettings;
@@ -20,6 +20,7 @@ pub struct Startup {
     pub loads: LoadActivity,
     /// The node's one pod watch, shared with the pod gates and the pod directory.
     pub node_pods: NodePodsSlot,
+    pub api: ApiClient,
 }
 
 impl Component for Startup {
@@ -36,7 +37,9 @@ impl Component for Startup {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
-            let client = kube_for(self.settings.enabled, "startup")
+            let client = self
+                .api
+                .for_feature(self.settings.enabled, "startup", &cx.registry)
                 .await
                 .map_err(NotStarted::Absent)?;
             let metrics = StartupMetrics::register(&cx.registry)?;

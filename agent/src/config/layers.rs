@@ -253,13 +253,14 @@ mod tests {
     fn every_section_is_addressable_by_a_variable() {
         // Read off the type, not a list kept beside it: every field of Config has a key.
         let keys = top_level_keys();
-        assert_eq!(keys.len(), 13, "{keys:?}");
+        assert_eq!(keys.len(), 14, "{keys:?}");
         let values = [
             ("MLNODE_LISTEN", "127.0.0.1:1"),
             ("MLNODE_NODE_NAME", "gpu-7"),
             ("MLNODE_HOSTNAME_LABEL", "both"),
             ("MLNODE_LOG_FORMAT", "json"),
             ("MLNODE_START_JITTER", "5s"),
+            ("MLNODE_API_REQUEST_TIMEOUT", "10s"),
             ("MLNODE_MODELS", "[{name: a, root: /a, manifest: /a.json}]"),
             ("MLNODE_VERIFY__THREADS", "3"),
             ("MLNODE_NVML__ENABLED", "false"),
@@ -288,6 +289,10 @@ mod tests {
         assert_eq!(config.hostname_label, NodeLabel::Both);
         assert_eq!(config.log_format, LogFormat::Json);
         assert_eq!(config.start_jitter.get(), std::time::Duration::from_secs(5));
+        assert_eq!(
+            config.api_request_timeout.get(),
+            std::time::Duration::from_secs(10)
+        );
         assert_eq!(config.models[0].name, "a");
         assert_eq!(*config.verify.threads, 3);
         assert_eq!(config.nvml.enabled, Toggle::Off);

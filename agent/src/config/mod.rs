@@ -54,6 +54,9 @@ pub struct Config {
     /// The most the agents a rollout starts together spread their first API requests over: each
     /// waits a random delay up to this (docs/configuration.md, "Rollouts").
     pub start_jitter: Within<StartJitter>,
+    /// How long a request to the API server other than a watch may go unanswered before it
+    /// counts as failed and its loop backs off.
+    pub api_request_timeout: Within<ApiRequestTimeout>,
     #[serde(deserialize_with = "crate::cache::settings::unique_names")]
     pub models: Vec<ModelConfig>,
     pub verify: VerifySettings,
@@ -73,6 +76,7 @@ impl Default for Config {
             hostname_label: NodeLabel::default(),
             log_format: LogFormat::Auto,
             start_jitter: Within::default_of(Duration::from_secs(1)),
+            api_request_timeout: Within::default_of(seconds(30)),
             models: Vec::new(),
             verify: VerifySettings::default(),
             nvml: NvmlSettings::default(),
@@ -89,6 +93,9 @@ bounds! {
     /// Past a minute the node's readiness gates and the pods' wait on the agent for no gain: a
     /// rollout's own pace (maxUnavailable) spreads its starts far more.
     pub StartJitter: Duration = Duration::ZERO, seconds(60);
+    /// Under a second a loaded API server's ordinary latency would count as failures; past five
+    /// minutes a hung connection would hold a verdict that long.
+    pub ApiRequestTimeout: Duration = seconds(1), seconds(300);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -498,6 +505,7 @@ mod tests {
             ("neuron.logical_nc_config", "4"),
             ("neuron.logical_nc_config", "lnc2"),
             ("start_jitter", "2m"),
+            ("api_request_timeout", "0s"),
             ("verify.restart_jitter", "1h"),
             ("verify.trust_unchanged_after_restart", "sometimes"),
         ];

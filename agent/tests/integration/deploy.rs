@@ -478,3 +478,31 @@ fn the_gpu_and_neuron_overlays_share_a_cluster_overwriting_nothing() {
         "each DaemonSet selects only its own pods"
     );
 }
+
+/// The example FlowSchema matches the agents as deployed: the service account and namespace the
+/// rendered DaemonSet runs as, and a priority level the same file defines.
+#[test]
+fn the_priority_and_fairness_example_matches_the_deployed_service_account() {
+    let text =
+        std::fs::read_to_string(deploy_dir().join("examples/api-priority-and-fairness.yaml"))
+            .unwrap();
+    let objects: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let schema = common::kustomize::find(&objects, "FlowSchema", "mlnode-agent");
+    let level = common::kustomize::find(&objects, "PriorityLevelConfiguration", "mlnode-agent");
+    assert_eq!(
+        schema["spec"]["priorityLevelConfiguration"]["name"],
+        level["metadata"]["name"]
+    );
+    let rendered = common::needs!(common::kustomize::render_with("overlays/gpu", &[]));
+    let ds = daemonset(&rendered);
+    let subject = &schema["spec"]["rules"][0]["subjects"][0]["serviceAccount"];
+    assert_eq!(
+        subject["name"],
+        ds["spec"]["template"]["spec"]["serviceAccountName"]
+    );
+    assert_eq!(subject["namespace"], ds["metadata"]["namespace"]);
+    // Below the built-in `service-accounts` schema (9000), which would match first otherwise, and
+    // above the system's own (at most 900).
+    let precedence = schema["spec"]["matchingPrecedence"].as_u64().unwrap();
+    assert!((901..9000).contains(&precedence), "{precedence}");
+}

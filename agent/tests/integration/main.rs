@@ -7,6 +7,7 @@ mod common;
 
 mod admission_policy;
 mod alerts;
+mod api_budget;
 mod architecture;
 mod as_deployed;
 mod cli;

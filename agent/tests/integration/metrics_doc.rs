@@ -165,6 +165,7 @@ fn exposition() -> String {
     let readiness =
         mlnode_agent::readiness::controller::ReadinessMetrics::register(&registry).unwrap();
     readiness.set_gate("ModelCacheVerified", true);
+    register_kube_requests(&registry);
     let workloads =
         mlnode_agent::workloads::controller::WorkloadMetrics::register(&registry).unwrap();
     workloads.set_gate("inference", "vllm-0", "m", true);
@@ -210,6 +211,25 @@ fn exposition() -> String {
             "no CPU time passed in /proc/stat"
         );
     }
+}
+
+/// The API client's layer, with one request answered.
+fn register_kube_requests(registry: &prometheus::Registry) {
+    use tower::{Layer, ServiceExt};
+    let layer =
+        mlnode_agent::api::ApiLayer::new(registry, std::time::Duration::from_secs(1)).unwrap();
+    let server = tower::service_fn(|_: axum::http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(axum::http::Response::new(()))
+    });
+    let request = axum::http::Request::get("/api/v1/nodes/n1")
+        .body(())
+        .unwrap();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(layer.layer(server).oneshot(request))
+        .unwrap();
 }
 
 /// A GPU collector with one GPU whose every field was read, and one XID.

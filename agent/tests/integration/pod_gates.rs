@@ -213,7 +213,7 @@ fn each_pod_follows_its_own_models_verification() {
 }
 
 /// A pod whose status the API server refuses, and one deleted while the agent writes it: each
-/// is counted or passed over, with bounded retries (one write per pod per round), and every other
+/// is counted or passed over, with bounded retries (a backoff per pod), and every other
 /// pod and the node's own conditions are written as ever.
 #[test]
 fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
@@ -263,7 +263,7 @@ fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
     wait_until("the node's condition False", || {
         api.condition("ModelCacheVerified")["status"] == "False"
     });
-    // One write per round to the refused pod: every refused write is counted once, and the
+    // The refused pod is retried with its own backoff: every refused write is counted once, and the
     // vanished pod's 404 not at all.
     let refused = status_patches(&api, "vllm-refused").len() as f64;
     let counted = errors(&agent);

@@ -136,7 +136,7 @@ async fn watch(
         _ = start.notified() => {}
     }
     tracing::info!("the kubelet reports GPUs allocated through DRA: watching this node's ResourceSlices to name them");
-    let config = watcher::Config::default().fields(&on_this_node);
+    let config = crate::watch::watch_config(&on_this_node);
     let events = reflector::reflector(writer, watcher(slices, config)).default_backoff();
     let mut events = std::pin::pin!(events);
     let mut failing: Option<String> = None;

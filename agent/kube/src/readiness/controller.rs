@@ -173,22 +173,25 @@ impl Controller {
         loop {
             // The node is read before the first gates are decided: they must include what a
             // previous agent on this boot held, never overwrite it with a premature True.
-            let first_read = memory.from_node.since.is_none();
-            let synced = match self.read_node_if_needed(&mut memory).await {
-                Ok(()) => {
-                    if first_read {
-                        self.let_models_resume().await;
-                    }
-                    let gates = self.gates(&mut memory);
-                    for gate in &gates {
-                        self.metrics.set_gate(gate.condition_type, gate.ok());
-                    }
-                    self.sync(&gates, &mut memory).await
+            let round = async {
+                let first_read = memory.from_node.since.is_none();
+                self.read_node_if_needed(&mut memory).await?;
+                if first_read {
+                    self.let_models_resume().await;
                 }
-                Err(e) => Err(e),
+                let gates = self.gates(&mut memory);
+                for gate in &gates {
+                    self.metrics.set_gate(gate.condition_type, gate.ok());
+                }
+                self.sync(&gates, &mut memory).await
+            };
+            // A round waiting out the API server's push-back must not hold up the shutdown.
+            let synced = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                synced = round => synced,
             };
             let in_sync = synced.is_ok();
-            let wait = memory.planner.round_done(in_sync);
+            let wait = memory.planner.round_done(in_sync, crate::api::draw());
             match synced {
                 Ok(()) => {
                     self.up.set_up(Subsystem::Readiness, true);
@@ -235,10 +238,22 @@ impl Controller {
         .await;
     }
 
+    /// Reads the node when the planner needs it, from the API server's cache (`resourceVersion=0`,
+    /// as informers list): what the agent learns from it is its own writes and the node's labels,
+    /// and the cache trails etcd by milliseconds. The taint's guarded patch reads the latest.
     async fn read_node_if_needed(&self, memory: &mut Memory) -> Result<(), kube::Error> {
         if memory.planner.needs_read() {
-            let node = self.nodes.get(&self.node_name).await?;
+            let first = memory.from_node.since.is_none();
+            let node = self
+                .nodes
+                .get_with(&self.node_name, &kube::api::GetParams::any())
+                .await?;
             self.saw_node(memory, &node);
+            if first {
+                if let Some(age) = heartbeat_age(&memory.conditions, &self.own_types()) {
+                    memory.planner.node_heartbeat(age, Instant::now());
+                }
+            }
         }
         Ok(())
     }
@@ -533,6 +548,25 @@ impl Controller {
         let about = events::About::node(&self.node_name);
         events::post(&self.client, &self.node_name, &about, kind, reason, message).await;
     }
+}
+
+/// How long ago the oldest of our conditions on the node was written; None when one is missing.
+fn heartbeat_age(
+    conditions: &BTreeMap<String, NodeCondition>,
+    types: &[&str],
+) -> Option<std::time::Duration> {
+    let oldest = types
+        .iter()
+        .map(|t| conditions.get(*t)?.last_heartbeat_time.as_ref())
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .min_by_key(|time| time.0)?;
+    let written = std::time::SystemTime::from(oldest.0);
+    Some(
+        std::time::SystemTime::now()
+            .duration_since(written)
+            .unwrap_or_default(),
+    )
 }
 
 /// Every write carries the agent's field manager, so the node's managed fields say which

@@ -1,16 +1,14 @@
 //! The readiness loop's decisions as a pure function of what the controller has seen and when:
 //! whether the node must be read first, whether the conditions are written (a change, or the
-//! heartbeat), where the startup taint should be, and how long to wait before the next round (the
-//! interval, or a doubling back-off after an API error). `controller.rs` only talks to the API
+//! heartbeat, counted from the node's own heartbeat time when the agent starts, so that a restart
+//! writes nothing the node already shows), where the startup taint should be, and how long to wait
+//! before the next round (the interval, or a jittered doubling back-off after an API error). `controller.rs` only talks to the API
 //! server; every rule here is tested on made-up instants.
 
 use std::time::{Duration, Instant};
 
 use super::settings::TaintMode;
-
-/// The longest wait after repeated API errors.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+use crate::api::Backoff;
 
 pub struct Planner {
     interval: Duration,
@@ -23,7 +21,7 @@ pub struct Planner {
     /// Whether the node had our taint when last seen; None: not seen since the last error.
     taint_present: Option<bool>,
     taint_removed_once: bool,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl Planner {
@@ -36,7 +34,7 @@ impl Planner {
             last_write: None,
             taint_present: None,
             taint_removed_once: false,
-            backoff: FIRST_BACKOFF,
+            backoff: Backoff::default(),
         }
     }
 
@@ -61,6 +59,15 @@ impl Planner {
         self.last_write = Some(now);
     }
 
+    /// At the first read of the node: our conditions are all there and their oldest heartbeat
+    /// was `age` ago. The next heartbeat is due a heartbeat after that one, not at start: a
+    /// restarted agent (a rollout) writes only what changed.
+    pub fn node_heartbeat(&mut self, age: Duration, now: Instant) {
+        if self.last_write.is_none() {
+            self.last_write = Some(now.checked_sub(age).unwrap_or(now));
+        }
+    }
+
     /// Where the taint should be, when that is not where it was last seen. Bootstrap-only: off
     /// once, the first time every gate passes, never back. Continuous: on exactly while a gate
     /// fails.
@@ -80,18 +87,16 @@ impl Planner {
         }
     }
 
-    /// The wait before the next round: the interval after a round that synced; after an error, a
-    /// back-off that doubles up to [`MAX_BACKOFF`], and the node is read again (it may have moved
-    /// on).
-    pub fn round_done(&mut self, synced: bool) -> Duration {
+    /// The wait before the next round: the interval after a round that synced; after an error,
+    /// the [`Backoff`]'s (`draw` in [0, 1) places it within its step), and the node is read again
+    /// (it may have moved on).
+    pub fn round_done(&mut self, synced: bool, draw: f64) -> Duration {
         if synced {
-            self.backoff = FIRST_BACKOFF;
+            self.backoff.succeeded();
             return self.interval;
         }
         self.node_known = false;
-        let wait = self.backoff;
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-        wait
+        self.backoff.failed(draw)
     }
 }
 
@@ -110,7 +115,7 @@ mod tests {
         assert!(planner.needs_read(), "taint presence unknown");
         planner.saw_node(Some(true));
         assert!(!planner.needs_read());
-        planner.round_done(false);
+        planner.round_done(false, 0.0);
         assert!(planner.needs_read(), "after an error");
         let mut untainted = Planner::new(INTERVAL, HEARTBEAT, None);
         untainted.saw_node(None);
@@ -170,10 +175,28 @@ mod tests {
     fn errors_back_off_doubling_to_a_minute_and_a_sync_resets_it() {
         let mut planner = Planner::new(INTERVAL, HEARTBEAT, None);
         let waits: Vec<u64> = (0..8)
-            .map(|_| planner.round_done(false).as_secs())
+            .map(|_| planner.round_done(false, 0.0).as_secs())
             .collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
-        assert_eq!(planner.round_done(true), INTERVAL);
-        assert_eq!(planner.round_done(false).as_secs(), 1);
+        assert_eq!(planner.round_done(true, 0.0), INTERVAL);
+        assert_eq!(
+            planner.round_done(false, 0.5),
+            Duration::from_millis(750),
+            "jittered within its step"
+        );
+    }
+
+    #[test]
+    fn a_restart_writes_nothing_before_the_nodes_own_heartbeat_is_due() {
+        let t0 = Instant::now() + HEARTBEAT;
+        let mut planner = Planner::new(INTERVAL, HEARTBEAT, None);
+        planner.node_heartbeat(Duration::from_secs(200), t0);
+        assert!(!planner.write_conditions(false, t0));
+        assert!(!planner.write_conditions(false, t0 + Duration::from_secs(99)));
+        assert!(planner.write_conditions(false, t0 + Duration::from_secs(100)));
+        assert!(planner.write_conditions(true, t0), "a change: at once");
+        let mut stale = Planner::new(INTERVAL, HEARTBEAT, None);
+        stale.node_heartbeat(HEARTBEAT * 3, t0);
+        assert!(stale.write_conditions(false, t0), "older than a heartbeat");
     }
 }

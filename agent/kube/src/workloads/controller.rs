@@ -1,7 +1,9 @@
 //! The pod-gate loop: the node's one pod watch (its reflector store, `node_pods`), and each round, for every
 //! pod with the `mlnode.dev/ModelVerified` readiness gate, its condition written to `pods/status`
-//! when [`gate::due`] says so; for every pod mounting a model cache writable, a Warning event once
-//! and a series while it runs. Woken by a pod change, a model's new verdict, or the interval.
+//! when [`gate::due`] says so (the pod does not show it: a verdict changed, or a new pod), never
+//! as a heartbeat; a pod whose write was refused is tried again after a jittered backoff of its
+//! own; for every pod mounting a model cache writable, a Warning event once and a series while it
+//! runs. Woken by a pod change, a model's new verdict, or the interval.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::exposure::{writable_mounts, WritableMount};
 use super::gate::{self, PodGate, Written};
+use crate::api::Backoff;
 use crate::events::{self, About};
 use crate::models::ModelMount;
 use crate::node_pods::NodePods;
@@ -95,8 +98,6 @@ pub struct PodController {
     pub own_pod: Option<OwnPod>,
     /// How often the pods are looked at without a change, and how long a write may take to show.
     pub interval: Duration,
-    /// The condition is rewritten at least this often.
-    pub heartbeat: Duration,
     pub metrics: WorkloadMetrics,
     pub up: AgentMetrics,
 }
@@ -112,8 +113,15 @@ struct Memory {
     /// (pod uid, model) pairs whose writable mount was warned about.
     warned: HashSet<(String, String)>,
     host_paths_derived: bool,
-    /// The last write error of each pod (by uid) that is failing, said once.
-    failing: HashMap<String, String>,
+    /// The pods (by uid) whose last write was refused.
+    failing: HashMap<String, Failing>,
+}
+
+/// A pod whose writes the API server refuses: its error, said once, and when to try again.
+struct Failing {
+    said: String,
+    retry_at: Instant,
+    backoff: Backoff,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -142,7 +150,11 @@ impl PodController {
                 continue;
             }
             if pods.store.wait_until_ready().now_or_never().is_some() {
-                self.round(&pods.store, &mut memory).await;
+                // A write waiting out the API server's push-back must not hold up the shutdown.
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = self.round(&pods.store, &mut memory) => {}
+                }
             }
         }
     }
@@ -245,8 +257,11 @@ impl PodController {
         let current = gate::current(pod);
         let now = Instant::now();
         let last = memory.written.get(uid);
-        if !gate::due(decided, current, last, now, self.heartbeat, self.interval) {
+        if !gate::due(decided, current, last, now, self.interval) {
             return true;
+        }
+        if memory.failing.get(uid).is_some_and(|f| now < f.retry_at) {
+            return false;
         }
         let changed = last.is_none_or(|l| l.gate != *decided);
         let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
@@ -284,10 +299,20 @@ impl PodController {
             Err(kube::Error::Api(status)) if status.code == 404 => true,
             Err(e) => {
                 self.metrics.updates.with_label_values(&["error"]).inc();
+                let failing = memory
+                    .failing
+                    .entry(uid.to_string())
+                    .or_insert_with(|| Failing {
+                        said: String::new(),
+                        retry_at: now,
+                        backoff: Backoff::default(),
+                    });
+                let wait = failing.backoff.failed_now();
+                failing.retry_at = Instant::now() + wait;
                 let message = e.to_string();
-                if memory.failing.get(uid) != Some(&message) {
-                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, "cannot write the pod's mlnode.dev/ModelVerified condition (RBAC: patch pods/status; the admission policy: pods on this node only); retried every round");
-                    memory.failing.insert(uid.to_string(), message);
+                if failing.said != message {
+                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, retry_in = ?wait, "cannot write the pod's mlnode.dev/ModelVerified condition (RBAC: patch pods/status; the admission policy: pods on this node only); retried with backoff");
+                    failing.said = message;
                 }
                 false
             }

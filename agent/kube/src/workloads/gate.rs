@@ -153,28 +153,24 @@ pub struct Written {
     pub at: Instant,
 }
 
-/// Whether the gate is written now: never written by this agent, changed since its last write,
-/// the heartbeat due, or the pod still showing something else `settle` after the write (the
-/// write was lost, or someone overwrote it).
+/// Whether the gate is written now: only when the pod does not show it (never to refresh it: a
+/// pod's conditions carry no heartbeat, as the kubelet's own do not). Right after this agent wrote
+/// that same gate, the pod is given `settle` to show it (the watch lags the write); still not
+/// there then, the write was lost or overwritten, and it is written again.
 pub fn due(
     gate: &PodGate,
     current: Option<&PodCondition>,
     last: Option<&Written>,
     now: Instant,
-    heartbeat: Duration,
     settle: Duration,
 ) -> bool {
-    let Some(last) = last else {
-        return true;
-    };
-    last.gate != *gate
-        || now >= last.at + heartbeat
-        || (differs(gate, current) && now >= last.at + settle)
+    differs(gate, current) && last.is_none_or(|last| last.gate != *gate || now >= last.at + settle)
 }
 
 /// The strategic-merge patch body for `pods/<name>/status`: only the agent's condition
 /// (conditions merge on `type`, so the kubelet's are never touched). `lastTransitionTime` moves
-/// only when the status flips; `lastProbeTime` is `now`, the heartbeat.
+/// only when the status flips; `lastProbeTime` is null, as in the kubelet's conditions (null
+/// removes one an earlier version of the agent wrote).
 pub fn condition_patch(gate: &PodGate, current: Option<&PodCondition>, now: &str) -> Value {
     let status = gate.status.as_str();
     let transition = current
@@ -187,7 +183,7 @@ pub fn condition_patch(gate: &PodGate, current: Option<&PodCondition>, now: &str
         "status": status,
         "reason": gate.reason,
         "message": gate.message,
-        "lastProbeTime": now,
+        "lastProbeTime": null,
         "lastTransitionTime": transition,
     }]}})
 }
@@ -320,9 +316,9 @@ mod tests {
     }
 
     #[test]
-    fn written_on_a_change_at_the_heartbeat_and_when_the_pod_still_differs_after_settling() {
+    fn written_only_where_the_pod_does_not_show_it_never_to_refresh_it() {
         let t0 = Instant::now();
-        let (heartbeat, settle) = (Duration::from_secs(300), Duration::from_secs(10));
+        let settle = Duration::from_secs(10);
         let pod = pod(json!({"mlnode.dev/model": "llama"}), true);
         let gate = decide(&pod, &verdicts(verified()));
         let shown = |gate: &PodGate| -> PodCondition {
@@ -333,19 +329,24 @@ mod tests {
             .unwrap()
         };
         let due_at = |current: Option<&PodCondition>, last: Option<&Written>, after: Duration| {
-            due(&gate, current, last, t0 + after, heartbeat, settle)
+            due(&gate, current, last, t0 + after, settle)
         };
+        let now_shown = shown(&gate);
         assert!(due_at(None, None, Duration::ZERO), "never written");
+        assert!(
+            !due_at(Some(&now_shown), None, Duration::ZERO),
+            "a restarted agent: the pod already shows it"
+        );
         let last = Written {
             gate: gate.clone(),
             at: t0,
         };
-        let now_shown = shown(&gate);
-        assert!(!due_at(
-            Some(&now_shown),
-            Some(&last),
-            Duration::from_secs(1)
-        ));
+        for after in [1, 300, 3600, 86_400] {
+            assert!(
+                !due_at(Some(&now_shown), Some(&last), Duration::from_secs(after)),
+                "shown: no write {after} s later"
+            );
+        }
         assert!(
             !due_at(None, Some(&last), Duration::from_secs(1)),
             "the watch has not caught up yet"
@@ -354,16 +355,18 @@ mod tests {
             due_at(None, Some(&last), settle),
             "still not there: lost or overwritten"
         );
-        assert!(due_at(Some(&now_shown), Some(&last), heartbeat));
         let changed = Written {
             gate: decide(&pod, &verdicts(Readiness::Starting)),
             at: t0,
         };
-        assert!(due_at(
-            Some(&now_shown),
-            Some(&changed),
-            Duration::from_secs(1)
-        ));
+        assert!(
+            due_at(
+                Some(&shown(&changed.gate)),
+                Some(&changed),
+                Duration::from_secs(1)
+            ),
+            "a new verdict: at once"
+        );
     }
 
     #[test]
@@ -386,7 +389,7 @@ mod tests {
         );
         assert_eq!(
             again["status"]["conditions"][0]["lastProbeTime"],
-            "2026-12-01T10:05:01Z"
+            Value::Null
         );
         assert!(!differs(&gate, Some(&shown)));
     }

@@ -4,7 +4,9 @@
 //! is a 422 Status), accepts Events, and records every request with its content type. Started with
 //! [`Access`], it serves TLS with a CA of its own, authenticates the service-account token, and
 //! authorizes every request as the real one would: RBAC from rendered Roles and bindings, then the
-//! rendered ValidatingAdmissionPolicy on node updates; refusals are 403s, recorded.
+//! rendered ValidatingAdmissionPolicy on node updates; refusals are 403s, recorded. It pushes back
+//! as kube-apiserver does when told to: 429 with `Retry-After` (API Priority and Fairness), 503,
+//! no answer at all, a watch ended by the server, or ended with 410 Gone.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,6 +26,20 @@ pub struct Recorded {
     pub path: String,
     pub content_type: String,
     pub body: Value,
+    /// When it arrived.
+    pub at: std::time::Instant,
+}
+
+impl Recorded {
+    fn new(method: &'static str, path: String) -> Recorded {
+        Recorded {
+            method,
+            path,
+            content_type: String::new(),
+            body: Value::Null,
+            at: std::time::Instant::now(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -32,6 +48,10 @@ pub struct ApiState {
     pub requests: Mutex<Vec<Recorded>>,
     /// Answer 503 to everything, as an API server that is down behind its load balancer.
     pub down: AtomicBool,
+    /// Answer every request with API Priority and Fairness' 429 and this `Retry-After` (seconds).
+    pub throttle: Mutex<Option<u64>>,
+    /// Answer nothing: every request (watches too) hangs, as behind a dead connection.
+    pub stall: AtomicBool,
     /// Before applying the next JSON patch of the node, add a foreign taint, as another controller
     /// writing between the agent's read and its write would.
     pub race_next_taint_patch: AtomicBool,
@@ -67,6 +87,68 @@ impl Access {
             "authentication.kubernetes.io/node-name": [self.node_name],
             "authentication.kubernetes.io/pod-name": ["mlnode-agent-x7k2p"]}})
     }
+}
+
+/// What API Priority and Fairness answers a request it rejects (kube-apiserver,
+/// `staging/src/k8s.io/apiserver/pkg/server/filters/priority-and-fairness.go` calls
+/// `tooManyRequests` of `maxinflight.go`, kubernetes/kubernetes 04791b49): status 429, `Retry-After`
+/// in seconds, a plain-text body through Go's `http.Error`, and the UIDs of the matched flow schema
+/// and priority level. Before any handler, as the filter runs before the handler chain; recorded.
+/// While the server is "down", a 503 Status as an API server behind its load balancer answers;
+/// while it stalls, no answer at all.
+async fn push_back(
+    State(state): State<Arc<ApiState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let stalled = state.stall.load(Ordering::Relaxed);
+    let throttle = *state.throttle.lock().unwrap();
+    let down = state.down.load(Ordering::Relaxed);
+    if !stalled && throttle.is_none() && !down {
+        return next.run(request).await;
+    }
+    let method = match *request.method() {
+        axum::http::Method::GET => "GET",
+        axum::http::Method::PATCH => "PATCH",
+        axum::http::Method::POST => "POST",
+        _ => "OTHER",
+    };
+    let path = match request.uri().query() {
+        Some(query) => format!("{}?{query}", request.uri().path()),
+        None => request.uri().path().to_string(),
+    };
+    state
+        .requests
+        .lock()
+        .unwrap()
+        .push(Recorded::new(method, path));
+    if stalled {
+        return std::future::pending().await;
+    }
+    if down {
+        return status(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        );
+    }
+    Response::builder()
+        .status(429)
+        .header("Retry-After", throttle.unwrap_or(1).to_string())
+        .header("Content-Type", "text/plain; charset=utf-8")
+        .header("X-Content-Type-Options", "nosniff")
+        .header(
+            "X-Kubernetes-Pf-Flowschema-Uid",
+            "7e3c1f0a-2b4d-4c6e-8f90-a1b2c3d4e5f6",
+        )
+        .header(
+            "X-Kubernetes-Pf-Prioritylevel-Uid",
+            "0f1e2d3c-4b5a-4968-8776-655443322110",
+        )
+        .body(axum::body::Body::from(
+            "Too many requests, please try again later.\n",
+        ))
+        .unwrap()
 }
 
 /// Authentication and RBAC, before any handler: what the API server's filter chain does.
@@ -202,6 +284,9 @@ pub fn nvidia_resource_slice(node: &str) -> Value {
     serde_json::from_str(&fixture.replace("gpu-node-1", node)).unwrap()
 }
 
+/// Not a watch event: the fake's word to its own watch streams to end.
+const END_OF_WATCH: &str = "fake-api-server:end";
+
 fn status(code: u16, reason: &str, message: &str) -> Response {
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code});
     (StatusCode::from_u16(code).unwrap(), axum::Json(body)).into_response()
@@ -221,23 +306,11 @@ fn record(
         .unwrap_or("")
         .to_string();
     state.requests.lock().unwrap().push(Recorded {
-        method,
-        path,
         content_type,
         body: value.clone(),
+        ..Recorded::new(method, path)
     });
     value
-}
-
-/// 503 while the server is "down", as an API server behind its load balancer answers.
-fn unavailable(state: &ApiState) -> Option<Response> {
-    state.down.load(Ordering::Relaxed).then(|| {
-        status(
-            503,
-            "ServiceUnavailable",
-            "the server is currently unable to handle the request",
-        )
-    })
 }
 
 /// What every PATCH goes through: the server's availability, the record, and the content type the
@@ -250,9 +323,6 @@ fn accept(
     content_type: &str,
     refusal: &str,
 ) -> Result<Value, Box<Response>> {
-    if let Some(unavailable) = unavailable(state) {
-        return Err(Box::new(unavailable));
-    }
     let patch = record(state, "PATCH", path, headers, body);
     if !content_type_is(headers, content_type) {
         return Err(Box::new(status(415, "UnsupportedMediaType", refusal)));
@@ -292,15 +362,11 @@ fn bump(node: &mut Value) {
 }
 
 async fn get_node(State(state): State<Arc<ApiState>>, Path(name): Path<String>) -> Response {
-    if let Some(unavailable) = unavailable(&state) {
-        return unavailable;
-    }
-    state.requests.lock().unwrap().push(Recorded {
-        method: "GET",
-        path: format!("/api/v1/nodes/{name}"),
-        content_type: String::new(),
-        body: Value::Null,
-    });
+    state
+        .requests
+        .lock()
+        .unwrap()
+        .push(Recorded::new("GET", format!("/api/v1/nodes/{name}")));
     let node = state.node.lock().unwrap().clone();
     if node["metadata"]["name"] != name.as_str() {
         return status(404, "NotFound", &format!("nodes \"{name}\" not found"));
@@ -494,9 +560,6 @@ async fn create_event(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(unavailable) = unavailable(&state) {
-        return unavailable;
-    }
     let mut event = record(
         &state,
         "POST",
@@ -619,12 +682,11 @@ fn list_or_watch(
     let watching = query
         .split('&')
         .any(|kv| kv == "watch=true" || kv == "watch=1");
-    state.requests.lock().unwrap().push(Recorded {
-        method: "GET",
-        path: format!("{path}?{query}"),
-        content_type: String::new(),
-        body: Value::Null,
-    });
+    state
+        .requests
+        .lock()
+        .unwrap()
+        .push(Recorded::new("GET", format!("{path}?{query}")));
     if !watching {
         let version = state.resource_version.load(Ordering::Relaxed).to_string();
         return axum::Json(json!({"kind": list_kind, "apiVersion": api_version, "metadata": {"resourceVersion": version}, "items": items})).into_response();
@@ -635,20 +697,23 @@ fn list_or_watch(
         .unwrap()
         .get_or_insert_with(|| tokio::sync::broadcast::channel(1024).0)
         .subscribe();
-    let lines = tokio_stream::StreamExt::filter_map(
+    // The server ends every open watch on [`FakeApiServer::end_watches`], as it does at the
+    // watch's timeoutSeconds.
+    let open = tokio_stream::StreamExt::take_while(
         tokio_stream::wrappers::BroadcastStream::new(receiver),
-        move |line| {
-            line.ok()
-                .filter(|v: &Value| {
-                    v["type"] == "ERROR"
-                        || (v["object"]["apiVersion"] == api_version
-                            && node
-                                .as_deref()
-                                .is_none_or(|n| v["object"]["spec"]["nodeName"] == n))
-                })
-                .map(|v| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))))
-        },
+        |line| !matches!(line, Ok(v) if v["type"] == END_OF_WATCH),
     );
+    let lines = tokio_stream::StreamExt::filter_map(open, move |line| {
+        line.ok()
+            .filter(|v: &Value| {
+                v["type"] == "ERROR"
+                    || (v["object"]["apiVersion"] == api_version
+                        && node
+                            .as_deref()
+                            .is_none_or(|n| v["object"]["spec"]["nodeName"] == n))
+            })
+            .map(|v| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))))
+    });
     Response::builder()
         .header("content-type", "application/json")
         .body(axum::body::Body::from_stream(lines))
@@ -661,12 +726,10 @@ async fn list_events(
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
     let query = query.unwrap_or_default();
-    state.requests.lock().unwrap().push(Recorded {
-        method: "GET",
-        path: format!("/api/v1/namespaces/{namespace}/events?{query}"),
-        content_type: String::new(),
-        body: Value::Null,
-    });
+    state.requests.lock().unwrap().push(Recorded::new(
+        "GET",
+        format!("/api/v1/namespaces/{namespace}/events?{query}"),
+    ));
     let uid = field_selector(&query)
         .and_then(|s| s.strip_prefix("involvedObject.uid=").map(str::to_string));
     let items: Vec<Value> = state
@@ -734,6 +797,12 @@ impl FakeApiServer {
         self.send(json!({"type": "ADDED", "object": slice}));
     }
 
+    /// Ends every open watch normally, as the API server does when a watch's `timeoutSeconds`
+    /// runs out: the client watches again from its resourceVersion.
+    pub fn end_watches(&self) {
+        self.send(json!({ "type": END_OF_WATCH }));
+    }
+
     /// Ends the watches with 410 Gone, as an API server does when the watch's resourceVersion has
     /// been compacted away: the client must list again.
     pub fn expire_watches(&self) {
@@ -774,6 +843,10 @@ impl FakeApiServer {
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 authorize,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                push_back,
             ))
             .with_state(state)
     }
