@@ -10,7 +10,8 @@ beside the kubelet's own budget and node-problem-detector's.
 
     python3 scripts/bench_fleet.py [--agents 100] [--scale 60] [--pods 2]
 
-Writes the tables to stdout and target/bench_fleet.md."""
+Writes the tables to stdout and target/bench_fleet.md; with BENCH_DIR set, the agents' configs and
+logs are kept there."""
 import argparse
 import collections
 import os
@@ -75,6 +76,8 @@ class Fleet:
             "node_name": node,
             "nvml": {"enabled": False},
             "neuron": {"enabled": False},
+            # In a cluster the startup tracker runs by default; here the kubeconfig says where.
+            "startup": {"enabled": True},
             "readiness": {"enabled": True, "interval": f"{int(10_000 / self.scale)}ms",
                           "heartbeat": f"{int(300_000 / self.scale)}ms"},
             "models": [{"name": "m", "root": str(self.model), "manifest": str(self.manifest),
@@ -102,22 +105,25 @@ class Fleet:
         return total / 1024 / len(self.agents)
 
 
-def wait_for(what: str, check, limit: float):
+def wait_for(what: str, missing, limit: float):
+    """Until `missing()` names nothing; exits naming what is still missing after `limit` s."""
     deadline = time.monotonic() + limit
-    while not check():
+    while left := missing():
         if time.monotonic() > deadline:
-            sys.exit(f"{what}: not within {limit:.0f} s")
+            sys.exit(f"{what}: not within {limit:.0f} s; still missing: {left[:5]}")
         time.sleep(0.2)
 
 
-def all_gates(api: FakeApiServer, status: str) -> bool:
+def gates_missing(api: FakeApiServer) -> list:
+    """The nodes without ModelCacheVerified True and the pods without their gate True."""
+    missing = []
     for node, pods in list(api.pods.items()):
         if (api.condition("ModelCacheVerified", node) or {}).get("status") != "True":
-            return False
+            missing.append(node)
         for uid in list(pods):
-            if (api.pod_condition(node, uid, GATE) or {}).get("status") != status:
-                return False
-    return True
+            if (api.pod_condition(node, uid, GATE) or {}).get("status") != "True":
+                missing.append(uid)
+    return missing
 
 
 def diff(after: collections.Counter, before: collections.Counter) -> collections.Counter:
@@ -158,7 +164,7 @@ def main():
             api.put_pod(node, vllm_pod(node, index, 0))
     phases = {}
     with tempfile.TemporaryDirectory(dir=agent_process.REPO / "target") as tmp:
-        work = pathlib.Path(tmp)
+        work = pathlib.Path(os.environ.get("BENCH_DIR", tmp))
         model = work / "model"
         model.mkdir()
         for i, size in enumerate((4096, 65536, 1 << 20)):
@@ -173,7 +179,7 @@ def main():
         before, began = api.snapshot(), time.monotonic()
         for node in nodes:
             fleet.start(node)
-        wait_for("every gate True after the start", lambda: all_gates(api, "True"), 300)
+        wait_for("every gate True after the start", lambda: gates_missing(api), 300)
         time.sleep(2)
         phases["start"] = (diff(api.snapshot(), before), time.monotonic() - began)
 
@@ -191,13 +197,13 @@ def main():
             fleet.start(node)
             time.sleep(60 / len(nodes))
         time.sleep(10)
-        wait_for("every gate True after the rollout", lambda: all_gates(api, "True"), 120)
+        wait_for("every gate True after the rollout", lambda: gates_missing(api), 120)
         phases["rollout"] = (diff(api.snapshot(), before), time.monotonic() - began)
 
         # Pod churn: each node's pods replaced.
         before, began = api.snapshot(), time.monotonic()
         churn(api, args.pods, 1)
-        wait_for("every new pod's gate True", lambda: all_gates(api, "True"), 120)
+        wait_for("every new pod's gate True", lambda: gates_missing(api), 120)
         time.sleep(2)
         phases["churn"] = (diff(api.snapshot(), before), time.monotonic() - began)
 
@@ -211,7 +217,7 @@ def main():
         throttled_seconds = time.monotonic() - began
         api.throttle = None
         lifted = time.monotonic()
-        wait_for("every gate written after the push-back", lambda: all_gates(api, "True"), 180)
+        wait_for("every gate written after the push-back", lambda: gates_missing(api), 180)
         recovered = time.monotonic() - lifted
         phases["push-back"] = (diff(api.snapshot(), before), time.monotonic() - began)
 
@@ -248,8 +254,11 @@ def print_tables(args, phases, watches, rss, throttled, throttled_seconds, recov
         f"Agent writes / kubelet writes: {agent_writes / KUBELET_WRITES_PER_HOUR:.3f}; open watches per agent: "
         f"{watches}; agent RSS {rss:.1f} MiB.",
         "",
-        "| phase | what | requests per node | writes per node | reads per node | LIST per node | seconds |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "The phases, less the steady state's own share of each window (its heartbeats and watch renewals, at the",
+        "scaled rate); per node:",
+        "",
+        "| phase | what | requests | writes | by verb and resource | seconds |",
+        "| --- | --- | ---: | ---: | --- | ---: |",
     ]
     what = {
         "start": "every agent started on a fresh node",
@@ -257,26 +266,32 @@ def print_tables(args, phases, watches, rss, throttled, throttled_seconds, recov
         "churn": f"each node's {args.pods} pods replaced",
         "push-back": "429 Retry-After 2 for 20 s while the pods churn",
     }
+    extras = {}
     for phase in ("start", "rollout", "churn", "push-back"):
         counts, seconds = phases[phase]
-        # The steady state's own share of the window (heartbeats, watch renewals) taken out.
-        baseline = collections.Counter({k: v * seconds / steady_seconds for k, v in steady.items()})
-        extra = collections.Counter({k: counts[k] - baseline[k] for k in set(counts) | set(baseline)})
+        baseline = {k: v * seconds / steady_seconds for k, v in steady.items()}
+        extra = collections.Counter()
+        for (verb, resource, code) in set(counts) | set(baseline):
+            extra[(verb, resource, code)] += counts[(verb, resource, code)] - baseline.get((verb, resource, code), 0)
+        extras[phase] = extra
         total, writes = split(extra)
-        lists = sum(v for (verb, _, _), v in extra.items() if verb == "list")
-        lines.append(f"| {phase} | {what[phase]} | {total / n:.1f} | {writes / n:.1f} | {(total - writes) / n:.1f} | "
-                     f"{lists / n:.2f} | {seconds:.0f} |")
-    rollout, rollout_seconds = phases["rollout"]
-    total, writes = split(rollout)
-    per_restart = total / n
-    rate_5000 = 5000 * per_restart / 60
-    writes_5000 = 5000 * writes / n / 60
+        by = collections.Counter()
+        for (verb, resource, code), value in extra.items():
+            by[f"{verb} {resource}" + ("" if code.startswith("2") else f" {code}")] += value / n
+        named = ", ".join(f"{k} {v:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+        lines.append(f"| {phase} | {what[phase]} | {total / n:.1f} | {writes / n:.1f} | {named} | {seconds:.0f} |")
+    # At 5,000 nodes: each restart's own requests spread over the minute, and the steady state of
+    # the 5,000 agents (at its real, unscaled rate) beside them.
+    total, writes = split(extras["rollout"])
+    steady_total, steady_writes = split(steady)
+    rate_5000 = 5000 * (total / n / 60 + steady_total / n * per_hour / HOUR)
+    writes_5000 = 5000 * (writes / n / 60 + steady_writes / n * per_hour / HOUR)
     refused = sum(v for (_, _, code), v in throttled.items() if code == "429")
     lines += [
         "",
-        f"Rollout at 5,000 nodes, all restarted within a minute: {per_restart:.1f} requests per restart "
-        f"(heartbeats included) -> {rate_5000:.0f} requests/s, of which {writes_5000:.0f} writes/s, for that "
-        f"minute; the 5,000 kubelets' Lease renewals alone are 500 writes/s, every second.",
+        f"Rollout at 5,000 nodes, all restarted within one minute: {total / n:.1f} requests per restart, "
+        f"{writes / n:.1f} of them writes -> {rate_5000:.0f} requests/s ({writes_5000:.0f} writes/s) for that minute, "
+        f"steady state included; the 5,000 kubelets' Lease renewals alone are 500 writes/s, every second.",
         f"Push-back: {refused / n / throttled_seconds:.2f} refused requests per agent and second while "
         f"throttled ({refused} in {throttled_seconds:.0f} s); every gate written {recovered:.1f} s after the "
         f"server answered again.",

@@ -55,6 +55,7 @@ class FakeApiServer(http.server.ThreadingHTTPServer):
         self.agent_taints = {t["key"] for t in taints}
         self.pods = {name: {} for name in names}  # node -> uid -> pod
         self.watchers = collections.defaultdict(list)  # node -> [queue]
+        self.history = collections.defaultdict(list)  # node -> [(resourceVersion, event line)]
         self.counts = collections.Counter()  # (verb, resource, code) -> requests
         self.resource_version = 1
         self.watch_scale = watch_scale
@@ -119,6 +120,7 @@ class FakeApiServer(http.server.ThreadingHTTPServer):
 
     def tell(self, node: str, kind: str, obj: dict):
         line = (json.dumps({"type": kind, "object": obj}) + "\n").encode()
+        self.history[node].append((int(obj["metadata"]["resourceVersion"]), line))
         for watcher in self.watchers[node]:
             watcher.put(line)
 
@@ -168,8 +170,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return True
         # What API Priority and Fairness answers a request it rejects (kube-apiserver,
         # staging/src/k8s.io/apiserver/pkg/server/filters/priority-and-fairness.go -> maxinflight.go
-        # tooManyRequests): 429, Retry-After in seconds, a plain-text body.
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        # tooManyRequests): 429, Retry-After in seconds, a plain-text body. The request's own body
+        # was read by then.
         with api.lock:
             api.counts[(*self.kind, "429")] += 1
         data = b"Too many requests, please try again later.\n"
@@ -210,12 +212,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.not_found()
 
     def watch(self, node):
-        """Events of the node's pods, one JSON object a line, until the client's timeoutSeconds (as
-        kube-apiserver ends a watch) scaled by `watch_scale`, or the server closes."""
+        """Events of the node's pods, one JSON object a line: first every event after the
+        resourceVersion the client watches from (as the API server's watch cache replays them),
+        then each as it happens, until the client's timeoutSeconds (as kube-apiserver ends a
+        watch) scaled by `watch_scale`, or the server closes."""
         api = self.server
+        since = int(self.query.get("resourceVersion") or 0)
         with api.lock:
             api.counts[(*self.kind, "200")] += 1
             events = queue.Queue()
+            for version, line in api.history[node]:
+                if since and version > since:
+                    events.put(line)
             api.watchers[node].append(events)
         ends = time.monotonic() + float(self.query.get("timeoutSeconds", 1800)) * api.watch_scale
         self.send_response(200)

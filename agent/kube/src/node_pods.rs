@@ -120,7 +120,7 @@ async fn run(
             Some(Err(e)) => {
                 let message = e.to_string();
                 if message != failing {
-                    tracing::warn!(error = %message, "the node's pod watch failed; pod gates and pod names wait for it (retrying with backoff)");
+                    tracing::warn!(error = %message, "the node's pod watch failed; the pods last seen are used until it resumes (retrying with backoff)");
                     failing = message.clone();
                 }
                 tell.send_modify(|told| *told = Err(message));

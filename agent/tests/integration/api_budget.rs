@@ -138,6 +138,25 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
     let node = Node::new();
     let agent = node.agent("1s", "");
     node.wait_for_gate("True");
+    // The round that wrote the node's verdict sent its events too: one round later, only the
+    // steady state is left.
+    common::wait_until("the node's verdict", Duration::from_secs(20), || {
+        let c = node.api.condition("ModelCacheVerified");
+        (c["status"] == "True").then_some(()).ok_or(c.to_string())
+    });
+    let skipped = [("result", "skipped")];
+    let rounds = sample(
+        &agent.metrics(),
+        "mlnode_node_condition_updates_total",
+        &skipped,
+    )
+    .unwrap_or(0.0);
+    wait_for_sample(
+        &agent,
+        "mlnode_node_condition_updates_total",
+        &skipped,
+        rounds + 1.0,
+    );
     let mark = node.api.requests().len();
     // Four heartbeats of the node: the pod's verdict has not changed, so it is not written again.
     common::wait_until("four heartbeats", Duration::from_secs(20), || {
@@ -452,6 +471,27 @@ fn sigterm_is_not_held_up_by_a_long_retry_after() {
     let agent = node.agent("1s", "");
     node.wait_for_gate("True");
     *node.api.state.throttle.lock().unwrap() = Some(300);
-    wait_for_requests(&agent, "patch", "nodes/status", "429", 1.0);
+    // Whichever request came first was refused, and holds every other for 300 s.
+    wait_for_sample(
+        &agent,
+        "mlnode_kube_requests_total",
+        &[("code", "429")],
+        1.0,
+    );
     answers_and_exits_at_once(agent);
+}
+
+/// A watch that failed (its renewal refused) and resumed with nothing to tell sends nothing: the
+/// gates must not wait for it. A verdict that changes meanwhile reaches the pods last seen.
+#[test]
+fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
+    let node = Node::new();
+    let agent = node.agent("1h", "");
+    node.wait_for_gate("True");
+    *node.api.state.throttle.lock().unwrap() = Some(1);
+    node.api.end_watches();
+    wait_for_requests(&agent, "watch", "pods", "429", 1.0);
+    *node.api.state.throttle.lock().unwrap() = None;
+    node.corrupt();
+    node.wait_for_gate("False");
 }

@@ -16,7 +16,8 @@ use super::gates::{self, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
 use super::labels;
 use super::memory;
 use super::node::{
-    conditions_patch, differs, has_taint, other_writer, own_conditions, taint_patch, FIELD_MANAGER,
+    conditions_patch, differs, has_taint, other_writer, own_conditions, taint_patch, transitions,
+    FIELD_MANAGER,
 };
 use super::plan::Planner;
 use super::settings::ReadinessSettings;
@@ -371,6 +372,9 @@ impl Controller {
             memory.planner.wrote_conditions(Instant::now());
             for gate in changed {
                 tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.status.as_str(), reason = %gate.reason, message = %gate.message, "node condition changed");
+                if !transitions(gate, current.get(gate.condition_type)) {
+                    continue;
+                }
                 let kind = if gate.ok() { "Normal" } else { "Warning" };
                 self.event(
                     kind,

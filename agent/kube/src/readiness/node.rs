@@ -86,6 +86,16 @@ pub fn differs(gate: &Gate, current: Option<&NodeCondition>) -> bool {
     })
 }
 
+/// Whether the node's condition changes status or reason with `gate`, not only its message: what
+/// earns an Event. A message alone changes at every restart that resumes a verdict and with each
+/// model's revision; the condition says those, and an Event each would be a write per node per
+/// rollout for nothing.
+pub fn transitions(gate: &Gate, current: Option<&NodeCondition>) -> bool {
+    current.is_none_or(|c| {
+        c.status != gate.status.as_str() || c.reason.as_deref() != Some(gate.reason.as_str())
+    })
+}
+
 /// The strategic-merge patch body for `nodes/<name>/status`. `lastTransitionTime` moves only when
 /// the status flips; `lastHeartbeatTime` is `now`.
 pub fn conditions_patch(
@@ -203,6 +213,35 @@ mod tests {
             add[0],
             json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
         );
+    }
+
+    #[test]
+    fn an_event_is_earned_by_a_new_status_or_reason_not_a_new_message() {
+        let gate = |status: bool, reason: &str, message: &str| Gate {
+            condition_type: "ModelCacheVerified",
+            status: crate::readiness::gates::Status::of(status),
+            reason: reason.into(),
+            message: message.into(),
+        };
+        let shown: NodeCondition = serde_json::from_value(json!({"type": "ModelCacheVerified",
+            "status": "True", "reason": "AllModelCachesVerified", "message": "1 model cache(s) verified"}))
+        .unwrap();
+        let resumed = gate(
+            true,
+            "AllModelCachesVerified",
+            "1 model cache(s) verified; unchanged since a previous agent of this boot hashed them",
+        );
+        assert!(differs(&resumed, Some(&shown)), "written");
+        assert!(!transitions(&resumed, Some(&shown)), "but no Event");
+        assert!(transitions(
+            &gate(false, "AllModelCachesVerified", "x"),
+            Some(&shown)
+        ));
+        assert!(transitions(
+            &gate(true, "Other", "1 model cache(s) verified"),
+            Some(&shown)
+        ));
+        assert!(transitions(&resumed, None), "a first write is a transition");
     }
 
     #[test]

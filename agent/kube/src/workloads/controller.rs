@@ -115,6 +115,8 @@ struct Memory {
     host_paths_derived: bool,
     /// The pods (by uid) whose last write was refused.
     failing: HashMap<String, Failing>,
+    /// Whether the pods' watch works: while it fails, the pods as last seen are stale.
+    watching: bool,
 }
 
 /// A pod whose writes the API server refuses: its error, said once, and when to try again.
@@ -143,18 +145,19 @@ impl PodController {
                 _ = any_readiness_changed(&self.models) => {}
                 _ = tokio::time::sleep(self.interval) => {}
             }
-            // The watch says its failures itself; here they hold the gates' rounds.
-            let healthy = pods.changes.borrow_and_update().is_ok();
-            if !healthy {
-                self.up.set_up(Subsystem::PodGates, false);
-                continue;
-            }
+            // A failed watch says so itself and resumes quietly (a resumed watch with nothing to
+            // tell sends nothing), so it never holds the rounds: a verdict that changes meanwhile
+            // is written to the pods last seen. The collector is up only while both work.
+            memory.watching = pods.changes.borrow_and_update().is_ok();
             if pods.store.wait_until_ready().now_or_never().is_some() {
                 // A write waiting out the API server's push-back must not hold up the shutdown.
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = self.round(&pods.store, &mut memory) => {}
                 }
+            }
+            if !memory.watching {
+                self.up.set_up(Subsystem::PodGates, false);
             }
         }
     }
@@ -257,7 +260,8 @@ impl PodController {
         let current = gate::current(pod);
         let now = Instant::now();
         let last = memory.written.get(uid);
-        if !gate::due(decided, current, last, now, self.interval) {
+        let settle = memory.watching.then_some(self.interval);
+        if !gate::due(decided, current, last, now, settle) {
             return true;
         }
         if memory.failing.get(uid).is_some_and(|f| now < f.retry_at) {
@@ -311,7 +315,11 @@ impl PodController {
                 failing.retry_at = Instant::now() + wait;
                 let message = e.to_string();
                 if failing.said != message {
-                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, retry_in = ?wait, "cannot write the pod's mlnode.dev/ModelVerified condition (RBAC: patch pods/status; the admission policy: pods on this node only); retried with backoff");
+                    let hint = match &e {
+                        kube::Error::Api(status) if status.code == 403 => " (RBAC: patch pods/status; the admission policy: pods on this node only)",
+                        _ => "",
+                    };
+                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, retry_in = ?wait, "cannot write the pod's mlnode.dev/ModelVerified condition{hint}; retried with backoff");
                     failing.said = message;
                 }
                 false

@@ -156,15 +156,20 @@ pub struct Written {
 /// Whether the gate is written now: only when the pod does not show it (never to refresh it: a
 /// pod's conditions carry no heartbeat, as the kubelet's own do not). Right after this agent wrote
 /// that same gate, the pod is given `settle` to show it (the watch lags the write); still not
-/// there then, the write was lost or overwritten, and it is written again.
+/// there then, the write was lost or overwritten, and it is written again. `settle` is None while
+/// the pods' watch fails: the pod as last seen is stale, so what the agent wrote is taken as
+/// shown until the watch says otherwise.
 pub fn due(
     gate: &PodGate,
     current: Option<&PodCondition>,
     last: Option<&Written>,
     now: Instant,
-    settle: Duration,
+    settle: Option<Duration>,
 ) -> bool {
-    differs(gate, current) && last.is_none_or(|last| last.gate != *gate || now >= last.at + settle)
+    differs(gate, current)
+        && last.is_none_or(|last| {
+            last.gate != *gate || settle.is_some_and(|settle| now >= last.at + settle)
+        })
 }
 
 /// The strategic-merge patch body for `pods/<name>/status`: only the agent's condition
@@ -329,7 +334,7 @@ mod tests {
             .unwrap()
         };
         let due_at = |current: Option<&PodCondition>, last: Option<&Written>, after: Duration| {
-            due(&gate, current, last, t0 + after, settle)
+            due(&gate, current, last, t0 + after, Some(settle))
         };
         let now_shown = shown(&gate);
         assert!(due_at(None, None, Duration::ZERO), "never written");
@@ -354,6 +359,14 @@ mod tests {
         assert!(
             due_at(None, Some(&last), settle),
             "still not there: lost or overwritten"
+        );
+        assert!(
+            !due(&gate, None, Some(&last), t0 + 10 * settle, None),
+            "the pods' watch fails: the pod as last seen says nothing about the write"
+        );
+        assert!(
+            due(&gate, None, None, t0, None),
+            "never written: written whether or not the watch works"
         );
         let changed = Written {
             gate: decide(&pod, &verdicts(Readiness::Starting)),
