@@ -129,11 +129,16 @@ pub fn draw() -> f64 {
     jitter(Duration::from_secs(1)).as_secs_f64()
 }
 
+/// Changes each time the API server answers again after it refused (429, 5xx), failed or did not
+/// answer: a loop waiting out its back-off tries again then, not a minute later.
+pub type Recoveries = tokio::sync::watch::Receiver<u64>;
+
 /// What the layer shares across every request of the process.
 struct Shared {
     requests: IntCounterVec,
     request_timeout: Duration,
     hold: Mutex<Hold>,
+    recovered: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -142,6 +147,8 @@ struct Hold {
     until: Option<Instant>,
     /// The answer that started the hold now in force, said once.
     said: Option<StatusCode>,
+    /// The last answer was a refusal, a failure or none at all.
+    troubled: bool,
 }
 
 impl Shared {
@@ -159,6 +166,11 @@ impl Shared {
     fn answered(&self, verb: &str, resource: &str, status: StatusCode, headers: &HeaderMap) {
         self.count(verb, resource, status.as_str());
         let mut hold = self.hold.lock().unwrap_or_else(|e| e.into_inner());
+        let refused = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
+        if !refused && std::mem::take(&mut hold.troubled) {
+            self.recovered.send_modify(|n| *n += 1);
+        }
+        hold.troubled |= refused;
         if let Some(wait) = retry_after(status, headers) {
             let wait = wait + jitter(wait / 2);
             hold.until = Some(Instant::now() + wait);
@@ -175,6 +187,12 @@ impl Shared {
         self.requests
             .with_label_values(&[verb, resource, code])
             .inc();
+    }
+
+    /// No answer: the connection failed, or none came in time.
+    fn unanswered(&self, verb: &str, resource: &str, code: &str) {
+        self.count(verb, resource, code);
+        self.hold.lock().unwrap_or_else(|e| e.into_inner()).troubled = true;
     }
 }
 
@@ -202,8 +220,14 @@ impl ApiLayer {
                 requests,
                 request_timeout,
                 hold: Mutex::default(),
+                recovered: tokio::sync::watch::channel(0).0,
             }),
         })
+    }
+
+    /// Told each time the API server answers again after trouble.
+    pub fn recoveries(&self) -> Recoveries {
+        self.shared.recovered.subscribe()
     }
 }
 
@@ -259,7 +283,7 @@ where
                 match tokio::time::timeout(shared.request_timeout, answer).await {
                     Ok(answer) => answer.map_err(Into::into),
                     Err(_) => {
-                        shared.count(verb, &resource, "<timeout>");
+                        shared.unanswered(verb, &resource, "<timeout>");
                         return Err(format!(
                             "no answer to {verb} {resource} within {:?} (api_request_timeout)",
                             shared.request_timeout
@@ -272,7 +296,7 @@ where
                 Ok(response) => {
                     shared.answered(verb, &resource, response.status(), response.headers())
                 }
-                Err(_) => shared.count(verb, &resource, "<error>"),
+                Err(_) => shared.unanswered(verb, &resource, "<error>"),
             }
             answer
         })
@@ -455,6 +479,29 @@ mod tests {
         );
         assert_eq!(counted(&registry, "429"), 1);
         assert_eq!(counted(&registry, "200"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_loops_are_told_once_when_the_server_answers_again() {
+        let registry = Registry::new();
+        let layer = ApiLayer::new(&registry, Duration::from_secs(30)).unwrap();
+        let mut recoveries = layer.recoveries();
+        let (_, inner) = server(vec![
+            (200, None),
+            (503, None),
+            (500, None),
+            (404, None),
+            (200, None),
+        ]);
+        let mut service = layer.layer(inner);
+        let mut told = Vec::new();
+        for _ in 0..5 {
+            service.call(patch()).await.unwrap();
+            told.push(recoveries.has_changed().unwrap());
+            recoveries.mark_unchanged();
+        }
+        // An answer, even a 404, after the 5xx is the server working again; nothing else is news.
+        assert_eq!(told, [false, false, false, true, false]);
     }
 
     #[tokio::test(start_paused = true)]

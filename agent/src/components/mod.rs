@@ -18,8 +18,14 @@ use mlnode_core::settings::Toggle;
 /// whole agent (`mlnode_kube::api`).
 #[derive(Clone)]
 pub struct ApiClient {
-    client: std::sync::Arc<tokio::sync::OnceCell<Result<kube::Client, String>>>,
+    client: std::sync::Arc<tokio::sync::OnceCell<Result<Built, String>>>,
     request_timeout: std::time::Duration,
+}
+
+/// The client, and what tells its users that the API server answers again after trouble.
+struct Built {
+    client: kube::Client,
+    recoveries: mlnode_kube::api::Recoveries,
 }
 
 impl ApiClient {
@@ -62,12 +68,26 @@ impl ApiClient {
                     .map_err(|e| format!("cannot register the API request metrics: {e}"))?;
                 let builder = kube::client::ClientBuilder::try_from(config)
                     .map_err(|e| format!("cannot build a Kubernetes client: {e}"))?;
-                Ok(builder
-                    .with_layer(&tower::buffer::BufferLayer::new(64))
-                    .with_layer(&layer)
-                    .build())
+                Ok(Built {
+                    client: builder
+                        .with_layer(&tower::buffer::BufferLayer::new(64))
+                        .with_layer(&layer)
+                        .build(),
+                    recoveries: layer.recoveries(),
+                })
             })
             .await
-            .clone()
+            .as_ref()
+            .map(|built| built.client.clone())
+            .map_err(Clone::clone)
+    }
+
+    /// Told each time the API server answers again after trouble (`mlnode_kube::api`): a loop
+    /// waiting out its back-off retries then. Before a client is built, never told.
+    pub fn recoveries(&self) -> mlnode_kube::api::Recoveries {
+        match self.client.get() {
+            Some(Ok(built)) => built.recoveries.clone(),
+            _ => tokio::sync::watch::channel(0).1,
+        }
     }
 }

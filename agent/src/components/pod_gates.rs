@@ -55,6 +55,7 @@ impl Component for PodGates {
             }
             let controller = PodController {
                 client,
+                recoveries: self.api.recoveries(),
                 node_name: cx.node_name.clone(),
                 models: cx.models.clone(),
                 mounts: self.mounts,

@@ -64,6 +64,7 @@ impl Component for Readiness {
             let metrics = ReadinessMetrics::register(&cx.registry)?;
             let controller = Controller::new(
                 client,
+                self.api.recoveries(),
                 cx.node_name.clone(),
                 self.settings,
                 sources,

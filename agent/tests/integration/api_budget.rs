@@ -8,6 +8,7 @@
 use crate::common;
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent, EXIT_BOUND};
@@ -342,10 +343,7 @@ fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
     let node = Node::new();
     let agent = node.agent("1s", "");
     node.wait_for_gate("True");
-    node.api
-        .state
-        .down
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    node.api.state.down.store(true, Ordering::Relaxed);
     let mark = node.api.requests().len();
     // The readiness controller's attempts: the refused write, then reads of the node (after a
     // failure it reads what the node shows before writing again).
@@ -446,10 +444,7 @@ fn a_server_that_never_answers_times_out_and_holds_up_neither_metrics_nor_sigter
     let node = Node::new();
     let agent = node.agent("1s", "api_request_timeout: 1s\n");
     node.wait_for_gate("True");
-    node.api
-        .state
-        .stall
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    node.api.state.stall.store(true, Ordering::Relaxed);
     wait_for_requests(&agent, "patch", "nodes/status", "<timeout>", 1.0);
     answers_and_exits_at_once(agent);
 }
@@ -494,4 +489,46 @@ fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
     *node.api.state.throttle.lock().unwrap() = None;
     node.corrupt();
     node.wait_for_gate("False");
+}
+
+/// After an outage each loop waits out its own back-off, but the first request the server answers
+/// tells them all: the node's verdict, decided while the server was down, is written at once when
+/// a pod's gate write (a new pod, no back-off of its own) finds the server back.
+#[test]
+fn the_server_answering_again_ends_every_loops_back_off() {
+    let node = Node::new();
+    let agent = node.agent("1h", "");
+    node.wait_for_gate("True");
+    node.api.state.down.store(true, Ordering::Relaxed);
+    node.corrupt();
+    // Long enough for the node's back-off to reach 8 s steps (1, 2, 4 s waits first).
+    wait_for_sample(
+        &agent,
+        "mlnode_node_condition_updates_total",
+        &[("result", "error")],
+        4.0,
+    );
+    node.api.state.down.store(false, Ordering::Relaxed);
+    node.api.put_pod(gated_vllm_pod(
+        "u1",
+        "vllm-1",
+        NODE,
+        "/var/lib/models",
+        json!({"mlnode.dev/model": "llama"}),
+    ));
+    let answered = common::wait_until("the new pod's gate", Duration::from_secs(20), || {
+        let c = node.api.pod_condition("inference", "vllm-1", GATE);
+        (c["status"] == "False")
+            .then(Instant::now)
+            .ok_or(c.to_string())
+    });
+    common::wait_until("the node's verdict", Duration::from_secs(20), || {
+        let c = node.api.condition("ModelCacheVerified");
+        (c["status"] == "False").then_some(()).ok_or(c.to_string())
+    });
+    assert!(
+        answered.elapsed() < Duration::from_secs(2),
+        "the node's verdict {:?} after the server answered a pod write",
+        answered.elapsed()
+    );
 }

@@ -103,6 +103,7 @@ pub struct Sources {
 
 pub struct Controller {
     client: kube::Client,
+    recoveries: crate::api::Recoveries,
     nodes: Api<Node>,
     node_name: String,
     settings: ReadinessSettings,
@@ -136,6 +137,7 @@ struct Memory {
 impl Controller {
     pub fn new(
         client: kube::Client,
+        recoveries: crate::api::Recoveries,
         node_name: String,
         settings: ReadinessSettings,
         sources: Sources,
@@ -146,6 +148,7 @@ impl Controller {
         Controller {
             nodes: Api::all(client.clone()),
             client,
+            recoveries,
             boot_id: read_boot_id(&settings.boot_id_file),
             node_name,
             settings,
@@ -171,6 +174,7 @@ impl Controller {
             repair_writer_said: None,
         };
         let mut last_error = String::new();
+        let mut recoveries = self.recoveries.clone();
         loop {
             // The node is read before the first gates are decided: they must include what a
             // previous agent on this boot held, never overwrite it with a premature True.
@@ -192,6 +196,10 @@ impl Controller {
                 synced = round => synced,
             };
             let in_sync = synced.is_ok();
+            if in_sync {
+                // What another loop's recovery said is old news to a loop in sync.
+                recoveries.mark_unchanged();
+            }
             let wait = memory.planner.round_done(in_sync, crate::api::draw());
             match synced {
                 Ok(()) => {
@@ -219,10 +227,13 @@ impl Controller {
                     false => std::future::pending().await,
                 }
             };
+            // While the API server fails, the back-off decides, unless the server is seen
+            // answering again (another loop's request): then at once.
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
                 _ = model_changed => {}
+                Ok(()) = recoveries.changed(), if !in_sync => {}
             }
         }
     }

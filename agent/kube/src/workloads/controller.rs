@@ -96,6 +96,8 @@ pub struct PodController {
     pub models: Vec<Arc<ModelState>>,
     pub mounts: Vec<ModelMount>,
     pub own_pod: Option<OwnPod>,
+    /// Told when the API server answers again after trouble: pods backing off are tried then.
+    pub recoveries: crate::api::Recoveries,
     /// How often the pods are looked at without a change, and how long a write may take to show.
     pub interval: Duration,
     pub metrics: WorkloadMetrics,
@@ -138,9 +140,16 @@ struct Series {
 impl PodController {
     pub async fn run(mut self, mut pods: NodePods, shutdown: CancellationToken) {
         let mut memory = Memory::default();
+        let mut recoveries = self.recoveries.clone();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
+                Ok(()) = recoveries.changed() => {
+                    let now = Instant::now();
+                    for failing in memory.failing.values_mut() {
+                        failing.retry_at = now;
+                    }
+                }
                 changed = pods.changes.changed() => if changed.is_err() { return },
                 _ = any_readiness_changed(&self.models) => {}
                 _ = tokio::time::sleep(self.interval) => {}
