@@ -83,6 +83,17 @@ impl Node {
         );
     }
 
+    fn wait_for_node_verdict(&self, status: &str) {
+        common::wait_until(
+            &format!("the node's ModelCacheVerified {status}"),
+            Duration::from_secs(20),
+            || {
+                let c = self.api.condition("ModelCacheVerified");
+                (c["status"] == status).then_some(()).ok_or(c.to_string())
+            },
+        );
+    }
+
     fn corrupt(&self) {
         let mut bytes = std::fs::read(self.model.path(SHARD)).unwrap();
         bytes[1000] ^= 0xff;
@@ -141,10 +152,7 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
     node.wait_for_gate("True");
     // The round that wrote the node's verdict sent its events too: one round later, only the
     // steady state is left.
-    common::wait_until("the node's verdict", Duration::from_secs(20), || {
-        let c = node.api.condition("ModelCacheVerified");
-        (c["status"] == "True").then_some(()).ok_or(c.to_string())
-    });
+    node.wait_for_node_verdict("True");
     let skipped = [("result", "skipped")];
     let rounds = sample(
         &agent.metrics(),
@@ -306,14 +314,7 @@ fn a_429_holds_every_request_for_its_retry_after_and_the_latest_verdict_lands_af
     }
 
     node.wait_for_gate("False");
-    common::wait_until(
-        "the node's condition False",
-        Duration::from_secs(20),
-        || {
-            let c = node.api.condition("ModelCacheVerified");
-            (c["status"] == "False").then_some(()).ok_or(c.to_string())
-        },
-    );
+    node.wait_for_node_verdict("False");
     agent.wait_for_log("the server answers again", Duration::from_secs(20), |log| {
         log.contains("the API server answers again")
     });
@@ -522,10 +523,7 @@ fn the_server_answering_again_ends_every_loops_back_off() {
             .then(Instant::now)
             .ok_or(c.to_string())
     });
-    common::wait_until("the node's verdict", Duration::from_secs(20), || {
-        let c = node.api.condition("ModelCacheVerified");
-        (c["status"] == "False").then_some(()).ok_or(c.to_string())
-    });
+    node.wait_for_node_verdict("False");
     assert!(
         answered.elapsed() < Duration::from_secs(2),
         "the node's verdict {:?} after the server answered a pod write",
