@@ -6,10 +6,11 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
-use crate::watch::{watch_config, ErrorsOnlyBackoff};
+use crate::api::Recoveries;
+use crate::watch::watch_config;
 use mlnode_core::pods::{PodDirectory, PodIdentity, SharedPods};
 
 /// What names `pod` and its containers: each container's runtime id (`containerd://<id>`,
@@ -72,10 +73,12 @@ impl NodePodsSlot {
 
 impl NodePods {
     /// The node's watch from `slot`, started (on `tasks`, until `shutdown`) by the first caller;
-    /// it keeps `directory` current where the slot says something reads it.
+    /// it keeps `directory` current where the slot says something reads it. After a failure the
+    /// watch backs off, and retries at once when `recoveries` says the API server answers again.
     pub fn shared(
         slot: &NodePodsSlot,
         client: kube::Client,
+        recoveries: Recoveries,
         node_name: &str,
         directory: SharedPods,
         tasks: &mut tokio::task::JoinSet<()>,
@@ -87,58 +90,84 @@ impl NodePods {
                 let (tell, changes) = tokio::sync::watch::channel(Ok(0));
                 let api: Api<Pod> = Api::all(client);
                 let config = watch_config(&format!("spec.nodeName={node_name}"));
-                let stream = reflector::reflector(writer, watcher(api, config))
-                    .backoff(ErrorsOnlyBackoff::default());
+                let stream = reflector::reflector(writer, watcher(api, config));
                 let directory = slot.keeps_directory.then_some(directory);
-                tasks.spawn(run(stream, store.clone(), directory, tell, shutdown));
+                let watch = Watch {
+                    store: store.clone(),
+                    directory,
+                    tell,
+                    recoveries,
+                };
+                tasks.spawn(watch.run(stream, shutdown));
                 NodePods { store, changes }
             })
             .clone()
     }
 }
 
-/// Applies each event of the watch: the store is the reflector's; the directory follows it pod
-/// by pod (rebuilt whole after a relist), and each change is told. A failure is said once and
-/// told, and leaves both as they were.
-async fn run(
-    stream: impl futures_util::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+/// The task of the one watch: where its events go, and what ends its back-off early.
+struct Watch {
+    /// The reflector's.
     store: Store<Pod>,
     directory: Option<SharedPods>,
     tell: tokio::sync::watch::Sender<Result<u64, String>>,
-    shutdown: CancellationToken,
-) {
-    let mut stream = std::pin::pin!(stream);
-    let mut seen = 0u64;
-    let mut failing = String::new();
-    loop {
-        let event = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            event = stream.next() => event,
-        };
-        match event {
-            None => return,
-            Some(Err(e)) => {
-                let message = e.to_string();
-                if message != failing {
-                    tracing::warn!(error = %message, "the node's pod watch failed; the pods last seen are used until it resumes (retrying with backoff)");
-                    failing = message.clone();
+    recoveries: Recoveries,
+}
+
+impl Watch {
+    /// Applies each event of the watch: the store is the reflector's; the directory follows it pod
+    /// by pod (rebuilt whole after a relist), and each change is told. A failure is said once and
+    /// told, and leaves both as they were; the watch is polled again (which retries it) after kube's
+    /// back-off (0.8 s doubling to 30 s, started over after two minutes without an error; a relist's
+    /// events do not start it over, so a server answering every watch with 410 is not relisted each
+    /// second), or at once when the API server is seen answering again.
+    async fn run(
+        mut self,
+        stream: impl futures_util::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut stream = std::pin::pin!(stream);
+        let mut seen = 0u64;
+        let mut failing = String::new();
+        let mut backoff = watcher::DefaultBackoff::default();
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                event = stream.next() => event,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => {
+                    let message = e.to_string();
+                    if message != failing {
+                        tracing::warn!(error = %message, "the node's pod watch failed; the pods last seen are used until it resumes (retrying with backoff)");
+                        failing = message.clone();
+                    }
+                    self.tell.send_modify(|told| *told = Err(message));
+                    // A recovery said before this failure is old news.
+                    self.recoveries.mark_unchanged();
+                    let wait = backoff.next().unwrap_or(std::time::Duration::from_secs(30));
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                        Ok(()) = self.recoveries.changed() => {}
+                    }
                 }
-                tell.send_modify(|told| *told = Err(message));
-            }
-            Some(Ok(event)) => {
-                if !failing.is_empty() {
-                    tracing::info!("the node's pod watch works again");
-                    failing.clear();
+                Some(Ok(event)) => {
+                    if !failing.is_empty() {
+                        tracing::info!("the node's pod watch works again");
+                        failing.clear();
+                    }
+                    // A relist is applied whole at its end.
+                    if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                        continue;
+                    }
+                    if let Some(directory) = &self.directory {
+                        keep(directory, &self.store, event);
+                    }
+                    seen += 1;
+                    self.tell.send_modify(|told| *told = Ok(seen));
                 }
-                // A relist is applied whole at its end.
-                if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-                    continue;
-                }
-                if let Some(directory) = &directory {
-                    keep(directory, &store, event);
-                }
-                seen += 1;
-                tell.send_modify(|told| *told = Ok(seen));
             }
         }
     }

@@ -1,4 +1,4 @@
-//! How the agent's watches list and back off.
+//! How the agent's watches list.
 
 use kube::runtime::watcher;
 
@@ -15,26 +15,6 @@ pub fn watch_config(fields: &str) -> watcher::Config {
     }
 }
 
-/// The pod watch's backoff. kube's `default_backoff` starts again from 800 ms at every event it
-/// passes on, and a relist is a burst of events: an API server answering every watch with 410 Gone
-/// would be relisted about once a second, forever. Here events do not reset it; only two minutes
-/// without an error do (the timer inside kube's `DefaultBackoff`), so a persistent 410 backs off
-/// to 30 s between relists.
-#[derive(Default)]
-pub struct ErrorsOnlyBackoff(watcher::DefaultBackoff);
-
-impl Iterator for ErrorsOnlyBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.0.next()
-    }
-}
-
-impl kube::runtime::utils::Backoff for ErrorsOnlyBackoff {
-    fn reset(&mut self) {}
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,21 +27,5 @@ mod tests {
             "a limit would drop resourceVersion=0"
         );
         assert_eq!(config.list_semantic, watcher::ListSemantic::Any);
-    }
-
-    #[test]
-    fn a_relist_does_not_reset_the_watch_backoff() {
-        use kube::runtime::utils::Backoff;
-        let mut backoff = ErrorsOnlyBackoff::default();
-        let mut last = std::time::Duration::ZERO;
-        // Error, relist (events reset a default backoff), error, relist, ...
-        for _ in 0..6 {
-            last = backoff.next().unwrap();
-            backoff.reset();
-        }
-        assert!(
-            last >= std::time::Duration::from_secs(5),
-            "still {last:?} after 6 failed watches"
-        );
     }
 }

@@ -47,6 +47,7 @@ impl Component for PodDirectory {
             NodePods::shared(
                 &self.node_pods,
                 client,
+                self.api.recoveries(),
                 &cx.node_name,
                 cx.pods.clone(),
                 &mut cx.tasks,

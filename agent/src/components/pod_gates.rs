@@ -67,6 +67,7 @@ impl Component for PodGates {
             let pods = NodePods::shared(
                 &self.node_pods,
                 controller.client.clone(),
+                self.api.recoveries(),
                 &cx.node_name,
                 cx.pods.clone(),
                 &mut cx.tasks,

@@ -46,6 +46,7 @@ impl Component for Startup {
             let pods = NodePods::shared(
                 &self.node_pods,
                 client.clone(),
+                self.api.recoveries(),
                 &cx.node_name,
                 cx.pods.clone(),
                 &mut cx.tasks,

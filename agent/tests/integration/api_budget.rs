@@ -94,6 +94,28 @@ impl Node {
         );
     }
 
+    /// A second gated pod serving `llama`, `vllm-1`.
+    fn add_new_pod(&self) {
+        self.api.put_pod(gated_vllm_pod(
+            "u1",
+            "vllm-1",
+            NODE,
+            "/var/lib/models",
+            json!({"mlnode.dev/model": "llama"}),
+        ));
+    }
+
+    fn wait_for_new_pods_gate(&self, status: &str) {
+        common::wait_until(
+            &format!("vllm-1's gate {status}"),
+            Duration::from_secs(20),
+            || {
+                let c = self.api.pod_condition("inference", "vllm-1", GATE);
+                (c["status"] == status).then_some(()).ok_or(c.to_string())
+            },
+        );
+    }
+
     fn corrupt(&self) {
         let mut bytes = std::fs::read(self.model.path(SHARD)).unwrap();
         bytes[1000] ^= 0xff;
@@ -427,17 +449,8 @@ fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
         lists[0]
     );
     // A pod added after the relist still gets its gate: nothing was lost.
-    node.api.put_pod(gated_vllm_pod(
-        "u1",
-        "vllm-1",
-        NODE,
-        "/var/lib/models",
-        json!({"mlnode.dev/model": "llama"}),
-    ));
-    common::wait_until("the new pod's gate", Duration::from_secs(20), || {
-        let c = node.api.pod_condition("inference", "vllm-1", GATE);
-        (c["status"] == "True").then_some(()).ok_or(c.to_string())
-    });
+    node.add_new_pod();
+    node.wait_for_new_pods_gate("True");
 }
 
 #[test]
@@ -477,6 +490,15 @@ fn sigterm_is_not_held_up_by_a_long_retry_after() {
     answers_and_exits_at_once(agent);
 }
 
+/// Ends the pods' watch while every request is refused, until `times` renewals were, then lets
+/// requests through again.
+fn refuse_watch_renewals(node: &Node, agent: &Agent, times: f64) {
+    *node.api.state.throttle.lock().unwrap() = Some(1);
+    node.api.end_watches();
+    wait_for_requests(agent, "watch", "pods", "429", times);
+    *node.api.state.throttle.lock().unwrap() = None;
+}
+
 /// A watch that failed (its renewal refused) and resumed with nothing to tell sends nothing: the
 /// gates must not wait for it. A verdict that changes meanwhile reaches the pods last seen.
 #[test]
@@ -484,10 +506,7 @@ fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
     let node = Node::new();
     let agent = node.agent("1h", "");
     node.wait_for_gate("True");
-    *node.api.state.throttle.lock().unwrap() = Some(1);
-    node.api.end_watches();
-    wait_for_requests(&agent, "watch", "pods", "429", 1.0);
-    *node.api.state.throttle.lock().unwrap() = None;
+    refuse_watch_renewals(&node, &agent, 1.0);
     node.corrupt();
     node.wait_for_gate("False");
 }
@@ -510,13 +529,7 @@ fn the_server_answering_again_ends_every_loops_back_off() {
         4.0,
     );
     node.api.state.down.store(false, Ordering::Relaxed);
-    node.api.put_pod(gated_vllm_pod(
-        "u1",
-        "vllm-1",
-        NODE,
-        "/var/lib/models",
-        json!({"mlnode.dev/model": "llama"}),
-    ));
+    node.add_new_pod();
     let answered = common::wait_until("the new pod's gate", Duration::from_secs(20), || {
         let c = node.api.pod_condition("inference", "vllm-1", GATE);
         (c["status"] == "False")
@@ -527,6 +540,29 @@ fn the_server_answering_again_ends_every_loops_back_off() {
     assert!(
         answered.elapsed() < Duration::from_secs(2),
         "the node's verdict {:?} after the server answered a pod write",
+        answered.elapsed()
+    );
+}
+
+/// The pod watch backs off too (kube's 0.8 s doubling to 30 s), and resumes at once when another
+/// request finds the server answering again: a pod created while its renewal was refused is seen
+/// then, not a back-off later.
+#[test]
+fn a_refused_watch_resumes_when_the_server_answers_again() {
+    let node = Node::new();
+    let agent = node.agent("1h", "");
+    node.wait_for_gate("True");
+    // Four refused renewals: the watch's next wait is 6 s or more.
+    refuse_watch_renewals(&node, &agent, 4.0);
+    node.add_new_pod();
+    // The model fails: the node's write is the request that finds the server back.
+    node.corrupt();
+    node.wait_for_node_verdict("False");
+    let answered = Instant::now();
+    node.wait_for_new_pods_gate("False");
+    assert!(
+        answered.elapsed() < Duration::from_secs(2),
+        "the new pod seen {:?} after the server answered the node's write",
         answered.elapsed()
     );
 }

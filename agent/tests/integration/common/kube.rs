@@ -6,7 +6,8 @@
 //! authorizes every request as the real one would: RBAC from rendered Roles and bindings, then the
 //! rendered ValidatingAdmissionPolicy on node updates; refusals are 403s, recorded. It pushes back
 //! as kube-apiserver does when told to: 429 with `Retry-After` (API Priority and Fairness), 503,
-//! no answer at all, a watch ended by the server, or ended with 410 Gone.
+//! no answer at all, a watch ended by the server, or ended with 410 Gone; a watch resumed from a
+//! resourceVersion gets what came after it first, as the watch cache replays it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -61,6 +62,9 @@ pub struct ApiState {
     pub events: Mutex<Vec<Value>>,
     /// Watch event lines for open watches (each keeps those of its own kind).
     pub watch: Mutex<Option<tokio::sync::broadcast::Sender<Value>>>,
+    /// Every object event sent, for a watch resumed from a resourceVersion: the watch cache
+    /// replays what came after it.
+    pub history: Mutex<Vec<Value>>,
     pub resource_version: std::sync::atomic::AtomicU64,
     pub access: Option<Access>,
     /// Requests refused by authentication, RBAC or admission, with why.
@@ -697,10 +701,35 @@ fn list_or_watch(
         .unwrap()
         .get_or_insert_with(|| tokio::sync::broadcast::channel(1024).0)
         .subscribe();
+    // Resumed from a resourceVersion: what came after it first, as the watch cache replays it.
+    let since: u64 = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("resourceVersion="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let missed: Vec<Result<Value, tokio_stream::wrappers::errors::BroadcastStreamRecvError>> =
+        state
+            .history
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| {
+                since > 0
+                    && line["object"]["metadata"]["resourceVersion"]
+                        .as_str()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .is_some_and(|v| v > since)
+            })
+            .cloned()
+            .map(Ok)
+            .collect();
     // The server ends every open watch on [`FakeApiServer::end_watches`], as it does at the
     // watch's timeoutSeconds.
     let open = tokio_stream::StreamExt::take_while(
-        tokio_stream::wrappers::BroadcastStream::new(receiver),
+        tokio_stream::StreamExt::chain(
+            tokio_stream::iter(missed),
+            tokio_stream::wrappers::BroadcastStream::new(receiver),
+        ),
         |line| !matches!(line, Ok(v) if v["type"] == END_OF_WATCH),
     );
     let lines = tokio_stream::StreamExt::filter_map(open, move |line| {
@@ -811,6 +840,9 @@ impl FakeApiServer {
     }
 
     fn send(&self, line: Value) {
+        if line["object"]["metadata"]["resourceVersion"].is_string() {
+            self.state.history.lock().unwrap().push(line.clone());
+        }
         if let Some(tx) = self.state.watch.lock().unwrap().as_ref() {
             let _ = tx.send(line);
         }
