@@ -51,7 +51,8 @@ fn collectors(
     config: &Config,
     node: &NodeFacts,
     loads: &LoadActivity,
-) -> [Vec<Box<dyn Component>>; 2] {
+    registry: &prometheus::Registry,
+) -> prometheus::Result<[Vec<Box<dyn Component>>; 2]> {
     let kubelet = &config.kubelet;
     // The kernel log's facts, read by the GPU and Neuron verdicts beside their own.
     let kernel_log = config
@@ -62,7 +63,7 @@ fn collectors(
     // the directory is kept only where something names pods by it.
     let names_pods = config.nvml.process_attribution || !kubelet.holder_labels().is_off();
     let node_pods = crate::node_pods::NodePodsSlot::new(names_pods);
-    let api = crate::components::ApiClient::new(config.api_request_timeout.get());
+    let api = crate::components::ApiClient::new(registry, config.api_request_timeout.get())?;
     let on_the_node: Vec<Box<dyn Component>> = vec![
         Box::new(KernelLog {
             settings: config.kernel_log.clone(),
@@ -122,7 +123,7 @@ fn collectors(
             api,
         }),
     ];
-    [on_the_node, with_the_api_server]
+    Ok([on_the_node, with_the_api_server])
 }
 
 /// Every scraper, probe and client holds a descriptor, and the soft limit is often 1,024: raise it
@@ -208,7 +209,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         max_connections,
         shutdown.clone(),
     ));
-    let [on_the_node, with_the_api_server] = collectors(&config, &node, &loads);
+    let [on_the_node, with_the_api_server] = collectors(&config, &node, &loads, &cx.registry)?;
     let jitter = crate::settings::jitter(config.start_jitter.get());
     let mut running = tokio::spawn(async move {
         component::start(on_the_node, &mut cx).await?;

@@ -43,7 +43,7 @@ impl Component for Kubelet {
             // kubelet reports one.
             let dra = match devices.dra_drivers.is_empty() {
                 true => None,
-                false => match self.api.any(&cx.registry).await {
+                false => match self.api.any().await {
                     Ok(client) => Some(DraSlices::spawn(
                         client,
                         &cx.node_name,

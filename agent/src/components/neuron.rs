@@ -74,7 +74,7 @@ impl Component for Neuron {
                 cx.tasks.spawn(reader);
             }
             if settings.instance_type.is_empty() || settings.availability_zone.is_empty() {
-                match self.api.for_feature(Toggle::Auto, "neuron", &cx.registry).await {
+                match self.api.for_feature(Toggle::Auto, "neuron").await {
                     Ok(client) => {
                         let reader = read_node_labels(
                             client,

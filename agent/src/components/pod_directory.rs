@@ -40,7 +40,7 @@ impl Component for PodDirectory {
             }
             let client = self
                 .api
-                .for_feature(self.enabled, "readiness", &cx.registry)
+                .for_feature(self.enabled, "readiness")
                 .await.map_err(|e| {
                 NotStarted::Absent(format!("{e}: GPU processes are reported without pod names"))
             })?;

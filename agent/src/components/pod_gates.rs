@@ -46,7 +46,7 @@ impl Component for PodGates {
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
             let client = self.api
-                .for_feature(self.settings.enabled, "readiness", &cx.registry)
+                .for_feature(self.settings.enabled, "readiness")
                 .await
                 .map_err(NotStarted::Absent)?;
             let own_pod = own_pod();

@@ -37,7 +37,7 @@ impl Component for Readiness {
         async move {
             let client = match self
                 .api
-                .for_feature(self.settings.enabled, "readiness", &cx.registry)
+                .for_feature(self.settings.enabled, "readiness")
                 .await
             {
                 Ok(client) => client,

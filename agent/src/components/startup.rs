@@ -39,7 +39,7 @@ impl Component for Startup {
         async move {
             let client = self
                 .api
-                .for_feature(self.settings.enabled, "startup", &cx.registry)
+                .for_feature(self.settings.enabled, "startup")
                 .await
                 .map_err(NotStarted::Absent)?;
             let metrics = StartupMetrics::register(&cx.registry)?;
