@@ -64,6 +64,15 @@ impl Node {
         )
     }
 
+    /// A node whose agent (as [`Node::agent`] starts it) has verified the model and set the
+    /// pod's gate True.
+    fn serving(heartbeat: &str, extra: &str) -> (Node, Agent) {
+        let node = Node::new();
+        let agent = node.agent(heartbeat, extra);
+        node.wait_for_gate("True");
+        (node, agent)
+    }
+
     fn gate(&self) -> String {
         self.api.pod_condition("inference", "vllm-0", GATE)["status"]
             .as_str()
@@ -169,9 +178,7 @@ fn pod_reads(requests: &[Recorded]) -> (Vec<&Recorded>, Vec<&Recorded>) {
 
 #[test]
 fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
-    let node = Node::new();
-    let agent = node.agent("1s", "");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1s", "");
     // The round that wrote the node's verdict sent its events too: one round later, only the
     // steady state is left.
     node.wait_for_node_verdict("True");
@@ -254,9 +261,7 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
 
 #[test]
 fn a_restart_writes_nothing_the_node_and_its_pods_already_show() {
-    let node = Node::new();
-    let mut first = node.agent("1h", "");
-    node.wait_for_gate("True");
+    let (node, mut first) = Node::serving("1h", "");
     wait_for_sample(
         &first,
         "mlnode_node_condition_updates_total",
@@ -300,9 +305,7 @@ const BURST: Duration = Duration::from_millis(500);
 
 #[test]
 fn a_429_holds_every_request_for_its_retry_after_and_the_latest_verdict_lands_after() {
-    let node = Node::new();
-    let agent = node.agent("1s", "");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1s", "");
     *node.api.state.throttle.lock().unwrap() = Some(2);
     let mark = node.api.requests().len();
     let throttled_at = Instant::now();
@@ -363,9 +366,7 @@ fn bursts(requests: &[Recorded]) -> Vec<(Instant, Instant)> {
 
 #[test]
 fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
-    let node = Node::new();
-    let agent = node.agent("1s", "");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1s", "");
     node.api.state.down.store(true, Ordering::Relaxed);
     let mark = node.api.requests().len();
     // The readiness controller's attempts: the refused write, then reads of the node (after a
@@ -406,9 +407,7 @@ fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
 
 #[test]
 fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
-    let node = Node::new();
-    let _agent = node.agent("1h", "");
-    node.wait_for_gate("True");
+    let (node, _agent) = Node::serving("1h", "");
     let mark = node.api.requests().len();
     node.api.end_watches();
     common::wait_until("the watch resumed", Duration::from_secs(20), || {
@@ -455,9 +454,7 @@ fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
 
 #[test]
 fn a_server_that_never_answers_times_out_and_holds_up_neither_metrics_nor_sigterm() {
-    let node = Node::new();
-    let agent = node.agent("1s", "api_request_timeout: 1s\n");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1s", "api_request_timeout: 1s\n");
     node.api.state.stall.store(true, Ordering::Relaxed);
     wait_for_requests(&agent, "patch", "nodes/status", "<timeout>", 1.0);
     answers_and_exits_at_once(agent);
@@ -476,9 +473,7 @@ fn answers_and_exits_at_once(mut agent: Agent) {
 
 #[test]
 fn sigterm_is_not_held_up_by_a_long_retry_after() {
-    let node = Node::new();
-    let agent = node.agent("1s", "");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1s", "");
     *node.api.state.throttle.lock().unwrap() = Some(300);
     // Whichever request came first was refused, and holds every other for 300 s.
     wait_for_sample(
@@ -503,9 +498,7 @@ fn refuse_watch_renewals(node: &Node, agent: &Agent, times: f64) {
 /// gates must not wait for it. A verdict that changes meanwhile reaches the pods last seen.
 #[test]
 fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
-    let node = Node::new();
-    let agent = node.agent("1h", "");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1h", "");
     refuse_watch_renewals(&node, &agent, 1.0);
     node.corrupt();
     node.wait_for_gate("False");
@@ -516,9 +509,7 @@ fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
 /// a pod's gate write (a new pod, no back-off of its own) finds the server back.
 #[test]
 fn the_server_answering_again_ends_every_loops_back_off() {
-    let node = Node::new();
-    let agent = node.agent("1h", "");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1h", "");
     node.api.state.down.store(true, Ordering::Relaxed);
     node.corrupt();
     // Long enough for the node's back-off to reach 8 s steps (1, 2, 4 s waits first).
@@ -549,9 +540,7 @@ fn the_server_answering_again_ends_every_loops_back_off() {
 /// then, not a back-off later.
 #[test]
 fn a_refused_watch_resumes_when_the_server_answers_again() {
-    let node = Node::new();
-    let agent = node.agent("1h", "");
-    node.wait_for_gate("True");
+    let (node, agent) = Node::serving("1h", "");
     // Four refused renewals: the watch's next wait is 6 s or more.
     refuse_watch_renewals(&node, &agent, 4.0);
     node.add_new_pod();

@@ -317,7 +317,7 @@ fn record(
     value
 }
 
-/// What every PATCH goes through: the server's availability, the record, and the content type the
+/// What every PATCH goes through (after the push-back filter): the record, and the content type the
 /// API server requires for that kind of patch.
 fn accept(
     state: &ApiState,
