@@ -62,6 +62,9 @@ pub struct KernelLogArgs {
     /// The boot to read, as `_BOOT_ID` or the kernel's UUID (default: this one).
     #[arg(long)]
     pub boot_id: Option<String>,
+    /// libsystemd, which reads the journal: a name the dynamic loader finds, or a path.
+    #[arg(long, default_value = "libsystemd.so.0")]
+    pub library: PathBuf,
     /// Print one JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -559,7 +562,7 @@ fn kernel_log(args: KernelLogArgs) -> ExitCode {
         args.directories
     };
     let started = std::time::Instant::now();
-    let scan = match journal::scan(&dirs, &boot) {
+    let scan = match journal::scan(&args.library, &dirs, &boot) {
         Ok(scan) => scan,
         Err(e) => {
             eprintln!("mlnode-agent: {e}");
@@ -572,7 +575,11 @@ fn kernel_log(args: KernelLogArgs) -> ExitCode {
     if args.json {
         let document = serde_json::json!({
             "boot_id": boot,
-            "directories": scan.dirs,
+            "files": scan.files,
+            "unreadable_files": scan.unreadable.iter().map(|u| serde_json::json!({
+                "file": u.file, "reason": u.reason(), "error": u.error.to_string(),
+                "incompatible_flags": u.incompatible_flags,
+            })).collect::<Vec<_>>(),
             "entries": scan.entries,
             "bad_entries": scan.bad_entries,
             "seconds": seconds,
@@ -593,9 +600,14 @@ fn kernel_log(args: KernelLogArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!(
-        "boot {boot}: {} kernel entries read from {:?} in {seconds:.2} s ({} unreadable, skipped)",
-        scan.entries, scan.dirs, scan.bad_entries
+        "boot {boot}: {} kernel entries read from {} journal files in {dirs:?} in {seconds:.2} s ({} unreadable entries, skipped)",
+        scan.entries,
+        scan.files.len(),
+        scan.bad_entries
     );
+    for unreadable in &scan.unreadable {
+        println!("{}", unreadable.describe(&args.library));
+    }
     for ((gpu, xid), l) in &facts.xids {
         let process = l
             .process

@@ -54,11 +54,13 @@ fn collectors(
     registry: &prometheus::Registry,
 ) -> prometheus::Result<[Vec<Box<dyn Component>>; 2]> {
     let kubelet = &config.kubelet;
-    // The kernel log's facts, read by the GPU and Neuron verdicts beside their own.
+    // The kernel log's facts, read by the GPU and Neuron verdicts beside their own; what was
+    // logged before now, NVML's events of this agent cannot have delivered.
+    let started = std::time::Instant::now();
     let kernel_log = config
         .kernel_log
         .enabled
-        .then(crate::shared::Shared::<crate::kernel_log::facts::LogFacts>::default);
+        .then(|| crate::shared::Shared::new(crate::kernel_log::facts::LogFacts::new(started)));
     // One watch of the node's pods, for the startup tracker, the pod gates and the pod directory;
     // the directory is kept only where something names pods by it.
     let names_pods = config.nvml.process_attribution || !kubelet.holder_labels().is_off();

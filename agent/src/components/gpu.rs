@@ -76,7 +76,7 @@ impl Component for Gpu {
 /// Opens NVML on a thread of its own (a blocked `nvmlInit` cannot be cancelled, and a stuck
 /// blocking task would hold up the async runtime's shutdown), bounded by [`NVML_START_TIMEOUT`].
 async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
-    let (settings, registry, shared, pod_names, up) = (
+    let (settings, registry, shared, pod_names, up, kernel_log) = (
         gpu.settings.clone(),
         cx.registry.clone(),
         cx.assignments.clone(),
@@ -85,6 +85,7 @@ async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
             holder: gpu.holder_labels.clone(),
         },
         cx.up.clone(),
+        gpu.kernel_log.clone(),
     );
     // DRA devices are looked up under their driver's name (kubelet::dra).
     let resources: Vec<String> = gpu
@@ -98,7 +99,7 @@ async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
         .name("nvml-start".into())
         .spawn(move || {
             let _ = tx.send(GpuRuntime::start(
-                &settings, shared, pod_names, resources, &registry, up,
+                &settings, shared, pod_names, resources, &registry, up, kernel_log,
             ));
         })
         .map_err(|e| format!("cannot start the NVML start-up thread: {e}"))?;

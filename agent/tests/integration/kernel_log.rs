@@ -28,10 +28,15 @@ fn machine_dir(root: &Path) -> PathBuf {
 }
 
 fn start(scenario: &Scenario, api: &FakeApiServer, root: &Path) -> Agent {
+    start_with(scenario, api, root, "")
+}
+
+/// [`start`], with more `kernel_log` settings (YAML lines indented by two spaces).
+fn start_with(scenario: &Scenario, api: &FakeApiServer, root: &Path, kernel_log: &str) -> Agent {
     let [var, run] = journal_dirs(root);
     Agent::start_with_env(
         &format!(
-            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\nkernel_log:\n  enabled: true\n  journal_dirs: [{var:?}, {run:?}]\n  poll_interval: 100ms\n",
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\nkernel_log:\n  enabled: true\n  journal_dirs: [{var:?}, {run:?}]\n  poll_interval: 100ms\n{kernel_log}",
             fake_nvml().display().to_string(),
             scenario.pci_devices().display().to_string(),
         ),
@@ -44,6 +49,16 @@ fn start(scenario: &Scenario, api: &FakeApiServer, root: &Path) -> Agent {
 
 fn wait_until(what: &str, check: impl Fn() -> Result<(), String>) {
     common::wait_until(what, Duration::from_secs(20), check)
+}
+
+/// Waits until the agent's `series{labels}` is `value`.
+fn wait_for_sample(agent: &Agent, series: &str, labels: &[(&str, &str)], value: f64) {
+    wait_until(&format!("{series}{labels:?} = {value}"), || {
+        match sample(&agent.metrics(), series, labels) {
+            Some(v) if v == value => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
 }
 
 #[test]
@@ -270,16 +285,12 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         writer.append(&[kernel(SXID, 0)]);
     }
     writer.finish();
-    wait_until("every appended line", || {
-        match sample(
-            &agent.metrics(),
-            "mlnode_nvswitch_sxid_errors_total",
-            &[("sxid", "12028")],
-        ) {
-            Some(203.0) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    wait_for_sample(
+        &agent,
+        "mlnode_nvswitch_sxid_errors_total",
+        &[("sxid", "12028")],
+        203.0,
+    );
     // SIGTERM while the reader follows: nothing waits on it.
     let (code, elapsed) = agent.terminate();
     assert_eq!(code, Some(0), "{}", agent.log());
@@ -413,11 +424,200 @@ fn compressed_dirty_and_truncated_files_are_read_and_what_cannot_be_is_skipped()
     assert!((150..=200).contains(&read), "{cut:#}");
     assert_eq!(cut["xids"][0]["xid"], 13, "{cut:#}");
 
-    // A copy cut short beside it (shorter than its header says): skipped, the other one read.
-    std::fs::write(
-        dir.path().join("system@0001.journal"),
-        &bytes[..bytes.len() / 2],
+    // A copy cut short beside it (shorter than its header says): left out and named, the other
+    // one read.
+    let short = dir.path().join("system@0001.journal");
+    std::fs::write(&short, &bytes[..bytes.len() / 2]).unwrap();
+    let both = scan(dir.path());
+    assert_eq!(both["entries"], cut["entries"]);
+    assert_eq!(
+        both["unreadable_files"],
+        serde_json::json!([{"file": short, "reason": "unreadable", "error": "ENODATA: No data available", "incompatible_flags": header_u32(&file, 12)}]),
+        "{both:#}"
+    );
+}
+
+fn healthy(api: &FakeApiServer) -> Result<(), String> {
+    let condition = api.condition("AcceleratorHealthy");
+    match condition["status"].as_str() {
+        Some("True") => Ok(()),
+        _ => Err(condition.to_string()),
+    }
+}
+
+/// Without libsystemd the agent serves and holds nothing on the kernel log: the source says why,
+/// once, and `mlnode_kernel_log_up` is 0.
+#[test]
+fn without_libsystemd_the_agent_serves_and_says_why_once() {
+    let scenario = Scenario::new(1);
+    let root = tempfile::tempdir().unwrap();
+    common::needs!(common::journal::write(
+        &machine_dir(root.path()),
+        "system.journal",
+        &[kernel(SXID, 5)]
+    ));
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let missing = root.path().join("lib/libsystemd.so.0");
+    let agent = start_with(
+        &scenario,
+        &api,
+        root.path(),
+        &format!("  library: {:?}\n", missing.display().to_string()),
+    );
+    wait_until("AcceleratorHealthy True", || healthy(&api));
+    let metrics = agent.metrics();
+    assert_eq!(sample(&metrics, "mlnode_kernel_log_up", &[]), Some(0.0));
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_count", &[]),
+        Some(1.0),
+        "the GPU collector serves"
+    );
+    let log = agent.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("cannot load") && l.contains("libsystemd.so.0"))
+        .collect();
+    assert_eq!(said.len(), 1, "said once: {log}");
+    assert!(
+        said[0].contains("kernel_log.library") && said[0].contains("libsystemd0"),
+        "says what to do: {}",
+        said[0]
+    );
+}
+
+/// Sets `bit` in a journal file's `incompatible_flags` (systemd docs/JOURNAL_FILE_FORMAT.md: the
+/// 32 bits at byte 12 of the header): a flag a newer systemd would define, which this libsystemd
+/// refuses with EPROTONOSUPPORT (journal-file.c `warn_wrong_flags`).
+fn set_incompatible_flag(file: &Path, bit: u32) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let flags = header_u32(file, 12) | bit;
+    bytes[12..16].copy_from_slice(&flags.to_le_bytes());
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// A file a newer systemd wrote, with an incompatible flag this libsystemd does not know, is left
+/// out, counted and named with its flag, once; the other files are read, and followed.
+#[test]
+fn a_file_with_an_unknown_incompatible_flag_is_counted_and_named_and_the_rest_read() {
+    let scenario = Scenario::new(1);
+    let root = tempfile::tempdir().unwrap();
+    let newer = common::needs!(common::journal::write(
+        &machine_dir(root.path()),
+        "system@00062a1b2c3d4e5f-0000000000000001.journal",
+        &[kernel(SXID, 60)]
+    ));
+    set_incompatible_flag(&newer, 1 << 6);
+    common::journal::write(
+        &machine_dir(root.path()),
+        "system.journal",
+        &[kernel(SXID, 5)],
     )
     .unwrap();
-    assert_eq!(scan(dir.path())["entries"], cut["entries"]);
+    let found = scan(&journal_dirs(root.path())[0]);
+    assert_eq!(found["sxids"]["12028"], 1, "{found:#}");
+    assert_eq!(found["unreadable_files"][0]["reason"], "unsupported_format");
+    assert_eq!(
+        found["unreadable_files"][0]["file"],
+        newer.display().to_string()
+    );
+
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = start(&scenario, &api, root.path());
+    let sxids = ("mlnode_nvswitch_sxid_errors_total", [("sxid", "12028")]);
+    wait_for_sample(&agent, sxids.0, &sxids.1, 1.0);
+    wait_for_sample(
+        &agent,
+        "mlnode_kernel_log_unreadable_files",
+        &[("reason", "unsupported_format")],
+        1.0,
+    );
+    let mut writer =
+        common::journal::Writer::start(&machine_dir(root.path()), "system.journal").unwrap();
+    writer.append(&[kernel(SXID, 0)]);
+    writer.finish();
+    wait_for_sample(&agent, sxids.0, &sxids.1, 2.0);
+    let log = agent.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("incompatible header flags"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(
+        said[0].contains(&newer.display().to_string()) && said[0].contains("unknown 0x40"),
+        "names the file and the flag: {}",
+        said[0]
+    );
+    assert_eq!(
+        sample(&agent.metrics(), "mlnode_kernel_log_up", &[]),
+        Some(1.0)
+    );
+}
+
+/// `mlnode_gpu_xid_errors_total` is the boot's count: an XID logged before the agent started is
+/// counted (and XID 13, RESTART_APP, holds nothing); one NVML delivers and the log then has too is
+/// one; one only the log has is counted; a restarted agent starts at the boot's count.
+#[test]
+fn every_xid_of_the_boot_is_counted_once_whichever_source_saw_it() {
+    let mut scenario = Scenario::new(2);
+    let gpu0 = scenario.value["devices"][0]["pci_bus_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let xid13 = format!(
+        "NVRM: Xid (PCI:{}): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+        slot(&gpu0)
+    );
+    let counted = [
+        ("gpu", "0"),
+        ("xid", "13"),
+        ("immediate_action", "RESTART_APP"),
+    ];
+    let xids = "mlnode_gpu_xid_errors_total";
+    let root = tempfile::tempdir().unwrap();
+    common::needs!(common::journal::write(
+        &machine_dir(root.path()),
+        "system.journal",
+        &[kernel(&xid13, 600)]
+    ));
+    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let mut agent = start(&scenario, &api, root.path());
+    wait_for_sample(&agent, xids, &counted, 1.0);
+    wait_until("AcceleratorHealthy True", || healthy(&api));
+
+    // NVML delivers the next one at once; the driver's line reaches the journal after.
+    scenario.set(0, "xid_events", serde_json::json!([13]));
+    wait_for_sample(&agent, "mlnode_gpu_last_xid", &[("gpu", "0")], 13.0);
+    assert_eq!(sample(&agent.metrics(), xids, &counted), Some(2.0));
+    let mut writer =
+        common::journal::Writer::start(&machine_dir(root.path()), "system.journal").unwrap();
+    writer.append(&[kernel(&xid13, 0)]);
+    wait_for_sample(&agent, "mlnode_kernel_log_entries_read_total", &[], 2.0);
+    assert_eq!(
+        sample(&agent.metrics(), xids, &counted),
+        Some(2.0),
+        "one XID, seen by both"
+    );
+    // One only the log has (NVML missed it): counted.
+    writer.append(&[kernel(&xid13, 0)]);
+    writer.finish();
+    wait_for_sample(&agent, xids, &counted, 3.0);
+    assert_eq!(
+        sample(&agent.metrics(), xids, &[("gpu", "1")]),
+        None,
+        "the other GPU has none"
+    );
+    healthy(&api).unwrap();
+
+    // Restarted: the boot's count from its first sample, never a lower one.
+    scenario.set(0, "xid_events", serde_json::json!([]));
+    let (code, _) = agent.terminate();
+    assert_eq!(code, Some(0));
+    let agent = start(&scenario, &api, root.path());
+    wait_until("the boot's count after the restart", || {
+        match sample(&agent.metrics(), xids, &counted) {
+            Some(3.0) => Ok(()),
+            None => Err("the history is still being read".into()),
+            Some(early) => panic!("a count other than the boot's: {early}"),
+        }
+    });
 }

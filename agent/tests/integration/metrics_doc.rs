@@ -373,6 +373,7 @@ fn register_gpu(registry: &prometheus::Registry) {
         Vec::new(),
         Default::default(),
         true,
+        None,
     )
     .unwrap();
     registry.register(Box::new(collector)).unwrap();
@@ -381,6 +382,7 @@ fn register_gpu(registry: &prometheus::Registry) {
 /// Startup metrics after one startup with every phase, a pull with a size and a cache hit.
 fn register_kernel_log(registry: &prometheus::Registry) {
     let metrics = mlnode_agent::kernel_log::journal::KernelLogMetrics::register(registry).unwrap();
+    metrics.unreadable([].iter());
     let mut parser = mlnode_agent::kernel_log::parse::Parser::default();
     for line in [
         "NVRM: GPU 0000:5a:00.0: GPU has fallen off the bus.",

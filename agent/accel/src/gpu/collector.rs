@@ -15,6 +15,8 @@ use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::virtual_gpus::{copy_per_holder, HolderCopy, SharedDevice};
 use super::xid::{self, xid_message};
 use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
+use crate::kernel_log::facts::LogFacts;
+use crate::kernel_log::parse::PciAddress;
 use mlnode_core::assignments::{Assignment, Assignments, SharedAssignments};
 use mlnode_core::metrics::family::{descs, with_label, Families, Labels};
 use mlnode_core::pods::{PodDirectory, PodNames};
@@ -45,6 +47,8 @@ pub struct GpuCollector {
     resource_names: Vec<String>,
     style: LabelStyle,
     dcgm_names: bool,
+    /// What the kernel log says, when `kernel_log.enabled`: the XIDs it logged are counted too.
+    kernel_log: Option<Shared<LogFacts>>,
     descs: Vec<Desc>,
 }
 
@@ -56,6 +60,7 @@ impl GpuCollector {
         resource_names: Vec<String>,
         style: LabelStyle,
         dcgm_names: bool,
+        kernel_log: Option<Shared<LogFacts>>,
     ) -> prometheus::Result<GpuCollector> {
         let families = FAMILIES.iter().chain(if dcgm_names {
             DCGM_FAMILIES.iter()
@@ -70,6 +75,7 @@ impl GpuCollector {
             resource_names,
             style,
             dcgm_names,
+            kernel_log,
             descs,
         })
     }
@@ -226,12 +232,23 @@ impl Collector for GpuCollector {
             );
         }
         let stalled = state.stalled_for(now).is_some();
+        let log = self.kernel_log.as_ref().map(|log| log.borrow());
+        // Until the kernel log's history is read, no GPU's count of this boot's XIDs is known: no
+        // sample, rather than a low one a restarted agent's scrape would take for a reset.
+        let xid_log = match &log {
+            None => XidLog::Off,
+            Some(log) if !log.history_read => XidLog::Reading,
+            Some(log) => XidLog::Read(log),
+        };
+        let mut listed = Vec::new();
         for entry in state.gpus.values() {
             let Some(identity) = &entry.identity else {
                 continue;
             };
             let device = self.device_labels(identity, &state.driver_version);
             let labels = self.labels(&device, &identity.uuid, &holders);
+            let address = PciAddress::from_nvml(&identity.pci_bus_id);
+            listed.extend(address);
             let lost = entry.failure == Some(GpuFailure::Lost);
             out.gauge("mlnode_gpu_lost", &labels, f64::from(u8::from(lost)));
             if let Some(failure) = entry.failure {
@@ -241,7 +258,7 @@ impl Collector for GpuCollector {
                     1.0,
                 );
             }
-            self.collect_counters(entry, &labels, &mut out);
+            self.collect_counters(entry, address, &xid_log, &labels, &mut out);
             if self.dcgm_names {
                 collect_xid_window(entry, &labels, now, state.xid_count_window, &mut out);
             }
@@ -301,6 +318,9 @@ impl Collector for GpuCollector {
                 }
             }
         }
+        if let XidLog::Read(log) = xid_log {
+            collect_unlisted_xids(log, &listed, &mut out);
+        }
         copy_per_holder(&mut out, &shared);
         for (reason, count) in &state.attribution_errors {
             out.counter(
@@ -314,6 +334,35 @@ impl Collector for GpuCollector {
         } else {
             [].iter()
         }))
+    }
+}
+
+/// The kernel log as the XID counts see it.
+enum XidLog<'a> {
+    Off,
+    /// Its history is still being read.
+    Reading,
+    Read(&'a LogFacts),
+}
+
+fn xid_labels(labels: &[(&'static str, String)], xid: u64) -> Labels {
+    let mut xid_labels = with_label(labels, "xid", &xid.to_string());
+    xid_labels.push(("immediate_action", xid::immediate_action(xid).to_string()));
+    xid_labels
+}
+
+/// The XIDs the kernel log has for a GPU NVML does not list (lost before the agent started, or
+/// never found): counted under its address alone, which is all the log names.
+fn collect_unlisted_xids(log: &LogFacts, listed: &[PciAddress], out: &mut Families) {
+    for ((address, xid), logged) in &log.xids {
+        if listed.iter().any(|l| l.same_slot(address)) {
+            continue;
+        }
+        out.counter(
+            "mlnode_gpu_xid_errors_total",
+            &xid_labels(&[("pci_bus_id", address.nvml_bus_id())], *xid),
+            logged.count as f64,
+        );
     }
 }
 
@@ -428,13 +477,24 @@ impl GpuCollector {
     fn collect_counters(
         &self,
         entry: &GpuEntry,
+        address: Option<PciAddress>,
+        xid_log: &XidLog,
         labels: &[(&'static str, String)],
         out: &mut Families,
     ) {
-        for (xid, count) in &entry.xids {
-            let mut xid_labels = with_label(labels, "xid", &xid.to_string());
-            xid_labels.push(("immediate_action", xid::immediate_action(*xid).to_string()));
-            out.counter("mlnode_gpu_xid_errors_total", &xid_labels, *count as f64);
+        let counts = match (xid_log, address) {
+            (XidLog::Off, _) | (XidLog::Read(_), None) => Some(entry.xids.clone()),
+            (XidLog::Read(log), Some(address)) => {
+                Some(xid::boot_counts(&entry.xids, log.xids_of(&address)))
+            }
+            (XidLog::Reading, _) => None,
+        };
+        for (xid, count) in counts.iter().flatten() {
+            out.counter(
+                "mlnode_gpu_xid_errors_total",
+                &xid_labels(labels, *xid),
+                *count as f64,
+            );
         }
         if let Some(xid) = entry.last_xid {
             out.gauge("mlnode_gpu_last_xid", labels, xid as f64);

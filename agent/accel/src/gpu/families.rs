@@ -74,7 +74,7 @@ pub const FAMILIES: [FamilySpec; 51] = [
     ),
     (
         "mlnode_gpu_xid_errors_total",
-        "Critical XID errors reported by NVML since the agent started, per XID, with NVIDIA's catalog's immediate action for it.",
+        "XID errors per XID, with NVIDIA's catalog's immediate action for it: those NVML reported since the agent started or, with the kernel log read, this boot's, each once whichever source saw it.",
         MetricType::COUNTER,
     ),
     (

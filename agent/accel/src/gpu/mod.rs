@@ -238,6 +238,7 @@ impl GpuRuntime {
         resource_names: Vec<String>,
         registry: &prometheus::Registry,
         up: mlnode_core::metrics::AgentMetrics,
+        kernel_log: Option<Shared<crate::kernel_log::facts::LogFacts>>,
     ) -> Result<GpuRuntime, String> {
         if settings.enabled == Toggle::Off {
             return Err("disabled (nvml.enabled: false)".into());
@@ -260,6 +261,7 @@ impl GpuRuntime {
             resource_names,
             style,
             settings.dcgm_names,
+            kernel_log,
         )
         .map_err(|e| e.to_string())?;
         registry

@@ -5,6 +5,23 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
+/// The boot's count of each XID of one GPU, each occurrence once whichever source saw it: the
+/// kernel log's lines from before the agent started (no NVML event of its could deliver them),
+/// then the larger of NVML's count and the log's since (both see the same XIDs from then on: NVML
+/// at once, the log within a poll interval, each possibly missing some the other has).
+pub fn boot_counts<'a>(
+    nvml: &BTreeMap<u64, u64>,
+    logged: impl Iterator<Item = (u64, &'a crate::kernel_log::facts::Logged)>,
+) -> BTreeMap<u64, u64> {
+    let mut counts = nvml.clone();
+    for (xid, logged) in logged {
+        let since_start = logged.count - logged.before_start;
+        let seen_by_nvml = nvml.get(&xid).copied().unwrap_or(0);
+        counts.insert(xid, logged.before_start + since_start.max(seen_by_nvml));
+    }
+    counts
+}
+
 /// NVIDIA's catalog entry for one XID.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CatalogEntry {
@@ -159,5 +176,32 @@ mod tests {
         assert_eq!(xid_message(48), "Double Bit ECC Error");
         assert_eq!(xid_message(0), "No Error");
         assert_eq!(xid_message(999), "Unknown Error");
+    }
+
+    #[test]
+    fn each_xid_of_the_boot_is_counted_once_across_nvml_and_the_log() {
+        use crate::kernel_log::facts::LogFacts;
+        use crate::kernel_log::parse::{Parser, PciAddress};
+        use std::time::{Duration, Instant};
+        let started = Instant::now();
+        let mut facts = LogFacts::new(started);
+        let mut parser = Parser::default();
+        let mut log = |xid: u64, at: Instant| {
+            let line = format!("NVRM: Xid (PCI:0000:5a:00): {xid}, pid=1, name=vllm, detail");
+            facts.apply(parser.line(&line).unwrap(), at);
+        };
+        let before = started - Duration::from_secs(60);
+        let after = started + Duration::from_secs(1);
+        log(13, before); // before the start: NVML never saw it
+        log(13, before);
+        log(13, after); // seen by both
+        log(31, after); // only the log saw it
+        let gpu = PciAddress::from_nvml("00000000:5A:00.0").unwrap();
+        // NVML: the one 13 both saw, a 13 the log has not shown yet, and a 48 only NVML saw.
+        let nvml = BTreeMap::from([(13, 2), (48, 1)]);
+        let counts = boot_counts(&nvml, facts.xids_of(&gpu));
+        assert_eq!(counts, BTreeMap::from([(13, 4), (31, 1), (48, 1)]));
+        let log_only = boot_counts(&BTreeMap::new(), facts.xids_of(&gpu));
+        assert_eq!(log_only, BTreeMap::from([(13, 3), (31, 1)]));
     }
 }

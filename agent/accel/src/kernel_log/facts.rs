@@ -18,6 +18,9 @@ pub struct Logged {
     /// the boot's history).
     pub last: Instant,
     pub count: u64,
+    /// Of `count`, the lines logged before the agent started ([`LogFacts::agent_started`]): those
+    /// no NVML event of this agent's can have delivered.
+    pub before_start: u64,
     /// The process the driver named in its latest line, if any.
     pub process: Option<String>,
 }
@@ -36,9 +39,19 @@ pub struct LogFacts {
     /// forever). Until then no verdict may be a premature True: a fault from before the start may
     /// be in the part not read yet.
     pub history_read: bool,
+    /// When this agent started: a line logged before it is one NVML's events cannot have
+    /// delivered to it. None: every line counts as logged while the agent ran.
+    pub agent_started: Option<Instant>,
 }
 
 impl LogFacts {
+    pub fn new(agent_started: Instant) -> LogFacts {
+        LogFacts {
+            agent_started: Some(agent_started),
+            ..LogFacts::default()
+        }
+    }
+
     /// The problem a verdict carries while the history is still being read.
     pub fn pending(&self) -> Option<mlnode_core::health::Problem> {
         (!self.history_read).then(|| {
@@ -53,6 +66,7 @@ impl LogFacts {
 impl LogFacts {
     pub fn apply(&mut self, event: KernelEvent, at: Instant) {
         let full = self.keys() >= MAX_KEYS;
+        let before_start = self.agent_started.is_some_and(|started| at < started);
         let note = |map_has: bool, dropped: &mut u64| {
             if full && !map_has {
                 *dropped += 1;
@@ -67,11 +81,9 @@ impl LogFacts {
             } => {
                 let key = (slot(gpu), xid);
                 if note(self.xids.contains_key(&key), &mut self.dropped) {
-                    see(
-                        self.xids.entry(key).or_insert_with(|| fresh(at)),
-                        at,
-                        process,
-                    );
+                    let logged = self.xids.entry(key).or_insert_with(|| fresh(at));
+                    logged.before_start += u64::from(before_start);
+                    see(logged, at, process);
                 }
             }
             KernelEvent::FallenOffBus { gpu } => {
@@ -134,16 +146,19 @@ fn fresh(at: Instant) -> Logged {
     Logged {
         last: at,
         count: 0,
+        before_start: 0,
         process: None,
     }
 }
 
+/// Order-free: the history's files are read in parallel, so the process kept is that of the
+/// latest line naming one, whichever is read last.
 fn see(logged: &mut Logged, at: Instant, process: Option<String>) {
     logged.count += 1;
-    logged.last = logged.last.max(at);
-    if process.is_some() {
+    if process.is_some() && at >= logged.last {
         logged.process = process;
     }
+    logged.last = logged.last.max(at);
 }
 
 #[cfg(test)]

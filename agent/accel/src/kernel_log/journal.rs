@@ -1,18 +1,21 @@
-//! The reader: the node's systemd journal, read-only, through `sdjournal` (pure Rust: no
-//! libsystemd, no journalctl, no `/dev/kmsg`). This boot's kernel entries (`_TRANSPORT=kernel`,
-//! `_BOOT_ID` of this boot) from its start, then each new one as journald appends it. One thread
-//! of its own, never awaited: `/metrics` and SIGTERM do not wait on a journal read. A journal
-//! that is missing, unreadable or rotated away is retried, said once, and never stops the agent.
+//! The reader: the node's systemd journal, read-only, through libsystemd's sd-journal API loaded
+//! at run time ([`super::libsystemd`]; no journalctl, no `/dev/kmsg`). This boot's kernel entries
+//! (`_TRANSPORT=kernel`, `_BOOT_ID` of this boot) from its start, then each new one as journald
+//! appends it. One thread of its own, never awaited: `/metrics` and SIGTERM do not wait on a
+//! journal read. A journal that is missing or unreadable is retried, said once, and never stops the
+//! agent; without the library, the source is off and says why.
 
+use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::{Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use sdjournal::{Cursor, EntryRef, Journal, JournalConfig};
 
 use super::facts::LogFacts;
+use super::files::{self, FileChecks, Settle, Unreadable};
+use super::libsystemd::{Change, Journal, Libsystemd};
 use super::parse::{KernelEvent, Parser};
 use super::settings::KernelLogSettings;
 use mlnode_core::shared::Shared;
@@ -21,6 +24,10 @@ use mlnode_core::shared::Shared;
 /// verdicts) per batch, not per line of a long history.
 const LOOKBACK_BATCH: usize = 1024;
 
+/// At most this many threads read the history's archived files at start: the lookback is a burst
+/// of a second or so; more would take cores from inference for little.
+const HISTORY_THREADS: usize = 4;
+
 /// `mlnode_kernel_log_*`, and the series of the faults only the kernel log shows.
 #[derive(Clone)]
 pub struct KernelLogMetrics {
@@ -28,6 +35,7 @@ pub struct KernelLogMetrics {
     entries: IntCounter,
     bad: IntCounter,
     lag: Gauge,
+    unreadable_files: IntGaugeVec,
     fallen_off_bus: IntGaugeVec,
     sxids: IntCounterVec,
     neuron_errors: IntCounterVec,
@@ -36,10 +44,14 @@ pub struct KernelLogMetrics {
 impl KernelLogMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<KernelLogMetrics> {
         let metrics = KernelLogMetrics {
-            up: IntGauge::new("mlnode_kernel_log_up", "1 while the node's journal is being read (this boot's kernel entries), 0 while it cannot be: missing, unreadable, or not mounted.")?,
+            up: IntGauge::new("mlnode_kernel_log_up", "1 while the node's journal is being read (this boot's kernel entries), 0 while it cannot be: libsystemd missing, the journal missing, unreadable, or not mounted.")?,
             entries: IntCounter::new("mlnode_kernel_log_entries_read_total", "This boot's kernel entries read from the journal, the lookback included.")?,
             bad: IntCounter::new("mlnode_kernel_log_bad_entries_total", "Journal entries that could not be read (corrupt, truncated, a payload that does not decompress) and were skipped.")?,
             lag: Gauge::new("mlnode_kernel_log_lag_seconds", "How long after journald stored it the newest kernel entry was read (its __REALTIME_TIMESTAMP to now); during the lookback, the age of the history being read.")?,
+            unreadable_files: IntGaugeVec::new(
+                Opts::new("mlnode_kernel_log_unreadable_files", "Journal files the loaded libsystemd cannot open, left out of the reading, by reason: unsupported_format (an incompatible header flag it does not know: a newer systemd wrote the file), permission_denied, unreadable (damaged or cut short). Each is named once in the log."),
+                &["reason"],
+            )?,
             fallen_off_bus: IntGaugeVec::new(
                 Opts::new("mlnode_gpu_fallen_off_bus", "1 for a GPU the NVIDIA driver logged as fallen off the bus on this boot (RESTART_BM); pci_bus_id as NVML writes it, to join with the GPU's series."),
                 &["pci_bus_id"],
@@ -57,10 +69,21 @@ impl KernelLogMetrics {
         registry.register(Box::new(metrics.entries.clone()))?;
         registry.register(Box::new(metrics.bad.clone()))?;
         registry.register(Box::new(metrics.lag.clone()))?;
+        registry.register(Box::new(metrics.unreadable_files.clone()))?;
         registry.register(Box::new(metrics.fallen_off_bus.clone()))?;
         registry.register(Box::new(metrics.sxids.clone()))?;
         registry.register(Box::new(metrics.neuron_errors.clone()))?;
         Ok(metrics)
+    }
+
+    /// How many files are left out, by reason (each reason's series present, 0 when none is).
+    pub fn unreadable<'a>(&self, files: impl Iterator<Item = &'a Unreadable> + Clone) {
+        for reason in Unreadable::REASONS {
+            let count = files.clone().filter(|u| u.reason() == reason).count();
+            self.unreadable_files
+                .with_label_values(&[reason])
+                .set(count as i64);
+        }
     }
 
     /// The series an event adds to.
@@ -68,10 +91,7 @@ impl KernelLogMetrics {
         match event {
             KernelEvent::FallenOffBus { gpu } => self
                 .fallen_off_bus
-                .with_label_values(&[&format!(
-                    "{:08X}:{:02X}:{:02X}.0",
-                    gpu.domain, gpu.bus, gpu.device
-                )])
+                .with_label_values(&[&gpu.nvml_bus_id()])
                 .set(1),
             KernelEvent::Sxid { sxid, .. } => {
                 self.sxids.with_label_values(&[&sxid.to_string()]).inc()
@@ -103,7 +123,8 @@ pub fn spawn(
                 metrics,
                 stop,
                 parser: Parser::default(),
-                position: None,
+                files: FileChecks::default(),
+                after: None,
             };
             reader.run()
         })
@@ -116,10 +137,17 @@ struct Reader {
     metrics: KernelLogMetrics,
     stop: Arc<AtomicBool>,
     parser: Parser,
-    /// The last entry read, of any transport: the follower reads what comes after it, and after an
-    /// error the reader resumes there, never reading an entry twice nor skipping one that is
-    /// still there.
-    position: Option<Position>,
+    files: FileChecks,
+    /// The cursor of the last kernel entry read: a journal opened again (the files changed, or
+    /// after an error) resumes after it, never reading an entry twice nor skipping one.
+    after: Option<CString>,
+}
+
+/// Why following one set of files ended without an error.
+enum Followed {
+    Stopped,
+    /// journald created, rotated or deleted a file: the journal is opened again on the new set.
+    FilesChanged,
 }
 
 impl Reader {
@@ -128,17 +156,26 @@ impl Reader {
     }
 
     fn run(&mut self) {
+        let library = match Libsystemd::load(&self.settings.library) {
+            Ok(library) => library,
+            Err(why) => {
+                // No history to wait for: the verdicts go on without it.
+                self.metrics.up.set(0);
+                self.facts.update(|facts| facts.history_read = true);
+                tracing::warn!("{why}; faults only the kernel log shows are not seen");
+                return;
+            }
+        };
         let mut said = String::new();
         while !self.stopped() {
             let trouble = match read_boot_id(&self.settings.boot_id_file) {
-                Ok(boot) => match self.follow(&boot) {
+                Ok(boot) => match self.follow(&library, &boot) {
                     Ok(()) => return,
                     Err(trouble) => trouble,
                 },
                 Err(trouble) => trouble,
             };
             self.metrics.up.set(0);
-            // No history to wait for: the verdicts go on without it.
             self.facts.update(|facts| facts.history_read = true);
             if trouble != said {
                 tracing::warn!(error = %trouble, dirs = ?self.settings.journal_dirs, "cannot read the node's kernel log; faults only it shows are not seen (retrying)");
@@ -152,302 +189,300 @@ impl Reader {
     fn pause(&self, wait: Duration) {
         let until = Instant::now() + wait;
         while !self.stopped() && Instant::now() < until {
-            std::thread::sleep(self.settings.poll_interval.get().min(wait));
+            std::thread::sleep(
+                self.settings
+                    .poll_interval
+                    .get()
+                    .min(until - Instant::now()),
+            );
         }
     }
 
-    /// The lookback (or, after an error, the catch-up after the last entry read), then the live
-    /// tail until stopped. Err says why reading stopped.
-    fn follow(&mut self, boot: &str) -> Result<(), String> {
-        let (journal, dirs) = open(
-            &self.settings.journal_dirs,
-            self.settings.poll_interval.get(),
-        )?;
-        let started = Instant::now();
-        let after = self.position.as_ref().map(|p| p.cursor.clone());
-        let query = kernel_entries(&journal, boot, after);
-        let mut batch = Vec::new();
-        let mut read = 0u64;
-        for item in query
-            .iter()
-            .map_err(|e| format!("cannot read the journal: {e}"))?
-        {
-            match item {
-                Ok(entry) => {
-                    read += 1;
-                    batch.extend(self.entry(&entry));
-                }
-                Err(e) => self.bad(&e),
-            }
-            if batch.len() >= LOOKBACK_BATCH {
-                self.apply(std::mem::take(&mut batch));
-            }
-            if self.stopped() {
-                return Ok(());
-            }
-        }
-        self.apply(batch);
-        self.facts.update(|facts| facts.history_read = true);
-        self.metrics.up.set(1);
-        tracing::info!(dirs = ?dirs, entries = read, seconds = started.elapsed().as_secs_f64(), "read this boot's kernel log; following it");
-        // What the lookback's snapshot holds ends at its last entry, of any transport: the
-        // follower reads what comes after it.
-        if let Some(last) = last_entry(&journal) {
-            self.position = Some(last);
-        }
-        drop(journal);
-        let boot = boot_id_bytes(boot)?;
-        // One live engine at a time; rebuilt after an error of its own, from where it stopped.
+    /// This boot's kernel entries after the last one read (at first, its whole history), then the
+    /// new ones as journald appends them, until stopped. Err says why reading stopped.
+    fn follow(&mut self, library: &Arc<Libsystemd>, boot: &str) -> Result<(), String> {
+        let mut history = true;
         loop {
-            match self.follow_live(&boot) {
-                Ok(Followed::Stopped) => return Ok(()),
-                Ok(Followed::FilesChanged) => continue,
-                Err(trouble) => {
-                    // A journal that cannot be opened at all is the run loop's to say and wait for.
-                    open(
-                        &self.settings.journal_dirs,
-                        self.settings.poll_interval.get(),
-                    )?;
-                    tracing::debug!(error = %trouble, "the journal's follower stopped; starting another");
-                    self.pause(self.settings.poll_interval.get());
-                }
+            let listed = files::list(&self.settings.journal_dirs)?;
+            let readable = self.readable(library, &listed);
+            let started = Instant::now();
+            // Nothing read yet: the archived files, which journald never writes again, are read
+            // on threads of their own; the others here, where following goes on.
+            let (archived, live) = match self.after {
+                None => files::split_archived(&readable),
+                Some(_) => (Vec::new(), readable.clone()),
+            };
+            let (facts, metrics, stop) = (&self.facts, &self.metrics, &self.stop);
+            let before = read_in_parallel(
+                library,
+                &archived,
+                boot,
+                &|| stop.load(Ordering::Relaxed),
+                &|events| take(facts, metrics, events),
+            )?;
+            self.count(&before);
+            let mut entries = KernelEntries::open(library, &live, boot, self.after.as_deref())?;
+            let read = self.read(&mut entries)?;
+            if self.after.is_none() {
+                self.after = before.last.map(|(_, cursor)| cursor);
+            }
+            if history {
+                history = false;
+                self.facts.update(|facts| facts.history_read = true);
+                tracing::info!(
+                    files = readable.len(),
+                    entries = before.entries + read,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "read this boot's kernel log; following it"
+                );
+            }
+            self.metrics.up.set(1);
+            match self.follow_files(library, &mut entries, &listed, &readable)? {
+                Followed::Stopped => return Ok(()),
+                Followed::FilesChanged => continue,
             }
         }
     }
 
-    /// Follows the journal with sdjournal's live engine until stopped (Ok) or until the engine
-    /// fails (Err). Every entry of any transport is seen, so that `position` is the last one read.
-    ///
-    /// The live engine starts each file it discovers at the file's end as it finds it, after a
-    /// rescan that takes seconds on a large journal; the entries appended meanwhile (the first of
-    /// a file journald just rotated to) it never delivers (sdjournal 0.1.15; fixed in 0.1.19, which
-    /// needs Rust 1.96). So whenever the set of files changes, and at the start, the reader reads
-    /// what comes after `position` itself, from a snapshot taken after the engine's, and a change
-    /// ends this engine (`FilesChanged`) so that a new one starts on the new set; the engines'
-    /// copies of what the reader read are passed over by their place in the journal's order.
-    fn follow_live(&mut self, boot: &[u8; 16]) -> Result<Followed, String> {
-        let dirs = self.settings.journal_dirs.clone();
-        let (journal, _) = open(&dirs, self.settings.poll_interval.get())?;
-        let mut live = journal
-            .live()
-            .map_err(|e| format!("cannot follow the journal: {e}"))?;
-        let subscription = live
-            .subscribe(live.filter())
-            .map_err(|e| format!("cannot follow the journal: {e}"))?;
-        drop(journal);
-        let files = journal_files(&dirs);
-        // The engine may have found a file the set above does not have yet: read after it twice.
-        let mut catch_up = 2u8;
-        while !self.stopped() {
-            if catch_up > 0 {
-                catch_up -= 1;
-                self.catch_up(boot);
+    /// Follows one set of files until it changes or the reader is stopped: woken by inotify on
+    /// their directories at most once per poll interval, so that a burst is read in one go.
+    fn follow_files(
+        &mut self,
+        library: &Arc<Libsystemd>,
+        entries: &mut KernelEntries,
+        listed: &[files::Listed],
+        readable: &[PathBuf],
+    ) -> Result<Followed, String> {
+        let interval = self.settings.poll_interval.get();
+        let mut read_at = Instant::now();
+        loop {
+            if self.stopped() {
+                return Ok(Followed::Stopped);
             }
-            // A new set of files (a rotation, a vacuum): a new engine and a catch-up of the
-            // reader's, rather than the engine's own rescan of every entry after its last one
-            // (3.5 s of CPU on a 2 GiB journal).
-            if journal_files(&dirs) != files {
+            let change = entries.wait(interval)?;
+            // A file created or deleted, or one that could not be opened and can now.
+            let now_listed = files::list(&self.settings.journal_dirs)?;
+            if now_listed != listed || self.readable(library, &now_listed) != readable {
                 return Ok(Followed::FilesChanged);
             }
-            live.poll_once()
-                .map_err(|e| format!("cannot follow the journal: {e}"))?;
-            let mut batch = Vec::new();
-            loop {
-                match subscription.try_recv() {
-                    Ok(Ok(entry)) => batch.extend(self.followed(&entry, boot)),
-                    Ok(Err(e)) => self.bad(&e),
-                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                        return Err("the journal's follower stopped".into())
-                    }
+            if change == Change::Nothing {
+                continue;
+            }
+            self.pause((read_at + interval).saturating_duration_since(Instant::now()));
+            self.read(entries)?;
+            read_at = Instant::now();
+        }
+    }
+
+    /// The files to open, and those newly found unreadable counted and said.
+    fn readable(&mut self, library: &Arc<Libsystemd>, listed: &[files::Listed]) -> Vec<PathBuf> {
+        let (readable, settled) = self.files.readable(library, listed, Settle::Twice);
+        for unreadable in &settled {
+            tracing::warn!("{}", unreadable.describe(&library.name));
+        }
+        self.metrics.unreadable(self.files.unreadable());
+        readable
+    }
+
+    /// Reads `entries` to their current end, into the facts and the series.
+    fn read(&mut self, entries: &mut KernelEntries) -> Result<u64, String> {
+        let (facts, metrics, stop) = (&self.facts, &self.metrics, &self.stop);
+        let tally = read_to_end(
+            entries,
+            &mut self.parser,
+            &|| stop.load(Ordering::Relaxed),
+            &|events| take(facts, metrics, events),
+        )?;
+        self.count(&tally);
+        if let Some((_, cursor)) = tally.last {
+            self.after = Some(cursor);
+        }
+        Ok(tally.entries)
+    }
+
+    fn count(&self, tally: &Tally) {
+        self.metrics.entries.inc_by(tally.entries);
+        self.metrics.bad.inc_by(tally.bad);
+        if let Some((realtime_usec, _)) = tally.last {
+            self.metrics.lag.set(age(realtime_usec));
+        }
+    }
+}
+
+/// Events read, into the series and the facts.
+fn take(facts: &Shared<LogFacts>, metrics: &KernelLogMetrics, events: Vec<(KernelEvent, Instant)>) {
+    for (event, _) in &events {
+        metrics.count(event);
+    }
+    facts.update(|facts| {
+        for (event, at) in events {
+            facts.apply(event, at);
+        }
+    });
+}
+
+/// `files`' kernel entries of `boot`, on up to as many threads as the agent may use (its CPU
+/// quota counted, at most [`HISTORY_THREADS`]), each a journal over its share of the files. For
+/// files no writer changes: the order in which they are read is no order of the journal's.
+fn read_in_parallel(
+    library: &Arc<Libsystemd>,
+    files: &[PathBuf],
+    boot: &str,
+    stopped: &(dyn Fn() -> bool + Sync),
+    apply: &(dyn Fn(Vec<(KernelEvent, Instant)>) + Sync),
+) -> Result<Tally, String> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, HISTORY_THREADS)
+        .min(files.len());
+    let shares: Vec<Vec<PathBuf>> = (0..threads)
+        .map(|t| files.iter().skip(t).step_by(threads).cloned().collect())
+        .collect();
+    let read = |share: &[PathBuf]| -> Result<Tally, String> {
+        let mut entries = KernelEntries::open(library, share, boot, None)?;
+        read_to_end(&mut entries, &mut Parser::default(), stopped, apply)
+    };
+    let read_shares: Vec<Result<Tally, String>> = std::thread::scope(|scope| {
+        let running: Vec<_> = shares
+            .iter()
+            .map(|share| scope.spawn(move || read(share)))
+            .collect();
+        running
+            .into_iter()
+            .map(|thread| {
+                thread.join().unwrap_or_else(|_| {
+                    Err("a thread reading the journal's history panicked".into())
+                })
+            })
+            .collect()
+    });
+    let mut all = Tally::default();
+    for share in read_shares {
+        let share = share?;
+        all.entries += share.entries;
+        all.bad += share.bad;
+        if share.last.as_ref().map(|l| l.0) > all.last.as_ref().map(|l| l.0) {
+            all.last = share.last;
+        }
+    }
+    Ok(all)
+}
+
+/// What one read to the end found.
+#[derive(Default)]
+struct Tally {
+    entries: u64,
+    /// Entries whose message could not be read (damaged, or a payload that does not decompress).
+    bad: u64,
+    /// The last entry read: its `__REALTIME_TIMESTAMP`, and its cursor, taken as it is read (at
+    /// the end libsystemd may have dropped a damaged file, and with it its current entry). Of
+    /// entries read in parallel, the newest.
+    last: Option<(u64, CString)>,
+}
+
+/// Reads `entries` to their end (or until `stopped`), handing the events parsed to `apply` in
+/// batches of [`LOOKBACK_BATCH`]: one update of the facts per batch, not per line.
+fn read_to_end(
+    entries: &mut KernelEntries,
+    parser: &mut Parser,
+    stopped: &dyn Fn() -> bool,
+    apply: &dyn Fn(Vec<(KernelEvent, Instant)>),
+) -> Result<Tally, String> {
+    let mut tally = Tally::default();
+    let mut batch = Vec::new();
+    while let Some(entry) = entries.next_entry()? {
+        tally.entries += 1;
+        tally.last = Some((entry.realtime_usec, entry.cursor));
+        match entry.message {
+            Ok(Some(message)) => {
+                if let Some(event) = parser.message(message) {
+                    batch.push((event, instant_of(entry.realtime_usec)));
                 }
             }
-            self.apply(batch);
-            // Entries that arrive meanwhile are read together at the next poll: the follower
-            // reopens a file once per wake-up, not once per line (a burst costs one read).
-            self.pause(self.settings.poll_interval.get());
+            Ok(None) => {}
+            Err(_) => tally.bad += 1,
         }
-        Ok(Followed::Stopped)
-    }
-
-    /// Reads what the journal holds after `position`, from a snapshot of it taken now.
-    fn catch_up(&mut self, boot: &[u8; 16]) {
-        let Ok((journal, _)) = open(
-            &self.settings.journal_dirs,
-            self.settings.poll_interval.get(),
-        ) else {
-            return; // Nothing to read; the live engine says why if it matters.
-        };
-        let mut query = journal.query();
-        if let Some(after) = &self.position {
-            // The entries are in the order of their wall-clock time: what follows is found
-            // by a seek in each file, not a walk from its start.
-            query
-                .since_realtime(after.realtime_usec)
-                .after_cursor(after.cursor.clone());
+        if batch.len() >= LOOKBACK_BATCH {
+            apply(std::mem::take(&mut batch));
         }
-        let Ok(entries) = query.iter() else { return };
-        let mut batch = Vec::new();
-        // An entry that cannot be read here is one being written as the snapshot was taken:
-        // the live engine delivers it. A damaged one it reports.
-        for entry in entries.flatten() {
-            batch.extend(self.followed(&entry, boot));
-            if batch.len() >= LOOKBACK_BATCH {
-                self.apply(std::mem::take(&mut batch));
-            }
+        if stopped() {
+            break;
         }
-        self.apply(batch);
     }
-
-    /// An entry the follower reads: passed over if it is not after `position` (read already),
-    /// else the new position, and read as a kernel entry if it is one of this boot's.
-    fn followed(&mut self, entry: &EntryRef, boot: &[u8; 16]) -> Option<(KernelEvent, Instant)> {
-        let at = Position::of(entry)?;
-        if self.position.as_ref().is_some_and(|p| p.key() >= at.key()) {
-            return None;
-        }
-        self.position = Some(at);
-        if entry.boot_id() != *boot || entry.get("_TRANSPORT") != Some(b"kernel".as_slice()) {
-            return None;
-        }
-        self.metrics.lag.set(age(entry.realtime_usec()));
-        self.entry(entry)
+    if !batch.is_empty() {
+        apply(batch);
     }
-
-    /// One kernel entry: counted and parsed.
-    fn entry(&mut self, entry: &EntryRef) -> Option<(KernelEvent, Instant)> {
-        self.metrics.entries.inc();
-        let event = event_of(&mut self.parser, entry)?;
-        self.metrics.count(&event.0);
-        Some(event)
-    }
-
-    fn apply(&self, events: Vec<(KernelEvent, Instant)>) {
-        if events.is_empty() {
-            return;
-        }
-        self.facts.update(|facts| {
-            for (event, at) in events {
-                facts.apply(event, at);
-            }
-        });
-    }
-
-    fn bad(&self, error: &sdjournal::SdJournalError) {
-        self.metrics.bad.inc();
-        tracing::debug!(error = %error, "skipped a journal entry that cannot be read");
-    }
+    Ok(tally)
 }
 
-/// Why a live engine's following ended without an error.
-enum Followed {
-    Stopped,
-    /// The set of journal files changed: a new engine follows them.
-    FilesChanged,
+/// This boot's kernel entries (`_TRANSPORT=kernel`, `_BOOT_ID`) in a set of journal files: the
+/// library follows only the entries both matches select, and the reader takes only each one's
+/// `MESSAGE` and time.
+struct KernelEntries {
+    journal: Journal,
+    /// Where the reader resumes: the first entry after the seek is passed over if it is this one.
+    resume: Option<CString>,
 }
 
-/// A place in the journal: an entry, and its key in sdjournal's order (wall-clock time, then
-/// sequence number).
-struct Position {
-    cursor: Cursor,
+/// One entry, as read.
+struct KernelEntry<'a> {
     realtime_usec: u64,
-    seqnum: u64,
+    cursor: CString,
+    message: Result<Option<&'a [u8]>, nix::errno::Errno>,
 }
 
-impl Position {
-    fn of(entry: &EntryRef) -> Option<Position> {
-        Some(Position {
-            cursor: entry.cursor().ok()?,
-            realtime_usec: entry.realtime_usec(),
-            seqnum: entry.seqnum(),
+impl KernelEntries {
+    fn open(
+        library: &Arc<Libsystemd>,
+        files: &[PathBuf],
+        boot: &str,
+        after: Option<&CStr>,
+    ) -> Result<KernelEntries, String> {
+        let failed = |what: &str, e: nix::errno::Errno| {
+            format!("cannot {what} the journal ({} files): {e}", files.len())
+        };
+        let mut journal = library.open_files(files).map_err(|e| failed("open", e))?;
+        journal
+            .add_match(b"_TRANSPORT=kernel")
+            .and_then(|()| journal.add_match(format!("_BOOT_ID={boot}").as_bytes()))
+            .map_err(|e| failed("filter", e))?;
+        match after {
+            Some(cursor) => journal.seek_cursor(cursor),
+            None => journal.seek_head(),
+        }
+        .map_err(|e| failed("seek in", e))?;
+        Ok(KernelEntries {
+            journal,
+            resume: after.map(CStr::to_owned),
         })
     }
 
-    fn key(&self) -> (u64, u64) {
-        (self.realtime_usec, self.seqnum)
-    }
-}
-
-/// The journal's last entry, of any transport (None when it has none that can be read).
-fn last_entry(journal: &Journal) -> Option<Position> {
-    let mut query = journal.query();
-    query.seek_tail().limit(1);
-    query.iter().ok()?.flatten().find_map(|e| Position::of(&e))
-}
-
-/// A boot id as `_BOOT_ID` writes it (32 hex digits), as the entry header holds it.
-fn boot_id_bytes(boot: &str) -> Result<[u8; 16], String> {
-    let mut id = [0u8; 16];
-    for (i, byte) in id.iter_mut().enumerate() {
-        *byte = boot
-            .get(2 * i..2 * i + 2)
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-            .ok_or_else(|| format!("{boot:?} is not a boot id"))?;
-    }
-    Ok(id)
-}
-
-/// The journal files in `dirs` and their machine-id directories, by name: what changes when
-/// journald creates, rotates or deletes one (not when it appends).
-fn journal_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut pending: Vec<PathBuf> = dirs.to_vec();
-    let mut depth = 0;
-    while !pending.is_empty() && depth < 2 {
-        for dir in std::mem::take(&mut pending) {
-            let Ok(listing) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in listing.flatten() {
-                let path = entry.path();
-                match entry.file_type() {
-                    Ok(kind) if kind.is_dir() => pending.push(path),
-                    Ok(kind) if kind.is_file() => files.push(path),
-                    _ => {}
-                }
+    /// The next entry, None at the end (for now: journald may append more).
+    fn next_entry(&mut self) -> Result<Option<KernelEntry<'_>>, String> {
+        let failed = |e| format!("cannot read the journal: {e}");
+        loop {
+            if !self.journal.advance().map_err(failed)? {
+                return Ok(None);
+            }
+            match self.resume.take() {
+                Some(cursor) if self.journal.test_cursor(&cursor).map_err(failed)? => continue,
+                _ => break,
             }
         }
-        depth += 1;
+        let realtime_usec = self.journal.realtime_usec().map_err(failed)?;
+        let cursor = self.journal.cursor().map_err(failed)?;
+        Ok(Some(KernelEntry {
+            realtime_usec,
+            cursor,
+            message: self.journal.data(c"MESSAGE"),
+        }))
     }
-    files.retain(|f| f.extension().is_some_and(|e| e == "journal"));
-    files.sort();
-    files
-}
 
-/// The journal in those of `dirs` that exist, and which those are. Err says why none can be read.
-fn open(dirs: &[PathBuf], poll_interval: Duration) -> Result<(Journal, Vec<PathBuf>), String> {
-    let present: Vec<PathBuf> = dirs.iter().filter(|d| d.is_dir()).cloned().collect();
-    if present.is_empty() {
-        return Err(format!(
-            "none of {dirs:?} exists: mount the host's journal directories read-only (components/kernel-log)"
-        ));
+    fn wait(&mut self, timeout: Duration) -> Result<Change, String> {
+        self.journal
+            .wait(timeout)
+            .map_err(|e| format!("cannot follow the journal: {e}"))
     }
-    let config = JournalConfig {
-        poll_interval,
-        ..JournalConfig::default()
-    };
-    let journal = Journal::open_dirs_with_config(&present, config)
-        .map_err(|e| format!("cannot open the journal in {present:?}: {e}"))?;
-    Ok((journal, present))
-}
-
-/// `boot`'s kernel entries, after the entry at `after` when given.
-fn kernel_entries(journal: &Journal, boot: &str, after: Option<Cursor>) -> sdjournal::JournalQuery {
-    let mut query = journal.query();
-    query
-        .match_exact("_TRANSPORT", b"kernel")
-        .match_exact("_BOOT_ID", boot.as_bytes());
-    if let Some(cursor) = after {
-        query.after_cursor(cursor);
-    }
-    query
-}
-
-/// What an entry's message says, and when it was logged on the agent's clock.
-fn event_of(parser: &mut Parser, entry: &EntryRef) -> Option<(KernelEvent, Instant)> {
-    let message = String::from_utf8_lossy(entry.get("MESSAGE")?);
-    let event = parser.line(&message)?;
-    Some((event, instant_of(entry.realtime_usec())))
 }
 
 /// One boot's kernel log, read once.
@@ -455,40 +490,40 @@ pub struct Scan {
     pub facts: LogFacts,
     pub entries: u64,
     pub bad_entries: u64,
-    /// The directories that exist and were read.
-    pub dirs: Vec<PathBuf>,
+    /// The journal files read.
+    pub files: Vec<PathBuf>,
+    /// The files the library cannot open, left out.
+    pub unreadable: Vec<Unreadable>,
 }
 
-/// Reads `boot`'s kernel log in `dirs` once, as `serve` reads the history at start
-/// (`mlnode-agent kernel-log`).
-pub fn scan(dirs: &[PathBuf], boot: &str) -> Result<Scan, String> {
-    let (journal, dirs) = open(dirs, Duration::from_secs(1))?;
-    let mut parser = Parser::default();
-    let mut scan = Scan {
-        facts: LogFacts {
-            history_read: true,
-            ..LogFacts::default()
-        },
-        entries: 0,
-        bad_entries: 0,
-        dirs,
-    };
-    let query = kernel_entries(&journal, boot, None);
-    for item in query
-        .iter()
-        .map_err(|e| format!("cannot read the journal: {e}"))?
-    {
-        match item {
-            Ok(entry) => {
-                scan.entries += 1;
-                if let Some((event, at)) = event_of(&mut parser, &entry) {
-                    scan.facts.apply(event, at);
-                }
-            }
-            Err(_) => scan.bad_entries += 1,
+/// Reads `boot`'s kernel log in `dirs` once through `library`, as `serve` reads the history at
+/// start (`mlnode-agent kernel-log`).
+pub fn scan(library: &Path, dirs: &[PathBuf], boot: &str) -> Result<Scan, String> {
+    let library = Libsystemd::load(library)?;
+    let listed = files::list(dirs)?;
+    let (files, unreadable) = FileChecks::default().readable(&library, &listed, Settle::Now);
+    let facts = std::sync::Mutex::new(LogFacts {
+        history_read: true,
+        ..LogFacts::default()
+    });
+    let tally = read_in_parallel(&library, &files, boot, &|| false, &|events| {
+        let mut facts = facts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (event, at) in events {
+            facts.apply(event, at);
         }
-    }
-    Ok(scan)
+    })?;
+    let facts = facts
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Ok(Scan {
+        facts,
+        entries: tally.entries,
+        bad_entries: tally.bad,
+        files,
+        unreadable,
+    })
 }
 
 /// This boot's id as the journal writes `_BOOT_ID`: the kernel's UUID without its dashes.
@@ -526,15 +561,6 @@ fn instant_of(realtime_usec: u64) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_boot_id_is_compared_as_the_entry_header_holds_it() {
-        let id = boot_id_bytes("6c1f3a2e8d4b4f7a9e210b5d7c9a1e33").unwrap();
-        assert_eq!(id[0], 0x6c);
-        assert_eq!(id[15], 0x33);
-        assert!(boot_id_bytes("6c1f").is_err());
-        assert!(boot_id_bytes("zz1f3a2e8d4b4f7a9e210b5d7c9a1e33").is_err());
-    }
 
     #[test]
     fn the_boot_id_is_the_kernels_uuid_without_dashes() {

@@ -3,10 +3,13 @@
 //! before the agent started, which NVML's event set cannot deliver.
 //!
 //! [`parse`] reads the drivers' lines (pure); [`facts`] keeps what this boot's log has said
-//! (pure, bounded); [`journal`] reads the journal in a thread of its own. The GPU and Neuron
+//! (pure, bounded); [`journal`] reads the journal in a thread of its own, through libsystemd
+//! loaded at run time ([`libsystemd`]), on the files [`files`] lists and checks. The GPU and Neuron
 //! verdicts read the facts (`gpu::health`, `neuron::health`).
 
 pub mod facts;
+pub mod files;
 pub mod journal;
+pub mod libsystemd;
 pub mod parse;
 pub mod settings;

@@ -60,6 +60,11 @@ impl PciAddress {
         (self.domain, self.bus, self.device) == (other.domain, other.bus, other.device)
     }
 
+    /// The slot as NVML writes a GPU's bus id (`00000000:5A:00.0`), to join with its series.
+    pub fn nvml_bus_id(&self) -> String {
+        format!("{:08X}:{:02X}:{:02X}.0", self.domain, self.bus, self.device)
+    }
+
     /// From NVML's bus id, `00000000:5A:00.0`.
     pub fn from_nvml(bus_id: &str) -> Option<PciAddress> {
         PciAddress::parse(&bus_id.to_ascii_lowercase())
@@ -118,6 +123,18 @@ pub struct Parser {
 }
 
 impl Parser {
+    /// A journal entry's `MESSAGE`, as stored: most kernel lines are no driver's, and are passed
+    /// over on a test of their bytes, without decoding them.
+    pub fn message(&mut self, message: &[u8]) -> Option<KernelEvent> {
+        let maybe_driver = message.starts_with(b"NVRM: ")
+            || message.starts_with(b"nvidia-")
+            || memchr::memmem::find(message, NEURON_TOKEN.as_bytes()).is_some();
+        if !maybe_driver {
+            return None;
+        }
+        self.line(&String::from_utf8_lossy(message))
+    }
+
     pub fn line(&mut self, message: &str) -> Option<KernelEvent> {
         let message = message.trim_end();
         if let Some(rest) = message.strip_prefix("NVRM: ") {
@@ -197,9 +214,14 @@ fn sxid(message: &str) -> Option<KernelEvent> {
     })
 }
 
+const NEURON_TOKEN: &str = "NEURON_HW_ERR=";
+
 /// `... NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR ... nd-id=0 nc-id=0 ... action=TERMINATE_INSTANCE`,
 /// the token anywhere in the line (node-problem-detector's rules match it after a prefix).
 fn neuron(message: &str) -> Option<KernelEvent> {
+    if !message.contains(NEURON_TOKEN) {
+        return None;
+    }
     let words: Vec<&str> = message.split_whitespace().collect();
     let value = |key: &str| {
         words
@@ -207,7 +229,7 @@ fn neuron(message: &str) -> Option<KernelEvent> {
             .find_map(|w| w.strip_prefix(key))
             .filter(|v| !v.is_empty())
     };
-    let class = value("NEURON_HW_ERR=")?;
+    let class = value(NEURON_TOKEN)?;
     if !class.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
         return None;
     }
@@ -234,6 +256,30 @@ mod tests {
 
     /// The catalog's own examples (docs.nvidia.com/deploy/xid-errors, "XID 79", "XID 13") and
     /// kernel_rc.c's two forms, with and without the process, and under MIG.
+    #[test]
+    fn a_stored_message_is_read_as_its_line_and_others_passed_over_undecoded() {
+        let mut parser = Parser::default();
+        for line in [
+            "NVRM: Xid (PCI:0000:5a:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal",
+            "[ 12.3] neuron: NEURON_HW_ERR=DMA_ERROR nd-id=1 action=RESTART",
+        ] {
+            assert_eq!(
+                parser.message(line.as_bytes()),
+                Parser::default().line(line),
+                "{line}"
+            );
+            assert!(parser.message(line.as_bytes()).is_some(), "{line}");
+        }
+        assert_eq!(parser.message(b"nvme nvme0: I/O tag 17 timeout"), None);
+        // A driver line with a byte that is not UTF-8 (a process name) is still read.
+        let bytes = b"NVRM: Xid (PCI:0000:5a:00): 13, pid=9, name=py\xfft, detail";
+        assert!(matches!(
+            parser.message(bytes),
+            Some(KernelEvent::Xid { xid: 13, .. })
+        ));
+    }
+
     #[test]
     fn xid_lines_in_each_form_the_driver_prints() {
         let events = parse(&[

@@ -18,6 +18,9 @@ bounds! {
 pub struct KernelLogSettings {
     /// Opt-in (components/kernel-log, the chart's kernelLog.enabled): read the node's journal.
     pub enabled: bool,
+    /// libsystemd, whose sd-journal API reads the journal: a name the dynamic loader finds, or a
+    /// path. The agent's image ships Debian's libsystemd0.
+    pub library: PathBuf,
     /// The journal directories, each read when it exists: the persistent one and the volatile one
     /// journald uses when there is none (systemd-journald.service(8)).
     pub journal_dirs: Vec<PathBuf>,
@@ -30,6 +33,7 @@ impl Default for KernelLogSettings {
     fn default() -> Self {
         KernelLogSettings {
             enabled: false,
+            library: PathBuf::from("libsystemd.so.0"),
             journal_dirs: vec!["/var/log/journal".into(), "/run/log/journal".into()],
             boot_id_file: "/proc/sys/kernel/random/boot_id".into(),
             poll_interval: Within::default_of(seconds(1)),

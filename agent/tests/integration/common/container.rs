@@ -235,6 +235,16 @@ pub fn atomic_volume(dir: &Path, files: &[(&str, &[u8])]) {
     std::os::unix::fs::symlink(stamp, dir.join("..data")).unwrap();
 }
 
+/// The libraries `ldd` says `binary` loads, by path.
+fn ldd(binary: &Path) -> Vec<PathBuf> {
+    let ldd = Command::new("ldd").arg(binary).output().unwrap();
+    String::from_utf8_lossy(&ldd.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().find(|w| w.starts_with('/')))
+        .map(PathBuf::from)
+        .collect()
+}
+
 /// The image as the Dockerfile's final stage builds it: its entrypoint, default arguments and
 /// user (the `FROM` base is distroless/cc: glibc and its loader, which are copied from this host).
 pub struct Image {
@@ -243,6 +253,9 @@ pub struct Image {
     pub user: (u32, u32),
     /// (path in the image, file on this machine) for each COPY of the agent binary.
     pub binary_path: String,
+    /// The script of the `libsystemd` stage (the kernel log's reader and what it links), when
+    /// the final stage copies its `/out/` into the image.
+    pub libsystemd_stage: Option<String>,
 }
 
 impl Image {
@@ -269,7 +282,19 @@ impl Image {
             .and_then(|l| l.split_whitespace().last())
             .unwrap()
             .to_string();
+        let libsystemd_stage = stage
+            .lines()
+            .any(|l| l == "COPY --from=libsystemd /out/ /")
+            .then(|| {
+                let stage = text
+                    .split("\nFROM ")
+                    .find(|s| s.contains(" AS libsystemd\n"))?;
+                let run = stage.split_once("\nRUN ")?.1;
+                Some(run.split("\n\n").next()?.to_string())
+            })
+            .flatten();
         Image {
+            libsystemd_stage,
             entrypoint: json_list("ENTRYPOINT "),
             cmd: json_list("CMD "),
             user,
@@ -292,15 +317,32 @@ impl Image {
             }
         };
         put(&self.binary_path, binary);
-        let ldd = Command::new("ldd").arg(binary).output().unwrap();
-        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
-            let path = line
-                .split_whitespace()
-                .find(|w| w.starts_with('/'))
-                .map(PathBuf::from);
-            if let Some(path) = path {
-                put(&path.display().to_string(), &path.canonicalize().unwrap());
-            }
+        for library in ldd(binary) {
+            put(
+                &library.display().to_string(),
+                &library.canonicalize().unwrap(),
+            );
+        }
+        if let Some(script) = &self.libsystemd_stage {
+            // The stage's own script, on this Debian host (which has the package: its apt steps
+            // are left out), writing into the image where the final stage copies `/out/`.
+            let script: Vec<&str> = script
+                .lines()
+                .filter(|l| !l.contains("apt-get install"))
+                .collect();
+            let script = script
+                .join("\n")
+                .replacen("apt-get update", "true", 1)
+                .replace("/out", &rootfs.display().to_string());
+            let output = Command::new("bash")
+                .args(["-euc", &script])
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "the Dockerfile's libsystemd stage: {}\n{script}",
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
         for dir in ["proc", "sys", "dev", "tmp", "etc", "run"] {
             std::fs::create_dir_all(rootfs.join(dir)).unwrap();

@@ -14,6 +14,9 @@ const JOURNAL_REMOTE: &str = "/lib/systemd/systemd-journal-remote";
 pub struct Entry {
     pub message: String,
     pub realtime_usec: u64,
+    /// `__MONOTONIC_TIMESTAMP`: rising in the order the entries are made, as the kernel's clock
+    /// rises in the order lines are logged ([`monotonic_usec`]).
+    pub monotonic_usec: u64,
     pub boot_id: String,
     pub transport: &'static str,
     /// The kernel message level: 3 for the Neuron runtime's KERN_ERR, 4 for NVRM's default.
@@ -35,6 +38,27 @@ fn now_usec() -> u64 {
         .as_micros() as u64
 }
 
+/// CLOCK_MONOTONIC now, and never twice the same: entries of one boot in different files (each
+/// systemd-journal-remote process starts its own sequence numbers) are ordered by it, as journald's
+/// are by the sequence numbers its files share.
+fn monotonic_usec() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let now = now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1000;
+    let previous = LAST.fetch_max(now, Ordering::Relaxed);
+    if previous >= now {
+        LAST.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        now
+    }
+}
+
 /// A GPU's slot as the NVIDIA driver prints it in an XID line (`PCI:%04x:%02x:%02x`: no
 /// function), from NVML's bus id (`00000000:5A:00.0`).
 pub fn driver_slot(nvml_bus_id: &str) -> String {
@@ -49,16 +73,17 @@ pub fn kernel(message: &str, seconds_ago: u64) -> Entry {
     Entry {
         message: message.to_string(),
         realtime_usec: now_usec() - seconds_ago * 1_000_000,
+        monotonic_usec: monotonic_usec(),
         boot_id: this_boot(),
         transport: "kernel",
         priority: 4,
     }
 }
 
-/// `entries` in the Journal Export Format; `first` numbers their monotonic timestamps.
-fn export(entries: &[Entry], first: usize) -> Vec<u8> {
+/// `entries` in the Journal Export Format.
+fn export(entries: &[Entry]) -> Vec<u8> {
     let mut export = Vec::new();
-    for (i, e) in entries.iter().enumerate() {
+    for e in entries {
         let facility = if e.transport == "kernel" {
             "SYSLOG_FACILITY=0\nSYSLOG_IDENTIFIER=kernel\n"
         } else {
@@ -67,7 +92,7 @@ fn export(entries: &[Entry], first: usize) -> Vec<u8> {
         write!(
             export,
             "__REALTIME_TIMESTAMP={}\n__MONOTONIC_TIMESTAMP={}\n_BOOT_ID={}\n_TRANSPORT={}\nPRIORITY={}\n{facility}_HOSTNAME=ip-10-0-1-23\n",
-            e.realtime_usec, 1_000_000 + first + i, e.boot_id, e.transport, e.priority
+            e.realtime_usec, e.monotonic_usec, e.boot_id, e.transport, e.priority
         )
         .unwrap();
         // A message with a newline is a binary field: the name, a newline, its length as
@@ -99,7 +124,6 @@ pub enum Compression {
 /// as it arrives: journald appending to its file. Err names what is missing.
 pub struct Writer {
     child: std::process::Child,
-    written: usize,
 }
 
 impl Writer {
@@ -145,14 +169,13 @@ impl Writer {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("systemd-journal-remote: {e}"))?;
-        Ok(Writer { child, written: 0 })
+        Ok(Writer { child })
     }
 
     pub fn append(&mut self, entries: &[Entry]) {
         let stdin = self.child.stdin.as_mut().unwrap();
-        stdin.write_all(&export(entries, self.written)).unwrap();
+        stdin.write_all(&export(entries)).unwrap();
         stdin.flush().unwrap();
-        self.written += entries.len();
     }
 
     /// Closes its input and waits for it to write the rest and close the file.
