@@ -11,7 +11,8 @@ use crate::cache::state::NodeFacts;
 use crate::cache::watch::FileWatch;
 use crate::components::{
     gpu::Gpu, kernel_log::KernelLog, kubelet::Kubelet, models::Models, neuron::Neuron,
-    pod_directory::PodDirectory, pod_gates::PodGates, readiness::Readiness, startup::Startup,
+    pod_directory::PodDirectory, pod_gates::PodGates, rdma::Rdma, readiness::Readiness,
+    startup::Startup,
 };
 use crate::config::{self, Config};
 use crate::metrics::{AgentMetrics, Subsystem};
@@ -90,6 +91,9 @@ fn collectors(
             kernel_log,
             holder_labels: kubelet.holder_labels(),
             api: api.clone(),
+        }),
+        Box::new(Rdma {
+            settings: config.rdma.clone(),
         }),
         Box::new(Kubelet {
             socket: kubelet.pod_resources_socket.clone(),

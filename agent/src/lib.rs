@@ -17,7 +17,7 @@ pub mod config;
 pub mod daemon;
 pub mod server;
 
-pub use mlnode_accel::{gpu, kernel_log, neuron, pci};
+pub use mlnode_accel::{gpu, kernel_log, neuron, pci, rdma};
 pub use mlnode_cache as cache;
 pub use mlnode_core::{assignments, health, loads, metrics, settings, shared};
 pub use mlnode_kube::{api, kubelet, models, node_pods, readiness, startup, workloads};

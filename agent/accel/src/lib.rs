@@ -5,9 +5,12 @@
 //! - [`gpu`]: NVIDIA GPUs through NVML, labelled as dcgm-exporter labels them;
 //! - [`neuron`]: AWS Neuron devices from the driver's sysfs, as neuron-monitor names them;
 //! - [`pci`]: the PCI bus, which both drivers' device counts are checked against;
-//! - [`kernel_log`]: the node's journal, for the faults only the drivers' log lines show.
+//! - [`kernel_log`]: the node's journal, for the faults only the drivers' log lines show;
+//! - [`rdma`]: the RDMA devices (EFA, InfiniBand) from the RDMA core's sysfs class.
 
+pub mod counters;
 pub mod gpu;
 pub mod kernel_log;
 pub mod neuron;
 pub mod pci;
+pub mod rdma;

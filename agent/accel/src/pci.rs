@@ -14,6 +14,11 @@ pub const NVIDIA_VENDOR: u16 = 0x10de;
 pub const AMAZON_VENDOR: u16 = 0x1d0f;
 pub const NEURON_DEVICE_IDS: [u16; 7] = [0x7064, 0x7065, 0x7066, 0x7067, 0x7264, 0x7164, 0x7364];
 
+/// The EFA device ids the EFA driver binds, all Amazon's (`PCI_DEV_ID_EFA0_VF`-`EFA4_VF` in
+/// amzn/amzn-drivers `kernel/linux/efa/src/efa_main.c:27-38` at b99452b70; the kernel's own copy,
+/// `drivers/infiniband/hw/efa/efa_main.c`, lists the first four).
+pub const EFA_DEVICE_IDS: [u16; 5] = [0xefa0, 0xefa1, 0xefa2, 0xefa3, 0xefa4];
+
 /// What a scan found: the matching devices' addresses, and the entries it could not read (named,
 /// so a permission problem is said rather than taken as an absent device).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -31,6 +36,10 @@ pub fn is_nvidia_gpu(vendor: u16, _device: u16, class: u32) -> bool {
 
 pub fn is_neuron_device(vendor: u16, device: u16, _class: u32) -> bool {
     vendor == AMAZON_VENDOR && NEURON_DEVICE_IDS.contains(&device)
+}
+
+pub fn is_efa_device(vendor: u16, device: u16, _class: u32) -> bool {
+    vendor == AMAZON_VENDOR && EFA_DEVICE_IDS.contains(&device)
 }
 
 /// Scans `devices` (`/sys/bus/pci/devices`) for the entries `wanted` accepts. Err when the directory

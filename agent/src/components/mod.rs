@@ -8,6 +8,7 @@ pub mod models;
 pub mod neuron;
 pub mod pod_directory;
 pub mod pod_gates;
+pub mod rdma;
 pub mod readiness;
 pub mod startup;
 

@@ -253,7 +253,7 @@ mod tests {
     fn every_section_is_addressable_by_a_variable() {
         // Read off the type, not a list kept beside it: every field of Config has a key.
         let keys = top_level_keys();
-        assert_eq!(keys.len(), 14, "{keys:?}");
+        assert_eq!(keys.len(), 15, "{keys:?}");
         let values = [
             ("MLNODE_LISTEN", "127.0.0.1:1"),
             ("MLNODE_NODE_NAME", "gpu-7"),
@@ -272,6 +272,7 @@ mod tests {
             ),
             ("MLNODE_STARTUP__RECENT_PODS", "10"),
             ("MLNODE_KERNEL_LOG__ENABLED", "true"),
+            ("MLNODE_RDMA__ENABLED", "false"),
         ];
         let overrides = env(&values).unwrap();
         assert_eq!(overrides.len(), keys.len(), "one variable per section");
@@ -304,6 +305,7 @@ mod tests {
         );
         assert_eq!(*config.startup.recent_pods, 10);
         assert!(config.kernel_log.enabled);
+        assert_eq!(config.rdma.enabled, Toggle::Off);
     }
 
     #[test]

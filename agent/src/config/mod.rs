@@ -19,6 +19,7 @@ use crate::kernel_log::settings::KernelLogSettings;
 use crate::kubelet::settings::KubeletSettings;
 use crate::models::ModelMount;
 use crate::neuron::settings::NeuronSettings;
+use crate::rdma::settings::RdmaSettings;
 use crate::readiness::settings::ReadinessSettings;
 use crate::startup::settings::StartupSettings;
 use mlnode_core::metrics::NodeLabel;
@@ -66,6 +67,7 @@ pub struct Config {
     pub readiness: ReadinessSettings,
     pub startup: StartupSettings,
     pub kernel_log: KernelLogSettings,
+    pub rdma: RdmaSettings,
 }
 
 impl Default for Config {
@@ -85,6 +87,7 @@ impl Default for Config {
             readiness: ReadinessSettings::default(),
             startup: StartupSettings::default(),
             kernel_log: KernelLogSettings::default(),
+            rdma: RdmaSettings::default(),
         }
     }
 }

@@ -24,6 +24,7 @@ mod neuron;
 mod neuron_monitor;
 mod pod_gates;
 mod process_attribution;
+mod rdma;
 mod readiness;
 mod restart;
 mod scrape;

@@ -175,7 +175,20 @@ fn exposition() -> String {
     let tree = common::neuron::NeuronTree::new(common::neuron::INF2_XLARGE);
     // One counter reset and one unreadable file, so those families have samples too.
     register_neuron(&registry, &tree);
+    let rdma = common::rdma::Tree::new();
+    rdma.efa("rdmap16s27", "0000:10:1b.0", 1000);
+    rdma.infiniband("mlx5_0", "0000:c1:00.0", "4: ACTIVE", "5: LinkUp", 0);
+    let settings = mlnode_agent::rdma::settings::RdmaSettings {
+        sysfs_root: rdma.class(),
+        pci_devices: rdma.pci_devices(),
+        ..Default::default()
+    };
+    mlnode_agent::rdma::start(&settings, &registry).unwrap();
     mlnode_agent::metrics::encode(&registry);
+    // A driver reload and a value in no format, for the RDMA collector's error families.
+    let port = rdma.port("rdmap16s27", 1).join("hw_counters");
+    std::fs::write(port.join("rx_bytes"), "0\n").unwrap();
+    std::fs::write(port.join("tx_pkts"), "garbage\n").unwrap();
     common::neuron::write(
         &tree
             .core_stats(0, 0)

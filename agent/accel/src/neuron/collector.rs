@@ -12,13 +12,13 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
 use super::cores::{Family, Layout};
-use super::counters::{MonotonicCounters, Rises};
 use super::monitor_input::{self, SharedRuntimes};
 use super::monitor_names::{self, SystemReader};
 use super::settings::{LogicalNcConfig, NeuronSettings};
 use super::sysfs::{self, CoreSnapshot, DeviceSnapshot, MemoryStat};
 use super::utilization::Utilization;
 use super::SharedNodeLabels;
+use crate::counters::{MonotonicCounters, Rises};
 use mlnode_core::assignments::{Assignment, Assignments, SharedAssignments};
 use mlnode_core::metrics::family::{descs, with_label, Families, FamilySpec, Labels};
 use mlnode_core::pods::PodNames;
@@ -92,7 +92,7 @@ pub struct NeuronCollector {
 
 #[derive(Default)]
 struct State {
-    counters: MonotonicCounters,
+    counters: MonotonicCounters<(u32, Option<u32>, &'static str, String)>,
     utilization: Utilization,
     ecc_rises: Rises<(u32, String)>,
     system: SystemReader,
@@ -403,7 +403,11 @@ fn physical_core_series(
     }
     let counters = &mut state.counters;
     for (status, raw) in &core.status {
-        let value = counters.observe((device, Some(core.index), "status", status.clone()), *raw);
+        let value = counters.observe(
+            (device, Some(core.index), "status", status.clone()),
+            "status",
+            *raw,
+        );
         out.counter(
             "mlnode_neuron_exited_runtime_executions_total",
             &with_label(labels, "status_type", status),
@@ -411,7 +415,11 @@ fn physical_core_series(
         );
     }
     for (name, raw) in &core.other {
-        let value = counters.observe((device, Some(core.index), "other_info", name.clone()), *raw);
+        let value = counters.observe(
+            (device, Some(core.index), "other_info", name.clone()),
+            "other_info",
+            *raw,
+        );
         if let Some((_, family, scale)) = EXITED_RUNTIME.iter().find(|(n, _, _)| n == name) {
             out.counter(family, labels, value * scale);
             continue;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::counters::Rises;
+use crate::counters::Rises;
 use crate::kernel_log::facts::LogFacts;
 use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
 use mlnode_core::shared::Shared;

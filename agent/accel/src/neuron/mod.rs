@@ -9,7 +9,6 @@
 
 pub mod collector;
 mod cores;
-mod counters;
 pub mod health;
 pub mod monitor_input;
 mod monitor_names;

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::MetricType;
 
-use super::counters::Rises;
 use super::sysfs::{CoreSnapshot, DeviceSnapshot};
 use super::NodeLabels;
+use crate::counters::Rises;
 use mlnode_core::metrics::family::{with_label, Families, FamilySpec, Labels};
 
 pub const FAMILIES: [FamilySpec; 16] = [

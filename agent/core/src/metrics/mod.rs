@@ -58,16 +58,18 @@ pub enum Subsystem {
     ModelCache,
     Nvml,
     Neuron,
+    Rdma,
     Readiness,
     Startup,
     PodGates,
 }
 
 impl Subsystem {
-    pub const ALL: [Subsystem; 6] = [
+    pub const ALL: [Subsystem; 7] = [
         Subsystem::ModelCache,
         Subsystem::Nvml,
         Subsystem::Neuron,
+        Subsystem::Rdma,
         Subsystem::Readiness,
         Subsystem::Startup,
         Subsystem::PodGates,
@@ -78,6 +80,7 @@ impl Subsystem {
             Subsystem::ModelCache => "model_cache",
             Subsystem::Nvml => "nvml",
             Subsystem::Neuron => "neuron",
+            Subsystem::Rdma => "rdma",
             Subsystem::Readiness => "readiness",
             Subsystem::Startup => "startup",
             Subsystem::PodGates => "pod_gates",

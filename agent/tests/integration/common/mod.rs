@@ -15,6 +15,7 @@ pub mod pod_security;
 pub mod pods;
 pub mod prometheus;
 pub mod rbac;
+pub mod rdma;
 pub mod wait;
 
 pub use wait::wait_until;

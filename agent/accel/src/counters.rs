@@ -1,25 +1,30 @@
-//! Keeps exported counters monotonic. The Neuron driver resets a sysfs counter when something
-//! writes to it (and on driver reload); Prometheus would read a drop as a counter reset anyway,
-//! but `rate()` over a window with a reset and a following rise is wrong by the amount before it.
-//! So each counter is exported as `offset + raw`, the offset growing by the last raw value at each
-//! reset, and the resets themselves are counted.
+//! Keeps exported sysfs counters monotonic. A driver resets a counter when something writes to it
+//! (the Neuron driver) or when it is reloaded (any); Prometheus would read a drop as a counter
+//! reset anyway, but `rate()` over a window with a reset and a following rise is wrong by the
+//! amount before it. So each counter is exported as `offset + raw`, the offset growing by the last
+//! raw value at each reset, and the resets themselves are counted, per kind of path.
 
 use std::collections::{BTreeMap, HashMap};
-
-/// Which counter: device, core (None for device-level), kind of path, name.
-pub type CounterKey = (u32, Option<u32>, &'static str, String);
+use std::hash::Hash;
 
 /// The offset is wider than the raw value: a counter that resets near 2^64 must not wrap.
-#[derive(Default)]
-pub struct MonotonicCounters {
-    seen: HashMap<CounterKey, (u64, u128)>,
+pub struct MonotonicCounters<K> {
+    seen: HashMap<K, (u64, u128)>,
     resets: BTreeMap<&'static str, u64>,
 }
 
-impl MonotonicCounters {
-    /// The value to export for a raw reading of `key`.
-    pub fn observe(&mut self, key: CounterKey, raw: u64) -> f64 {
-        let kind = key.2;
+impl<K> Default for MonotonicCounters<K> {
+    fn default() -> Self {
+        MonotonicCounters {
+            seen: HashMap::new(),
+            resets: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq> MonotonicCounters<K> {
+    /// The value to export for a raw reading of `key`, a counter of the kind of path `kind`.
+    pub fn observe(&mut self, key: K, kind: &'static str, raw: u64) -> f64 {
         let (last, offset) = self.seen.entry(key).or_insert((raw, 0));
         if raw < *last {
             *offset = offset.saturating_add(u128::from(*last));
@@ -59,13 +64,13 @@ mod tests {
     #[test]
     fn a_reset_never_takes_the_counter_backwards_and_is_counted() {
         let mut counters = MonotonicCounters::default();
-        let key = || (0, Some(1), "status", "success".to_string());
-        assert_eq!(counters.observe(key(), 100), 100.0);
-        assert_eq!(counters.observe(key(), 150), 150.0);
-        assert_eq!(counters.observe(key(), 0), 150.0, "reset to 0");
-        assert_eq!(counters.observe(key(), 7), 157.0);
+        let key = || (0, Some(1), "success".to_string());
+        assert_eq!(counters.observe(key(), "status", 100), 100.0);
+        assert_eq!(counters.observe(key(), "status", 150), 150.0);
+        assert_eq!(counters.observe(key(), "status", 0), 150.0, "reset to 0");
+        assert_eq!(counters.observe(key(), "status", 7), 157.0);
         assert_eq!(
-            counters.observe((1, Some(1), "status", "success".into()), 5),
+            counters.observe((1, Some(1), "success".into()), "status", 5),
             5.0,
             "other keys unaffected"
         );
@@ -85,9 +90,12 @@ mod tests {
     #[test]
     fn a_reset_from_the_top_of_the_range_does_not_wrap() {
         let mut counters = MonotonicCounters::default();
-        let key = || (0, None, "hardware", "mem_ecc_corrected".to_string());
-        assert_eq!(counters.observe(key(), u64::MAX), u64::MAX as f64);
-        let after = counters.observe(key(), 10);
+        let key = || (0, None::<u32>, "mem_ecc_corrected".to_string());
+        assert_eq!(
+            counters.observe(key(), "hardware", u64::MAX),
+            u64::MAX as f64
+        );
+        let after = counters.observe(key(), "hardware", 10);
         assert!(after >= u64::MAX as f64, "went backwards to {after}");
         assert_eq!(after, u64::MAX as f64 + 10.0);
     }
