@@ -33,6 +33,8 @@ impl Problem {
 pub enum DeviceKind {
     Gpu,
     Neuron,
+    /// RDMA devices (EFA, InfiniBand): the network fabric, judged in a condition of its own.
+    Fabric,
 }
 
 /// What one collector knows of its devices' health now.
@@ -116,6 +118,9 @@ impl FromNode {
 
 /// A collector whose devices' health the readiness gate combines.
 pub trait HealthSource: Send + Sync {
+    /// Which devices it reports on: a fabric source feeds a condition of its own.
+    fn kind(&self) -> DeviceKind;
+
     /// The report as of `now`, with what the node remembers.
     fn report(&mut self, from_node: &FromNode, now: Instant) -> Report;
 }

@@ -3,9 +3,11 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
+use crate::rdma::health::RdmaHealth;
 use crate::rdma::settings::RdmaSettings;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
+use mlnode_core::settings::Toggle;
 
 pub struct Rdma {
     pub settings: RdmaSettings,
@@ -21,8 +23,15 @@ impl Component for Rdma {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
-            let devices =
-                crate::rdma::start(&self.settings, &cx.registry).map_err(NotStarted::Absent)?;
+            let started = crate::rdma::start(&self.settings, &cx.registry);
+            // A node that must have EFA devices is judged even when it has none at all.
+            let must_have =
+                self.settings.enabled != Toggle::Off && self.settings.expected_efa_devices > 0;
+            if started.is_ok() || must_have {
+                cx.health
+                    .push(Box::new(RdmaHealth::new(self.settings.clone())));
+            }
+            let devices = started.map_err(NotStarted::Absent)?;
             Ok(Started::up(format!(
                 "{devices} devices in {}",
                 self.settings.sysfs_root.display()

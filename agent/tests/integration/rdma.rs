@@ -189,3 +189,67 @@ fn a_p5_nodes_efa_devices_and_an_infiniband_port_are_read_as_the_kernel_writes_t
         .count();
     assert_eq!(said, 1, "said once: {}", agent.log());
 }
+
+/// The verdict on a p5 node with one EFA function the driver did not register and an InfiniBand
+/// port down: `FabricHealthy` False naming both, `AcceleratorHealthy` untouched, and the startup
+/// taint still comes off (a fabric fault does not hold the node: docs/fabric.md).
+#[test]
+fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
+    let tree = Tree::new();
+    let efa = tree.p5();
+    // The function stays on the bus; the driver's device for it is gone.
+    std::fs::remove_dir_all(tree.device(&efa[7])).unwrap();
+    tree.infiniband("mlx5_0", "0000:c1:00.0", "1: DOWN", "3: Disabled", 0);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+    let model = common::PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let agent = Agent::start_with_env(
+        &format!(
+            "nvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n  expected_efa_devices: 32\nreadiness:\n  enabled: true\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n{}",
+            tree.class().display().to_string(),
+            tree.pci_devices().display().to_string(),
+            common::agent::model_config("llama", model.root(), &manifest)
+        ),
+        &[
+            ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", std::path::Path::new(common::pods::NODE)),
+        ],
+    );
+    common::wait_until("FabricHealthy False", Duration::from_secs(20), || match api
+        .condition("FabricHealthy")["status"]
+        .as_str()
+    {
+        Some("False") => Ok(()),
+        _ => Err(api.condition("FabricHealthy").to_string()),
+    });
+    let fabric = api.condition("FabricHealthy");
+    let message = fabric["message"].as_str().unwrap();
+    assert_eq!(fabric["reason"], "EFADeviceMissing", "{message}");
+    assert!(
+        message.contains("the EFA function 0000:2c:00.0 is on the PCI bus but has no RDMA device")
+            && message.contains("31 of the 32 EFA devices")
+            && message.contains("mlx5_0 port 1 is DOWN, physical state Disabled"),
+        "{message}"
+    );
+    assert_eq!(api.condition("AcceleratorHealthy")["status"], "True");
+    common::wait_until("the startup taint off", Duration::from_secs(20), || {
+        let taints = api.node()["spec"]["taints"].clone();
+        match taints
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "mlnode.dev/not-ready")
+        {
+            false => Ok(()),
+            true => Err(taints.to_string()),
+        }
+    });
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_readiness_gate",
+            &[("gate", "FabricHealthy")]
+        ),
+        Some(0.0)
+    );
+}

@@ -57,6 +57,10 @@ pub struct GpuHealth {
 }
 
 impl HealthSource for GpuHealth {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Gpu
+    }
+
     fn report(&mut self, from_node: &FromNode, now: Instant) -> Report {
         let state = self.state.borrow();
         let mut report = assess(&state, &self.policy, from_node, now);

@@ -45,6 +45,10 @@ impl NeuronHealth {
 }
 
 impl HealthSource for NeuronHealth {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Neuron
+    }
+
     fn report(&mut self, from_node: &FromNode, _now: Instant) -> Report {
         let hardware = super::sysfs::read_ecc(&self.root);
         let on_bus = crate::pci::scan(&self.pci_devices, crate::pci::is_neuron_device)

@@ -1,8 +1,10 @@
 //! RDMA devices (EFA on AWS, InfiniBand and RoCE HCAs elsewhere): the fabric multi-node inference
 //! runs on, read from the RDMA core's sysfs class, world-readable (no privilege, no device node
-//! opened). [`sysfs`] reads the tree into plain data; [`collector`] exports it at scrape time.
+//! opened). [`sysfs`] reads the tree into plain data; [`collector`] exports it at scrape time;
+//! [`health`] judges it for the readiness gate's `FabricHealthy`.
 
 pub mod collector;
+pub mod health;
 pub mod settings;
 pub mod sysfs;
 

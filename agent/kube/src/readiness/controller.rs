@@ -12,7 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
-use super::gates::{self, Gate, ACCELERATOR_HEALTHY, MODEL_CACHE_VERIFIED};
+use super::gates::{self, Gate, ACCELERATOR_HEALTHY, FABRIC_HEALTHY, MODEL_CACHE_VERIFIED};
 use super::labels;
 use super::memory;
 use super::node::{
@@ -22,7 +22,7 @@ use super::node::{
 use super::plan::Planner;
 use super::settings::ReadinessSettings;
 use crate::events;
-use mlnode_core::health::{FromNode, HealthSource};
+use mlnode_core::health::{DeviceKind, FromNode, HealthSource};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::state::{any_readiness_changed, ModelState, NodeRecords, NodeTaint, Readiness};
 
@@ -310,6 +310,7 @@ impl Controller {
             &reports,
             &memory::trailer(&self.boot_id, &held),
         ));
+        gates.extend(gates::fabric_gate(&reports));
         if let Some(repair) = self.settings.repair_condition {
             gates.push(gates::repair_gate(repair.as_str(), missing, &reports));
         }
@@ -319,7 +320,18 @@ impl Controller {
     /// The condition types this agent writes: its own, and the repair condition when set.
     fn own_types(&self) -> Vec<&'static str> {
         let repair = self.settings.repair_condition.map(|r| r.as_str());
-        OWN_TYPES.iter().copied().chain(repair).collect()
+        let fabric = self
+            .sources
+            .health
+            .iter()
+            .any(|source| source.kind() == DeviceKind::Fabric)
+            .then_some(FABRIC_HEALTHY);
+        OWN_TYPES
+            .iter()
+            .copied()
+            .chain(fabric)
+            .chain(repair)
+            .collect()
     }
 
     /// Says once, in the log and as a Node event, when another writer takes the repair condition
@@ -400,7 +412,15 @@ impl Controller {
         if !all.iter().any(|g| g.condition_type == MODEL_CACHE_VERIFIED) {
             return Ok(());
         }
-        self.sync_taint(all.iter().all(Gate::ok), memory).await?;
+        // A fabric fault does not hold the node out of scheduling: most inference runs on one
+        // node without RDMA, and a pod that needs the fabric asks the device plugin for its
+        // devices, which it then lacks (docs/fabric.md). It fails FabricHealthy for alerts and
+        // for a node-readiness-controller rule that wants it.
+        let holding_ok = all
+            .iter()
+            .filter(|g| g.condition_type != FABRIC_HEALTHY)
+            .all(Gate::ok);
+        self.sync_taint(holding_ok, memory).await?;
         self.sync_labels(memory).await
     }
 

@@ -6,6 +6,7 @@ use mlnode_core::state::{Readiness, VerifiedBy};
 
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
 pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
+pub const FABRIC_HEALTHY: &str = "FabricHealthy";
 
 /// A condition's status. Unknown, as Kubernetes means it: the agent cannot tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,8 +168,7 @@ pub fn accelerator_gate(missing_collectors: &[String], reports: &[Report], memor
         .iter()
         .map(|why| ("CollectorUnavailable", why.as_str()))
         .chain(
-            reports
-                .iter()
+            accelerators(reports)
                 .flat_map(|r| &r.problems)
                 .map(|p| (p.reason.as_str(), p.message.as_str())),
         )
@@ -210,6 +210,47 @@ pub fn accelerator_gate(missing_collectors: &[String], reports: &[Report], memor
     }
 }
 
+/// The reports on accelerators: the fabric has its own condition.
+fn accelerators(reports: &[Report]) -> impl Iterator<Item = &Report> {
+    reports.iter().filter(|r| r.kind != DeviceKind::Fabric)
+}
+
+/// `FabricHealthy` from the RDMA collector's report, when it runs: no device or port problem. None
+/// on a node without one: no condition rather than a True about nothing.
+pub fn fabric_gate(reports: &[Report]) -> Option<Gate> {
+    let fabric: Vec<&Report> = reports
+        .iter()
+        .filter(|r| r.kind == DeviceKind::Fabric)
+        .collect();
+    if fabric.is_empty() {
+        return None;
+    }
+    let problems: Vec<_> = fabric.iter().flat_map(|r| &r.problems).collect();
+    let devices: usize = fabric.iter().map(|r| r.devices).sum();
+    let (ok, reason, message) = match problems.first() {
+        Some(first) => (
+            false,
+            first.reason.clone(),
+            problems
+                .iter()
+                .map(|p| p.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        None => (
+            true,
+            "FabricHealthy".to_string(),
+            format!("{devices} RDMA device(s), every port active"),
+        ),
+    };
+    Some(Gate {
+        condition_type: FABRIC_HEALTHY,
+        status: Status::of(ok),
+        reason,
+        message: truncate(message),
+    })
+}
+
 /// The condition a node-repair engine acts on (`readiness.repair_condition`), with its polarity:
 /// True while the accelerators are healthy, False while a device is at fault (the engine replaces
 /// or reboots the node once it has been False long enough), Unknown while the only trouble is a
@@ -221,7 +262,7 @@ pub fn repair_gate(
     reports: &[Report],
 ) -> Gate {
     let health = accelerator_gate(missing_collectors, reports, "");
-    let device_fault = reports.iter().any(|r| !r.problems.is_empty());
+    let device_fault = accelerators(reports).any(|r| !r.problems.is_empty());
     let status = match health.status {
         Status::True => Status::True,
         _ if device_fault => Status::False,
@@ -447,5 +488,38 @@ pub(crate) mod tests {
             repair_gate("AcceleratedHardwareReady", &[], &gpu(&[])).status,
             Status::True
         );
+    }
+
+    #[test]
+    fn the_fabric_has_its_own_condition_and_no_say_in_the_accelerators() {
+        let fabric = report(
+            DeviceKind::Fabric,
+            33,
+            &[(
+                "RDMAPortNotActive",
+                "mlx5_0 port 1 is DOWN, physical state Disabled",
+            )],
+        );
+        let gpus = report(DeviceKind::Gpu, 8, &[]);
+        let reports = [gpus.clone(), fabric];
+        let accelerators = accelerator_gate(&[], &reports, "");
+        assert!(accelerators.ok(), "{}", accelerators.message);
+        assert_eq!(accelerators.message, "8 GPU(s), 0 Neuron device(s) healthy");
+        assert_eq!(
+            repair_gate("AcceleratedHardwareReady", &[], &reports).status,
+            Status::True
+        );
+        let gate = fabric_gate(&reports).unwrap();
+        assert_eq!(gate.condition_type, FABRIC_HEALTHY);
+        assert_eq!(gate.status, Status::False);
+        assert_eq!(gate.reason, "RDMAPortNotActive");
+        assert!(gate.message.contains("mlx5_0 port 1"));
+        assert!(
+            fabric_gate(std::slice::from_ref(&gpus)).is_none(),
+            "no RDMA collector, no condition"
+        );
+        let healthy = fabric_gate(&[gpus, report(DeviceKind::Fabric, 32, &[])]).unwrap();
+        assert!(healthy.ok());
+        assert_eq!(healthy.message, "32 RDMA device(s), every port active");
     }
 }
