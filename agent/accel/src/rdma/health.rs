@@ -254,32 +254,20 @@ mod tests {
         let mut flaps = Flaps::default();
         let key = || ("mlx5_0".to_string(), 1);
         let window = Duration::from_secs(600);
-        assert_eq!(
-            flaps.downs(key(), 5, at(0), window),
-            0,
-            "history before the first reading"
-        );
-        assert_eq!(flaps.downs(key(), 7, at(2), window), 2);
-        assert_eq!(
-            flaps.downs(key(), 8, at(4), window),
-            3,
-            "flapping: more than 2"
-        );
-        assert_eq!(
-            flaps.downs(key(), 8, at(13), window),
-            1,
-            "the first two fell out of the window"
-        );
-        assert_eq!(
-            flaps.downs(key(), 8, at(20), window),
-            0,
-            "quiet for a window"
-        );
-        assert_eq!(
-            flaps.downs(key(), 1, at(21), window),
-            0,
-            "a driver reload starts again"
-        );
+        for (link_downed, minute, downs, why) in [
+            (5, 0, 0, "history before the first reading"),
+            (7, 2, 2, "two within the window"),
+            (8, 4, 3, "flapping: more than 2"),
+            (8, 13, 1, "the first two fell out of the window"),
+            (8, 20, 0, "quiet for a window"),
+            (1, 21, 0, "a driver reload starts again"),
+        ] {
+            assert_eq!(
+                flaps.downs(key(), link_downed, at(minute), window),
+                downs,
+                "{why}"
+            );
+        }
         let mut hca = efa("mlx5_0", "0000:c1:00.0");
         hca.ports = vec![port("4: ACTIVE", Some(10))];
         let fabric = |downed| Fabric {
