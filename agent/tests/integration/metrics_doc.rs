@@ -188,7 +188,7 @@ fn exposition() -> String {
     // A driver reload and a value in no format, for the RDMA collector's error families.
     let port = rdma.port("rdmap16s27", 1).join("hw_counters");
     std::fs::write(port.join("rx_bytes"), "0\n").unwrap();
-    std::fs::write(port.join("tx_pkts"), "garbage\n").unwrap();
+    std::fs::write(port.join("tx_bytes"), "garbage\n").unwrap();
     common::neuron::write(
         &tree
             .core_stats(0, 0)

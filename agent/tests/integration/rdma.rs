@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::rdma::{Tree, EFA_PORT_STATS};
+use mlnode_agent::rdma::settings::DEFAULT_COUNTERS;
 
 fn start(tree: &Tree) -> Agent {
     Agent::start(&format!(
@@ -81,10 +82,19 @@ fn a_p5_nodes_efa_devices_and_an_infiniband_port_are_read_as_the_kernel_writes_t
         .lines()
         .filter(|l| l.starts_with("mlnode_rdma_port_hw_counter_total{") && l.contains(first))
         .count();
+    let exported = EFA_PORT_STATS
+        .iter()
+        .filter(|s| DEFAULT_COUNTERS.contains(s))
+        .count();
+    assert_eq!(port_stats, exported, "the default counters, no lifespan");
     assert_eq!(
-        port_stats,
-        EFA_PORT_STATS.len(),
-        "every port statistic, no lifespan"
+        sample(
+            &m,
+            "mlnode_rdma_port_hw_counter_total",
+            &[("device", first), ("counter", "tx_pkts")]
+        ),
+        None,
+        "not among the default counters"
     );
     assert!(!m.contains("counter=\"lifespan\""), "lifespan is a setting");
     assert_eq!(

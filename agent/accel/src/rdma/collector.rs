@@ -67,7 +67,8 @@ impl Collector for RdmaCollector {
             errors,
             said,
         } = &mut *state;
-        match sysfs::read(&self.settings.sysfs_root) {
+        let settings = &self.settings;
+        match sysfs::read(&settings.sysfs_root, &|c| settings.exports(c)) {
             Ok(fabric) => {
                 out.gauge("mlnode_rdma_device_count", &[], fabric.devices.len() as f64);
                 for device in &fabric.devices {

@@ -33,7 +33,9 @@ impl HealthSource for RdmaHealth {
     }
 
     fn report(&mut self, _from_node: &FromNode, now: Instant) -> Report {
-        let fabric = sysfs::read(&self.settings.sysfs_root).unwrap_or_default();
+        // Of the counters, only what the verdicts read.
+        let fabric =
+            sysfs::read(&self.settings.sysfs_root, &|c| c == "link_downed").unwrap_or_default();
         let on_bus = crate::pci::scan(&self.settings.pci_devices, crate::pci::is_efa_device)
             .map(|scan| scan.devices)
             .unwrap_or_default();

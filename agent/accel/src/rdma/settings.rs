@@ -30,6 +30,50 @@ pub struct RdmaSettings {
     pub expected_efa_devices: u32,
     pub flap_threshold: Within<FlapThreshold>,
     pub flap_window: Within<FlapWindow>,
+    /// The counters exported, by their drivers' names (`*`: every one): each is a series per
+    /// device or port, 32 of each on a p5.48xlarge. The verdicts read every counter regardless.
+    pub counters: Vec<String>,
+}
+
+/// The default `counters`: traffic, errors and link events an SRE acts on. The PMA port counters
+/// (the kernel's `pma_attrs_ext`), EFA's port statistics (`EFA_DEFINE_PORT_STATS`) less the packet
+/// and work-request counts, and EFA's two command-failure counts.
+pub const DEFAULT_COUNTERS: [&str; 28] = [
+    "link_downed",
+    "link_error_recovery",
+    "symbol_error",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "tx_bytes",
+    "rx_bytes",
+    "rx_drops",
+    "send_bytes",
+    "recv_bytes",
+    "rdma_read_bytes",
+    "rdma_write_bytes",
+    "rdma_write_recv_bytes",
+    "rdma_read_wr_err",
+    "rdma_write_wr_err",
+    "retrans_pkts",
+    "retrans_timeout_events",
+    "unresponsive_remote_events",
+    "impaired_remote_conn_events",
+    "cmds_err",
+    "no_completion_cmds",
+];
+
+impl RdmaSettings {
+    /// Whether the counter `name` is exported.
+    pub fn exports(&self, name: &str) -> bool {
+        self.counters.iter().any(|c| c == "*" || c == name)
+    }
 }
 
 impl Default for RdmaSettings {
@@ -41,6 +85,7 @@ impl Default for RdmaSettings {
             expected_efa_devices: 0,
             flap_threshold: Within::default_of(2),
             flap_window: Within::default_of(minutes(10)),
+            counters: DEFAULT_COUNTERS.iter().map(|c| c.to_string()).collect(),
         }
     }
 }

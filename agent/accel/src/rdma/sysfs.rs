@@ -92,8 +92,12 @@ impl Fabric {
     }
 }
 
-/// Reads the devices under `root` (`/sys/class/infiniband`). Err when `root` cannot be listed.
-pub fn read(root: &Path) -> Result<Fabric, String> {
+/// Which counters to read, by name: a file not read costs nothing.
+pub type Wanted<'a> = &'a dyn Fn(&str) -> bool;
+
+/// Reads the devices under `root` (`/sys/class/infiniband`), and of their counters those `wanted`.
+/// Err when `root` cannot be listed.
+pub fn read(root: &Path, wanted: Wanted) -> Result<Fabric, String> {
     let mut fabric = Fabric::default();
     let mut names = list(root).map_err(|e| format!("cannot list {}: {e}", root.display()))?;
     if names.len() > MAX_DEVICES {
@@ -102,7 +106,7 @@ pub fn read(root: &Path) -> Result<Fabric, String> {
     }
     for name in names {
         let dir = root.join(&name);
-        match read_device(&dir, name, &mut fabric) {
+        match read_device(&dir, name, wanted, &mut fabric) {
             Some(device) => fabric.devices.push(device),
             None => fabric.error("vanished"),
         }
@@ -137,7 +141,7 @@ fn natural_key(name: &str) -> (String, u64, String) {
 }
 
 /// None when the device's directory is gone.
-fn read_device(dir: &Path, name: String, fabric: &mut Fabric) -> Option<Device> {
+fn read_device(dir: &Path, name: String, wanted: Wanted, fabric: &mut Fabric) -> Option<Device> {
     let ports_dir = dir.join("ports");
     let mut ports = list(&ports_dir).ok()?;
     let link_name = |link: PathBuf| {
@@ -148,7 +152,7 @@ fn read_device(dir: &Path, name: String, fabric: &mut Fabric) -> Option<Device> 
     let mut device = Device {
         driver: link_name(dir.join("device/driver")),
         pci_bus_id: link_name(dir.join("device")),
-        hw_counters: counters(&dir.join("hw_counters"), fabric),
+        hw_counters: counters(&dir.join("hw_counters"), wanted, fabric),
         name,
         ports: Vec::new(),
     };
@@ -163,12 +167,12 @@ fn read_device(dir: &Path, name: String, fabric: &mut Fabric) -> Option<Device> 
         };
         device
             .ports
-            .push(read_port(&ports_dir.join(&port), number, fabric));
+            .push(read_port(&ports_dir.join(&port), number, wanted, fabric));
     }
     Some(device)
 }
 
-fn read_port(dir: &Path, number: u32, fabric: &mut Fabric) -> Port {
+fn read_port(dir: &Path, number: u32, wanted: Wanted, fabric: &mut Fabric) -> Port {
     let mut value = |file: &str| -> Option<String> {
         match mlnode_verify::files::read_bounded_text(&dir.join(file), 256) {
             Ok(text) => Some(text),
@@ -206,15 +210,15 @@ fn read_port(dir: &Path, number: u32, fabric: &mut Fabric) -> Port {
         phys_state,
         rate_bytes_per_second,
         link_layer,
-        counters: counters(&dir.join("counters"), fabric),
-        hw_counters: counters(&dir.join("hw_counters"), fabric),
+        counters: counters(&dir.join("counters"), wanted, fabric),
+        hw_counters: counters(&dir.join("hw_counters"), wanted, fabric),
     }
 }
 
 /// The counters in `dir` (none when it does not exist): `lifespan` (how long the driver caches
 /// the values, a setting) and `N/A (no PMA)` (a PMA counter the device cannot give now) are no
 /// values; anything else that is not a number is counted.
-fn counters(dir: &Path, fabric: &mut Fabric) -> BTreeMap<String, u64> {
+fn counters(dir: &Path, wanted: Wanted, fabric: &mut Fabric) -> BTreeMap<String, u64> {
     let mut values = BTreeMap::new();
     let Ok(mut names) = list(dir) else {
         return values;
@@ -223,7 +227,7 @@ fn counters(dir: &Path, fabric: &mut Fabric) -> BTreeMap<String, u64> {
         fabric.error("too_many");
         names.truncate(MAX_COUNTERS);
     }
-    for name in names.into_iter().filter(|n| n != "lifespan") {
+    for name in names.into_iter().filter(|n| n != "lifespan" && wanted(n)) {
         match mlnode_verify::files::read_bounded_text(&dir.join(&name), 64) {
             Ok(text) => match text.trim().parse() {
                 Ok(value) => {
