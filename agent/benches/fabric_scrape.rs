@@ -10,6 +10,9 @@
 #[path = "../tests/integration/common/rdma.rs"]
 mod tree;
 
+#[path = "support/scrape.rs"]
+mod scrape;
+
 use std::time::{Duration, Instant};
 
 use mlnode_agent::gpu::collector::GpuCollector;
@@ -73,21 +76,6 @@ fn h100s() -> GpuState {
     state
 }
 
-/// (series, microseconds per scrape, bytes per scrape) of `registry`.
-fn measure(registry: &prometheus::Registry, scrapes: usize) -> (usize, f64, usize) {
-    let series = mlnode_agent::metrics::encode(registry)
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .count();
-    let started = Instant::now();
-    let mut bytes = 0;
-    for _ in 0..scrapes {
-        bytes += mlnode_agent::metrics::encode(registry).len();
-    }
-    let micros = started.elapsed().as_secs_f64() * 1e6 / scrapes as f64;
-    (series, micros, bytes / scrapes)
-}
-
 fn main() {
     let scrapes: usize = std::env::args()
         .skip(1)
@@ -114,8 +102,8 @@ fn main() {
     )
     .expect("the GPU collector");
     gpu.register(Box::new(collector)).expect("register");
-    let (rdma_series, rdma_us, rdma_bytes) = measure(&rdma, scrapes);
-    let (gpu_series, gpu_us, gpu_bytes) = measure(&gpu, scrapes);
+    let (rdma_series, rdma_us, rdma_bytes) = scrape::measure(&rdma, scrapes);
+    let (gpu_series, gpu_us, gpu_bytes) = scrape::measure(&gpu, scrapes);
     println!(
         "p5.48xlarge-shaped node, {scrapes} scrapes each, {} cores:",
         std::thread::available_parallelism().map_or(1, usize::from)

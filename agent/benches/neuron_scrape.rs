@@ -10,7 +10,8 @@
 #[path = "../tests/integration/common/neuron.rs"]
 mod tree;
 
-use std::time::Instant;
+#[path = "support/scrape.rs"]
+mod scrape;
 
 use mlnode_agent::assignments::SharedAssignments;
 use mlnode_agent::neuron::collector::NeuronCollector;
@@ -45,22 +46,11 @@ fn main() {
     )
     .expect("collector");
     registry.register(Box::new(collector)).expect("register");
-    let series = mlnode_agent::metrics::encode(&registry)
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .count();
-    let started = Instant::now();
-    let mut bytes = 0;
-    for _ in 0..scrapes {
-        bytes += mlnode_agent::metrics::encode(&registry).len();
-    }
-    let per_scrape = started.elapsed().as_secs_f64() / scrapes as f64;
+    let (series, micros, bytes) = scrape::measure(&registry, scrapes);
     println!(
-        "neuron scrape: {} {} devices x {} physical cores, {series} series, {scrapes} scrapes, {:.1} us per scrape, {} bytes per scrape",
+        "neuron scrape: {} {} devices x {} physical cores, {series} series, {scrapes} scrapes, {micros:.1} us per scrape, {bytes} bytes per scrape",
         instance.ec2_type,
         instance.devices,
         instance.chip.physical_cores(),
-        per_scrape * 1e6,
-        bytes / scrapes
     );
 }
