@@ -200,22 +200,22 @@ fn a_p5_nodes_efa_devices_and_an_infiniband_port_are_read_as_the_kernel_writes_t
     assert_eq!(said, 1, "said once: {}", agent.log());
 }
 
-/// The verdict on a p5 node with one EFA function the driver did not register and an InfiniBand
-/// port down: `FabricHealthy` False naming both, `AcceleratorHealthy` untouched, and the startup
-/// taint still comes off (a fabric fault does not hold the node: docs/fabric.md).
-#[test]
-fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
-    let tree = Tree::new();
-    let efa = tree.p5();
-    // The function stays on the bus; the driver's device for it is gone.
-    std::fs::remove_dir_all(tree.device(&efa[7])).unwrap();
-    tree.infiniband("mlx5_0", "0000:c1:00.0", "1: DOWN", "3: Disabled", 0);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+/// An agent judging a fabric, and what it needs kept while it runs.
+struct Judged {
+    agent: Agent,
+    _model: common::PlainModel,
+    _manifest: tempfile::TempDir,
+}
+
+/// The agent with the RDMA collector on `tree` (32 EFA devices expected), a verified model, and
+/// the readiness controller against `api` with the startup taint and `readiness` (more lines of
+/// its section).
+fn start_judged(tree: &Tree, api: &common::kube::FakeApiServer, readiness: &str) -> Judged {
     let model = common::PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let agent = Agent::start_with_env(
         &format!(
-            "nvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n  expected_efa_devices: 32\nreadiness:\n  enabled: true\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n{}",
+            "nvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n  expected_efa_devices: 32\nreadiness:\n  enabled: true\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n{readiness}{}",
             tree.class().display().to_string(),
             tree.pci_devices().display().to_string(),
             common::agent::model_config("llama", model.root(), &manifest)
@@ -225,6 +225,105 @@ fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
             ("MLNODE_NODE_NAME", std::path::Path::new(common::pods::NODE)),
         ],
     );
+    Judged {
+        agent,
+        _model: model,
+        _manifest: dir,
+    }
+}
+
+/// A p5 node's EFA devices with the eighth's function left on the bus and its device gone.
+fn p5_missing_one() -> Tree {
+    let tree = Tree::new();
+    let efa = tree.p5();
+    std::fs::remove_dir_all(tree.device(&efa[7])).unwrap();
+    tree
+}
+
+const REPAIR: &str = "  repair_condition: AcceleratedHardwareReady\n";
+
+/// With `readiness.repair_condition`, the fabric's verdict is also `NetworkingReady`, the
+/// condition eks-node-monitoring-agent writes and the repair engines act on; the accelerators'
+/// repair condition stays True.
+#[test]
+fn the_repair_condition_hands_a_faulty_fabric_to_the_repair_engines() {
+    let tree = p5_missing_one();
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+    let _judged = start_judged(&tree, &api, REPAIR);
+    common::wait_until(
+        "NetworkingReady False",
+        Duration::from_secs(20),
+        || match api.condition("NetworkingReady")["status"].as_str() {
+            Some("False") => Ok(()),
+            _ => Err(api.condition("NetworkingReady").to_string()),
+        },
+    );
+    let networking = api.condition("NetworkingReady");
+    assert_eq!(networking["reason"], "EFADeviceMissing");
+    assert_eq!(
+        networking["message"],
+        api.condition("FabricHealthy")["message"]
+    );
+    assert_eq!(api.condition("AcceleratedHardwareReady")["status"], "True");
+}
+
+/// Where eks-node-monitoring-agent owns `NetworkingReady`, the agent never writes it (it says why,
+/// once) and keeps writing the repair condition no one else owns.
+#[test]
+fn a_networking_condition_another_writer_owns_is_never_taken_over() {
+    let tree = p5_missing_one();
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+    let theirs = serde_json::json!({"type": "NetworkingReady", "status": "True", "reason": "NetworkingIsReady",
+        "message": "Monitoring for the Networking system is active",
+        "lastHeartbeatTime": "2026-11-30T03:58:00Z", "lastTransitionTime": "2026-11-30T03:51:00Z"});
+    api.write_condition_as("eks-node-monitoring-agent", theirs.clone());
+    let judged = start_judged(&tree, &api, REPAIR);
+    let agent = &judged.agent;
+    common::wait_until(
+        "our repair condition and FabricHealthy",
+        Duration::from_secs(20),
+        || match (
+            api.condition("AcceleratedHardwareReady")["status"].as_str(),
+            api.condition("FabricHealthy")["status"].as_str(),
+        ) {
+            (Some("True"), Some("False")) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    agent.wait_for("the refusal", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_readiness_repair_condition_refused", &[]) == Some(1.0)
+    });
+    assert_eq!(api.condition("NetworkingReady"), theirs, "left as it was");
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.path.ends_with("/status") && r.body.to_string().contains("NetworkingReady")),
+        "never written"
+    );
+    let said: Vec<String> = agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("does not take it over"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("NetworkingReady is written by eks-node-monitoring-agent"),
+        "{}",
+        said[0]
+    );
+}
+
+/// The verdict on a p5 node with one EFA function the driver did not register and an InfiniBand
+/// port down: `FabricHealthy` False naming both, `AcceleratorHealthy` untouched, and the startup
+/// taint still comes off (a fabric fault does not hold the node: docs/fabric.md).
+#[test]
+fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
+    let tree = p5_missing_one();
+    tree.infiniband("mlx5_0", "0000:c1:00.0", "1: DOWN", "3: Disabled", 0);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+    let judged = start_judged(&tree, &api, "");
+    let agent = &judged.agent;
     common::wait_until("FabricHealthy False", Duration::from_secs(20), || match api
         .condition("FabricHealthy")["status"]
         .as_str()

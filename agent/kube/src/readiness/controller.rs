@@ -12,7 +12,9 @@ use kube::api::{Api, Patch, PatchParams};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
-use super::gates::{self, Gate, ACCELERATOR_HEALTHY, FABRIC_HEALTHY, MODEL_CACHE_VERIFIED};
+use super::gates::{
+    self, Gate, ACCELERATOR_HEALTHY, FABRIC_HEALTHY, MODEL_CACHE_VERIFIED, NETWORKING_READY,
+};
 use super::labels;
 use super::memory;
 use super::node::{
@@ -65,7 +67,7 @@ impl ReadinessMetrics {
         )?;
         let repair_refused = prometheus::IntGauge::new(
             "mlnode_readiness_repair_condition_refused",
-            "1 while readiness.repair_condition is set and another writer (its field manager) owns that node condition, so the agent does not write it.",
+            "1 while readiness.repair_condition is set and another writer (its field manager) owns that node condition, or NetworkingReady where the fabric is judged, so the agent does not write it.",
         )?;
         registry.register(Box::new(gate.clone()))?;
         registry.register(Box::new(repair_refused.clone()))?;
@@ -130,8 +132,8 @@ struct Memory {
     /// The node's labels under the agent's prefix, as it last showed them.
     labels: BTreeMap<String, String>,
     /// Who else writes the repair condition, as the node last showed it, and as last said.
-    repair_writer: Option<String>,
-    repair_writer_said: Option<String>,
+    repair_writers: BTreeMap<&'static str, String>,
+    repair_writers_said: BTreeMap<&'static str, String>,
 }
 
 impl Controller {
@@ -170,8 +172,8 @@ impl Controller {
             from_node: FromNode::default(),
             memory_trouble: String::new(),
             labels: BTreeMap::new(),
-            repair_writer: None,
-            repair_writer_said: None,
+            repair_writers: BTreeMap::new(),
+            repair_writers_said: BTreeMap::new(),
         };
         let mut last_error = String::new();
         let mut recoveries = self.recoveries.clone();
@@ -313,39 +315,62 @@ impl Controller {
         gates.extend(gates::fabric_gate(&reports));
         if let Some(repair) = self.settings.repair_condition {
             gates.push(gates::repair_gate(repair.as_str(), missing, &reports));
+            gates.extend(gates::networking_gate(&reports));
         }
         gates
     }
 
-    /// The condition types this agent writes: its own, and the repair condition when set.
+    /// The condition types this agent writes: its own, and the repair conditions when set.
     fn own_types(&self) -> Vec<&'static str> {
-        let repair = self.settings.repair_condition.map(|r| r.as_str());
-        let fabric = self
-            .sources
-            .health
-            .iter()
-            .any(|source| source.kind() == DeviceKind::Fabric)
-            .then_some(FABRIC_HEALTHY);
+        let fabric = self.has_fabric().then_some(FABRIC_HEALTHY);
         OWN_TYPES
             .iter()
             .copied()
             .chain(fabric)
-            .chain(repair)
+            .chain(self.repair_types())
             .collect()
     }
 
-    /// Says once, in the log and as a Node event, when another writer takes the repair condition
-    /// or leaves it: never run two writers of one condition (docs/readiness.md).
+    fn has_fabric(&self) -> bool {
+        self.sources
+            .health
+            .iter()
+            .any(|source| source.kind() == DeviceKind::Fabric)
+    }
+
+    /// The conditions node-repair engines act on that this agent writes, with
+    /// `readiness.repair_condition`: that one, and `NetworkingReady` where the fabric is judged.
+    fn repair_types(&self) -> Vec<&'static str> {
+        let Some(repair) = self.settings.repair_condition else {
+            return Vec::new();
+        };
+        let networking = self.has_fabric().then_some(NETWORKING_READY);
+        std::iter::once(repair.as_str()).chain(networking).collect()
+    }
+
+    /// Says once, in the log and as a Node event, when another writer takes a repair condition or
+    /// leaves it: never run two writers of one condition (docs/readiness.md).
     async fn say_repair_writer(&self, memory: &mut Memory) {
-        if memory.repair_writer == memory.repair_writer_said {
+        if memory.repair_writers == memory.repair_writers_said {
             return;
         }
-        memory.repair_writer_said = memory.repair_writer.clone();
         self.metrics
             .repair_refused
-            .set(i64::from(memory.repair_writer.is_some()));
-        let condition = self.settings.repair_condition.map_or("", |r| r.as_str());
-        match &memory.repair_writer {
+            .set(i64::from(!memory.repair_writers.is_empty()));
+        for condition in self.repair_types() {
+            let (now, said) = (
+                memory.repair_writers.get(condition),
+                memory.repair_writers_said.get(condition),
+            );
+            if now != said {
+                self.say_writer(condition, now).await;
+            }
+        }
+        memory.repair_writers_said = memory.repair_writers.clone();
+    }
+
+    async fn say_writer(&self, condition: &'static str, writer: Option<&String>) {
+        match writer {
             Some(writer) => {
                 let message = format!("{condition} is written by {writer}, not by mlnode-agent: the agent does not take it over (two writers would overwrite each other's verdicts). Remove readiness.repair_condition, or stop {writer} writing it");
                 tracing::warn!(node = %self.node_name, condition, writer = %writer, "{message}");
@@ -360,14 +385,9 @@ impl Controller {
 
     async fn sync(&self, all: &[Gate], memory: &mut Memory) -> Result<(), kube::Error> {
         self.say_repair_writer(memory).await;
-        let refused = self
-            .settings
-            .repair_condition
-            .filter(|_| memory.repair_writer.is_some())
-            .map(|r| r.as_str());
         let gates: Vec<Gate> = all
             .iter()
-            .filter(|g| Some(g.condition_type) != refused)
+            .filter(|g| !memory.repair_writers.contains_key(g.condition_type))
             .cloned()
             .collect();
         let current = memory.conditions.clone();
@@ -448,10 +468,11 @@ impl Controller {
     fn saw_node(&self, memory: &mut Memory, node: &Node) {
         memory.conditions = own_conditions(node, &self.own_types());
         memory.labels = labels::current(node);
-        memory.repair_writer = self
-            .settings
-            .repair_condition
-            .and_then(|r| other_writer(node, r.as_str()));
+        memory.repair_writers = self
+            .repair_types()
+            .into_iter()
+            .filter_map(|condition| Some((condition, other_writer(node, condition)?)))
+            .collect();
         self.take_memory(memory, node);
         let present = self.taint.as_ref().map(|t| has_taint(node, t));
         memory.planner.saw_node(present);

@@ -7,6 +7,9 @@ use mlnode_core::state::{Readiness, VerifiedBy};
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
 pub const ACCELERATOR_HEALTHY: &str = "AcceleratorHealthy";
 pub const FABRIC_HEALTHY: &str = "FabricHealthy";
+/// The condition eks-node-monitoring-agent writes for the node's networking, which Karpenter's
+/// node repair and EKS node auto repair act on (False for 30 minutes: replace).
+pub const NETWORKING_READY: &str = "NetworkingReady";
 
 /// A condition's status. Unknown, as Kubernetes means it: the agent cannot tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,6 +251,15 @@ pub fn fabric_gate(reports: &[Report]) -> Option<Gate> {
         status: Status::of(ok),
         reason,
         message: truncate(message),
+    })
+}
+
+/// `NetworkingReady` with `readiness.repair_condition`: `FabricHealthy` under the repair engines'
+/// name, where the fabric is judged.
+pub fn networking_gate(reports: &[Report]) -> Option<Gate> {
+    fabric_gate(reports).map(|gate| Gate {
+        condition_type: NETWORKING_READY,
+        ..gate
     })
 }
 
