@@ -139,6 +139,11 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
     let model = PlainModel::new();
     let (_m, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let tree = common::neuron::NeuronTree::new(common::neuron::INF2_48XLARGE);
+    // Two EFA devices and an InfiniBand HCA, for the fabric row.
+    let fabric = common::rdma::Tree::new();
+    fabric.efa("rdmap16s27", "0000:10:1b.0", 1000);
+    fabric.efa("rdmap32s27", "0000:20:1b.0", 2000);
+    fabric.infiniband("mlx5_0", "0000:c1:00.0", "4: ACTIVE", "5: LinkUp", 1);
     let scenario_dir = tempfile::tempdir().unwrap();
     let scenario = scenario_dir.path().join("scenario.json");
     let device = |i: usize| {
@@ -156,9 +161,11 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
     )
     .unwrap();
     let config = format!(
-        "nvml:\n  library: {:?}\n  sample_interval: 200ms\n  dcgm_names: true\n  process_attribution: true\nneuron:\n  sysfs_root: {:?}\n{}",
+        "nvml:\n  library: {:?}\n  sample_interval: 200ms\n  dcgm_names: true\n  process_attribution: true\nneuron:\n  sysfs_root: {:?}\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n{}",
         common::nvml::fake_nvml().display().to_string(),
         tree.root().display().to_string(),
+        fabric.class().display().to_string(),
+        fabric.pci_devices().display().to_string(),
         common::agent::model_config("tiny-model", model.root(), &manifest)
     );
     let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario)]);
