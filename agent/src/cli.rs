@@ -62,9 +62,10 @@ pub struct KernelLogArgs {
     /// The boot to read, as `_BOOT_ID` or the kernel's UUID (default: this one).
     #[arg(long)]
     pub boot_id: Option<String>,
-    /// libsystemd, which reads the journal: a name the dynamic loader finds, or a path.
-    #[arg(long, default_value = "libsystemd.so.0")]
-    pub library: PathBuf,
+    /// libsystemd, which reads the journal: a name the dynamic loader finds, or a path (default:
+    /// `kernel_log.library`'s, libsystemd.so.0).
+    #[arg(long)]
+    pub library: Option<PathBuf>,
     /// Print one JSON document instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -561,8 +562,9 @@ fn kernel_log(args: KernelLogArgs) -> ExitCode {
     } else {
         args.directories
     };
+    let library = args.library.unwrap_or(defaults.library);
     let started = std::time::Instant::now();
-    let scan = match journal::scan(&args.library, &dirs, &boot) {
+    let scan = match journal::scan(&library, &dirs, &boot) {
         Ok(scan) => scan,
         Err(e) => {
             eprintln!("mlnode-agent: {e}");
@@ -606,7 +608,7 @@ fn kernel_log(args: KernelLogArgs) -> ExitCode {
         scan.bad_entries
     );
     for unreadable in &scan.unreadable {
-        println!("{}", unreadable.describe(&args.library));
+        println!("{}", unreadable.describe(&library));
     }
     for ((gpu, xid), l) in &facts.xids {
         let process = l

@@ -3,6 +3,7 @@
 //! `pod`, `namespace` and `container` appear only on a GPU assigned to a container, so a custom
 //! collector rather than fixed-label vectors.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, Desc};
@@ -483,13 +484,14 @@ impl GpuCollector {
         out: &mut Families,
     ) {
         let counts = match (xid_log, address) {
-            (XidLog::Off, _) | (XidLog::Read(_), None) => Some(entry.xids.clone()),
-            (XidLog::Read(log), Some(address)) => {
-                Some(xid::boot_counts(&entry.xids, log.xids_of(&address)))
-            }
+            (XidLog::Off, _) | (XidLog::Read(_), None) => Some(Cow::Borrowed(&entry.xids)),
+            (XidLog::Read(log), Some(address)) => Some(Cow::Owned(xid::boot_counts(
+                &entry.xids,
+                log.xids_of(&address),
+            ))),
             (XidLog::Reading, _) => None,
         };
-        for (xid, count) in counts.iter().flatten() {
+        for (xid, count) in counts.iter().flat_map(|c| c.iter()) {
             out.counter(
                 "mlnode_gpu_xid_errors_total",
                 &xid_labels(labels, *xid),

@@ -99,11 +99,8 @@ pub type Wanted<'a> = &'a dyn Fn(&str) -> bool;
 /// Err when `root` cannot be listed.
 pub fn read(root: &Path, wanted: Wanted) -> Result<Fabric, String> {
     let mut fabric = Fabric::default();
-    let mut names = list(root).map_err(|e| format!("cannot list {}: {e}", root.display()))?;
-    if names.len() > MAX_DEVICES {
-        fabric.error("too_many");
-        names.truncate(MAX_DEVICES);
-    }
+    let names = list(root, MAX_DEVICES, &mut fabric)
+        .map_err(|e| format!("cannot list {}: {e}", root.display()))?;
     for name in names {
         let dir = root.join(&name);
         match read_device(&dir, name, wanted, &mut fabric) {
@@ -114,13 +111,17 @@ pub fn read(root: &Path, wanted: Wanted) -> Result<Fabric, String> {
     Ok(fabric)
 }
 
-/// Sorted entry names of `dir`.
-fn list(dir: &Path) -> std::io::Result<Vec<String>> {
+/// Entry names of `dir`, sorted, at most `max` (past it the rest is left out and counted).
+fn list(dir: &Path, max: usize, fabric: &mut Fabric) -> std::io::Result<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort_by_key(|n| natural_key(n));
+    if names.len() > max {
+        fabric.error("too_many");
+        names.truncate(max);
+    }
     Ok(names)
 }
 
@@ -140,10 +141,36 @@ fn natural_key(name: &str) -> (String, u64, String) {
     )
 }
 
+/// A value file's text; None when it does not exist, or cannot be read (counted).
+fn text(path: &Path, limit: u64, fabric: &mut Fabric) -> Option<String> {
+    match mlnode_verify::files::read_bounded_text(path, limit) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(_) => {
+            fabric.error("unreadable");
+            None
+        }
+    }
+}
+
+/// A port file's value; one in no format the kernel writes is counted and left out.
+fn value<T>(
+    dir: &Path,
+    file: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    fabric: &mut Fabric,
+) -> Option<T> {
+    let parsed = parse(&text(&dir.join(file), 256, fabric)?);
+    if parsed.is_none() {
+        fabric.error("parse");
+    }
+    parsed
+}
+
 /// None when the device's directory is gone.
 fn read_device(dir: &Path, name: String, wanted: Wanted, fabric: &mut Fabric) -> Option<Device> {
     let ports_dir = dir.join("ports");
-    let mut ports = list(&ports_dir).ok()?;
+    let ports = list(&ports_dir, MAX_PORTS, fabric).ok()?;
     let link_name = |link: PathBuf| {
         std::fs::read_link(link)
             .ok()
@@ -156,10 +183,6 @@ fn read_device(dir: &Path, name: String, wanted: Wanted, fabric: &mut Fabric) ->
         name,
         ports: Vec::new(),
     };
-    if ports.len() > MAX_PORTS {
-        fabric.error("too_many");
-        ports.truncate(MAX_PORTS);
-    }
     for port in ports {
         let Ok(number) = port.parse() else {
             fabric.error("parse");
@@ -173,43 +196,12 @@ fn read_device(dir: &Path, name: String, wanted: Wanted, fabric: &mut Fabric) ->
 }
 
 fn read_port(dir: &Path, number: u32, wanted: Wanted, fabric: &mut Fabric) -> Port {
-    let mut value = |file: &str| -> Option<String> {
-        match mlnode_verify::files::read_bounded_text(&dir.join(file), 256) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(_) => {
-                fabric.error("unreadable");
-                None
-            }
-        }
-    };
-    let state = value("state");
-    let phys_state = value("phys_state");
-    let rate = value("rate");
-    let link_layer = value("link_layer").map(|l| l.trim().to_string());
-    let mut parsed = |text: Option<String>, parse: &dyn Fn(&str) -> Option<State>| {
-        let text = text?;
-        let state = parse(&text);
-        if state.is_none() {
-            fabric.error("parse");
-        }
-        state
-    };
-    let state = parsed(state, &State::parse);
-    let phys_state = parsed(phys_state, &State::parse);
-    let rate_bytes_per_second = rate.and_then(|r| {
-        let rate = parse_rate(&r);
-        if rate.is_none() {
-            fabric.error("parse");
-        }
-        rate
-    });
     Port {
         number,
-        state,
-        phys_state,
-        rate_bytes_per_second,
-        link_layer,
+        state: value(dir, "state", State::parse, fabric),
+        phys_state: value(dir, "phys_state", State::parse, fabric),
+        rate_bytes_per_second: value(dir, "rate", parse_rate, fabric),
+        link_layer: value(dir, "link_layer", |l| Some(l.trim().to_string()), fabric),
         counters: counters(&dir.join("counters"), wanted, fabric),
         hw_counters: counters(&dir.join("hw_counters"), wanted, fabric),
     }
@@ -220,24 +212,19 @@ fn read_port(dir: &Path, number: u32, wanted: Wanted, fabric: &mut Fabric) -> Po
 /// values; anything else that is not a number is counted.
 fn counters(dir: &Path, wanted: Wanted, fabric: &mut Fabric) -> BTreeMap<String, u64> {
     let mut values = BTreeMap::new();
-    let Ok(mut names) = list(dir) else {
+    let Ok(names) = list(dir, MAX_COUNTERS, fabric) else {
         return values;
     };
-    if names.len() > MAX_COUNTERS {
-        fabric.error("too_many");
-        names.truncate(MAX_COUNTERS);
-    }
     for name in names.into_iter().filter(|n| n != "lifespan" && wanted(n)) {
-        match mlnode_verify::files::read_bounded_text(&dir.join(&name), 64) {
-            Ok(text) => match text.trim().parse() {
-                Ok(value) => {
-                    values.insert(name, value);
-                }
-                Err(_) if text.starts_with("N/A") => {}
-                Err(_) => fabric.error("parse"),
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) => fabric.error("unreadable"),
+        let Some(text) = text(&dir.join(&name), 64, fabric) else {
+            continue;
+        };
+        match text.trim().parse() {
+            Ok(value) => {
+                values.insert(name, value);
+            }
+            Err(_) if text.starts_with("N/A") => {}
+            Err(_) => fabric.error("parse"),
         }
     }
     values
