@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 use mlnode_agent::gpu::collector::GpuCollector;
 use mlnode_agent::gpu::state::{DeviceRead, GpuState};
-use mlnode_agent::gpu::{GpmReading, GpuIdentity, GpuReading, MemoryReading};
+use mlnode_agent::gpu::{GpmReading, GpuIdentity, GpuReading, MemoryReading, NvLinkReading};
+use mlnode_agent::rdma::collector::Holders;
 use mlnode_agent::rdma::settings::RdmaSettings;
 use mlnode_agent::shared::Shared;
+use mlnode_core::assignments::{Assignment, Assignments};
 
 /// Eight H100s with every device field a sampling round reads.
 fn h100s() -> GpuState {
@@ -48,6 +50,11 @@ fn h100s() -> GpuState {
             memory_temp_c: Some(70),
             pcie_bytes_per_second: Some((1 << 30, 1 << 30)),
             nvlink_bytes: Some((1 << 40, 1 << 40)),
+            // An H100 SXM's 18 NVLink links, all up.
+            nvlink: Some(NvLinkReading {
+                links: (0..18).map(|link| (link, true)).collect(),
+                errors: [Some(0); 4],
+            }),
             gpm: Some(GpmReading {
                 graphics_active: Some(0.9),
                 sm_active: Some(0.8),
@@ -82,14 +89,29 @@ fn main() {
         .find_map(|a| a.parse().ok())
         .unwrap_or(500);
     let tree = tree::Tree::new();
-    let devices = tree.p5().len();
+    let efa = tree.p5();
+    let devices = efa.len();
     let rdma = mlnode_agent::metrics::registry("bench");
     let settings = RdmaSettings {
         sysfs_root: tree.class(),
         pci_devices: tree.pci_devices(),
         ..RdmaSettings::default()
     };
-    mlnode_agent::rdma::start(&settings, &rdma).expect("the RDMA collector");
+    // One inference pod holding every EFA device, as a p5 serving one model across nodes does.
+    let mut held = Assignments::default();
+    for device in &efa {
+        held.assign("vpc.amazonaws.com/efa", device, || Assignment {
+            pod: "vllm-0".into(),
+            namespace: "inference".into(),
+            container: "vllm".into(),
+        });
+    }
+    let holders = Holders {
+        assignments: Shared::new(held),
+        exclusive: vec!["vpc.amazonaws.com/efa".into()],
+        shared: Vec::new(),
+    };
+    mlnode_agent::rdma::start(&settings, Some(holders), &rdma).expect("the RDMA collector");
     let gpu = mlnode_agent::metrics::registry("bench");
     let collector = GpuCollector::new(
         Shared::new(h100s()),

@@ -81,6 +81,7 @@ fn collectors(
                 .map(|d| d.as_str().to_string())
                 .collect(),
             policy: config.readiness.fatal_xids.clone(),
+            thresholds: config.readiness.xid_thresholds.clone(),
             kernel_log: kernel_log.clone(),
             holder_labels: kubelet.holder_labels(),
         }),
@@ -94,6 +95,8 @@ fn collectors(
         }),
         Box::new(Rdma {
             settings: config.rdma.clone(),
+            resources: kubelet.rdma_resource_names.clone(),
+            shared_resources: kubelet.rdma_shared_resource_names.clone(),
         }),
         Box::new(Kubelet {
             socket: kubelet.pod_resources_socket.clone(),

@@ -33,6 +33,18 @@ impl Assignments {
             .find_map(|r| self.first.get(&(r.clone(), id.to_string())))
     }
 
+    /// The devices held under any of `resources` (as the poller keeps them: under the pattern
+    /// that named them), by id.
+    pub fn of<'a>(
+        &'a self,
+        resources: &'a [String],
+    ) -> impl Iterator<Item = (&'a str, &'a Assignment)> + 'a {
+        self.first
+            .iter()
+            .filter(|((resource, _), _)| resources.contains(resource))
+            .map(|((_, id), holder)| (id.as_str(), holder))
+    }
+
     /// Records that `holder` holds replica `replica` of the shared device `id`.
     pub fn assign_replica(&mut self, id: &str, replica: &str, holder: Assignment) {
         self.replicas

@@ -25,6 +25,8 @@ pub struct Gpu {
     pub resources: Vec<String>,
     /// DRA drivers whose devices are GPUs (`kubelet.gpu_dra_drivers`).
     pub dra_drivers: Vec<String>,
+    /// Which XIDs hold the node once they repeat (`readiness.xid_thresholds`).
+    pub thresholds: mlnode_accel::gpu::xid::XidThresholds,
     /// Which XIDs hold the node (`readiness.fatal_xids`).
     pub policy: XidPolicy,
     /// What the kernel log says, when `kernel_log.enabled`.
@@ -56,6 +58,7 @@ impl Component for Gpu {
             cx.health.push(Box::new(GpuHealth {
                 state: gpu.state.clone(),
                 policy: self.policy,
+                thresholds: self.thresholds,
                 kernel_log: self.kernel_log,
             }));
             cx.devices.resources.extend(self.resources);

@@ -3,6 +3,7 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
+use crate::rdma::collector::Holders;
 use crate::rdma::health::RdmaHealth;
 use crate::rdma::settings::RdmaSettings;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
@@ -11,6 +12,10 @@ use mlnode_core::settings::Toggle;
 
 pub struct Rdma {
     pub settings: RdmaSettings,
+    /// `kubelet.rdma_resource_names`: one device per id.
+    pub resources: Vec<String>,
+    /// `kubelet.rdma_shared_resource_names`: every device to each holder.
+    pub shared_resources: Vec<String>,
 }
 
 impl Component for Rdma {
@@ -23,7 +28,21 @@ impl Component for Rdma {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
-            let started = crate::rdma::start(&self.settings, &cx.registry);
+            let holders =
+                (!self.resources.is_empty() || !self.shared_resources.is_empty()).then(|| {
+                    Holders {
+                        assignments: cx.assignments.clone(),
+                        exclusive: self.resources.clone(),
+                        shared: self.shared_resources.clone(),
+                    }
+                });
+            let started = crate::rdma::start(&self.settings, holders, &cx.registry);
+            if started.is_ok() {
+                cx.devices.resources.extend(self.resources.iter().cloned());
+                cx.devices
+                    .resources
+                    .extend(self.shared_resources.iter().cloned());
+            }
             // A node that must have EFA devices is judged even when it has none at all.
             let must_have =
                 self.settings.enabled != Toggle::Off && self.settings.expected_efa_devices > 0;

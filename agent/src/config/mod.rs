@@ -459,6 +459,46 @@ mod tests {
         }
     }
 
+    /// `readiness.xid_thresholds` replaces the defaults (13 and 31, more than 3 within an hour);
+    /// an XID out of range, a count or window out of bounds, a missing key are refused by name.
+    #[test]
+    fn xid_thresholds_are_checked() {
+        let with = |map: &str| {
+            from_yaml(
+                &format!("{ONE_MODEL}readiness:\n  xid_thresholds: {map}\n"),
+                &[],
+            )
+        };
+        let defaults = from_yaml(ONE_MODEL, &[]).unwrap().readiness.xid_thresholds;
+        assert_eq!(defaults.0.keys().copied().collect::<Vec<_>>(), [13, 31]);
+        let config = with("{43: {count: 2, window: 30m}}").unwrap();
+        let thresholds = config.readiness.xid_thresholds.0;
+        assert_eq!(thresholds.keys().copied().collect::<Vec<_>>(), [43]);
+        assert_eq!(thresholds[&43].count.get(), 2);
+        assert_eq!(thresholds[&43].window.get(), Duration::from_secs(1800));
+        for (map, says) in [
+            (
+                "{0: {count: 2, window: 1h}}",
+                "0 is not an XID: XIDs are 1 to 999",
+            ),
+            (
+                "{13: {count: 0, window: 1h}}",
+                "must be between 1 and 10000",
+            ),
+            (
+                "{13: {count: 2, window: 10s}}",
+                "must be between 1m and 7days",
+            ),
+            ("{13: {count: 2}}", "missing field `window`"),
+        ] {
+            let message = with(map).unwrap_err().to_string();
+            assert!(
+                message.contains("readiness.xid_thresholds") && message.contains(says),
+                "{map}: {message}"
+            );
+        }
+    }
+
     /// The one type repair engines act on for accelerators, by its exact name; anything else is
     /// refused naming the key and the accepted value.
     #[test]
@@ -498,6 +538,8 @@ mod tests {
             ("nvml.expected_gpus", "0"),
             ("nvml.xid_count_window", "500ms"),
             ("nvml.xid_count_window", "2d"),
+            ("nvml.nvlink_error_window", "30s"),
+            ("nvml.nvlink_error_window", "2d"),
             ("readiness.interval", "1ms"),
             ("readiness.heartbeat", "30d"),
             ("startup.recent_max_age", "1s"),

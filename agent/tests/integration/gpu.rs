@@ -147,6 +147,49 @@ fn every_series_and_label_matches_the_scenario() {
             Some((1_048_576 + i) as f64 * 1024.0),
             "KiB over all links (scope UINT_MAX), in bytes"
         );
+        for link in ["0", "17"] {
+            assert_eq!(
+                sample(
+                    &metrics,
+                    "mlnode_gpu_nvlink_link_active",
+                    &[("gpu", g.as_str()), ("link", link)]
+                ),
+                Some(1.0),
+                "link {link}"
+            );
+        }
+        assert_eq!(
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("mlnode_gpu_nvlink_link_active{")
+                    && l.contains(&format!("gpu=\"{g}\"")))
+                .count(),
+            18,
+            "one series per link NVML counts"
+        );
+        assert_eq!(
+            sample(
+                &metrics,
+                "mlnode_gpu_nvlink_errors_total",
+                &[("gpu", g.as_str()), ("counter", "replay")]
+            ),
+            Some(i as f64)
+        );
+        assert_eq!(v("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"), i as f64);
+        let margin = |limit: &str| {
+            sample(
+                &metrics,
+                "mlnode_gpu_thermal_margin_celsius",
+                &[("gpu", g.as_str()), ("limit", limit)],
+            )
+        };
+        assert_eq!(
+            margin("slowdown"),
+            Some(38.0 - i as f64),
+            "signed °C below the limit"
+        );
+        assert_eq!(margin("memory_max"), Some(30.0));
+        assert_eq!(v("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"), 0.0);
         assert_eq!(
             sample(
                 &metrics,
@@ -1593,6 +1636,137 @@ fn fabric_registration_holds_the_node_until_it_completes() {
     scenario.set(0, "fabric", json!({"state": 2, "max_version": 0}));
     wait_condition(&agent, &api, "v1", |c| c["reason"] == "FabricNotReady");
     assert!(!agent.metrics().contains("mlnode_gpu_fabric_health{"));
+}
+
+/// XID 13 is the application's fault alone and NVIDIA's catalog resolves it by its history: the
+/// node stays in through three on one GPU and is held at the fourth within the threshold's window
+/// (`readiness.xid_thresholds`), the reason naming the GPU and the XID; XID 43, not listed, never
+/// holds it however often it comes.
+#[test]
+fn repeated_xids_beyond_their_threshold_hold_the_node() {
+    let mut scenario = Scenario::new(2);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = start_configured(
+        &scenario,
+        &api,
+        Path::new("/proc/sys/kernel/random/boot_id"),
+        "  xid_thresholds: {13: {count: 3, window: 1h}}\n",
+    );
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    scenario.set(1, "xid_events", json!([13, 13, 13, 43, 43, 43, 43, 43]));
+    agent.wait_for("eight XIDs", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_xid_errors_total",
+            &[("gpu", "1"), ("xid", "43")],
+        ) == Some(5.0)
+            && sample(
+                m,
+                "mlnode_gpu_xid_errors_total",
+                &[("gpu", "1"), ("xid", "13")],
+            ) == Some(3.0)
+    });
+    wait_rounds_of_readiness(&agent, 2.0);
+    assert_eq!(api.condition("AcceleratorHealthy")["status"], "True");
+    // The fake delivers the events past those it already has.
+    scenario.set(1, "xid_events", json!([13, 13, 13, 43, 43, 43, 43, 43, 13]));
+    let condition = wait_condition(&agent, &api, "the fourth 13", |c| {
+        c["reason"] == "XIDRepeated"
+    });
+    assert!(
+        condition["message"].as_str().unwrap().contains(
+            "GPU 1 (GPU-00000001-1111-2222-3333-444444444441, 00000000:17:00.0) reported XID 13 (ROBUST_CHANNEL_GR_EXCEPTION) more than 3 times within 1h"
+        ),
+        "{condition}"
+    );
+}
+
+/// `nvmlDeviceGetRemappedRows` through the fake: a pending remapping asks for a reset (the driver's
+/// recovery action says none), a failed one says the GPU needs replacing; both pass today's
+/// eks-node-monitoring-agent.
+#[test]
+fn memory_that_cannot_heal_holds_the_node() {
+    let mut scenario = Scenario::new(2);
+    let (agent, api) = start_with_readiness(&scenario);
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    scenario.set(
+        0,
+        "remapped_rows",
+        json!({"correctable": 0, "uncorrectable": 3, "pending": true, "failed": false}),
+    );
+    wait_condition(&agent, &api, "pending", |c| {
+        c["reason"] == "RowRemapPending"
+    });
+    scenario.set(
+        0,
+        "remapped_rows",
+        json!({"correctable": 0, "uncorrectable": 3, "pending": false, "failed": true}),
+    );
+    let condition = wait_condition(&agent, &api, "failed", |c| c["reason"] == "RowRemapFailed");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs replacing"),
+        "{condition}"
+    );
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_gpu_row_remap_failed",
+            &[("gpu", "0")]
+        ),
+        Some(1.0)
+    );
+}
+
+/// NVLink as nvml.h gives it: a link that was active and is no longer fails `AcceleratorHealthy`
+/// naming the GPU and the link (its series says 0, the others 1), and comes back with the link; a
+/// rise in the recovery-error total fails it too. The fake answers the link count (field 91), the
+/// totals (fields 38/45/52/59) and `nvmlDeviceGetNvLinkState` per link as a driver does.
+#[test]
+fn an_nvlink_link_lost_or_retraining_holds_the_node() {
+    let mut scenario = Scenario::new(2);
+    let (agent, api) = start_with_readiness(&scenario);
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    let mut nvlink = scenario.value["devices"][1]["nvlink"].clone();
+    nvlink["links"][5] = json!(false);
+    scenario.set(1, "nvlink", nvlink.clone());
+    let condition = wait_condition(&agent, &api, "link 5 down", |c| {
+        c["reason"] == "NVLinkInactive"
+    });
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.contains("GPU 1 (GPU-00000001-1111-2222-3333-444444444441, 00000000:17:00.0): NVLink link 5 was active"),
+        "{message}"
+    );
+    let metrics = agent.metrics();
+    let link = |gpu: &str, link: &str| {
+        sample(
+            &metrics,
+            "mlnode_gpu_nvlink_link_active",
+            &[("gpu", gpu), ("link", link)],
+        )
+    };
+    assert_eq!(
+        (link("1", "5"), link("1", "4"), link("0", "5")),
+        (Some(0.0), Some(1.0), Some(1.0))
+    );
+    nvlink["links"][5] = json!(true);
+    scenario.set(1, "nvlink", nvlink.clone());
+    wait_condition(&agent, &api, "link 5 back", |c| c["status"] == "True");
+    nvlink["recovery"] = json!(3);
+    scenario.set(1, "nvlink", nvlink);
+    let condition = wait_condition(&agent, &api, "recovering", |c| {
+        c["reason"] == "NVLinkRecoveryErrors"
+    });
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("NVLink recovery errors rose to 3"),
+        "{condition}"
+    );
 }
 
 /// Every GPU on the PCI bus is accounted for: an H100 the kernel lists that NVML does not (a GPU

@@ -183,7 +183,20 @@ fn exposition() -> String {
         pci_devices: rdma.pci_devices(),
         ..Default::default()
     };
-    mlnode_agent::rdma::start(&settings, &registry).unwrap();
+    let mut held = mlnode_core::assignments::Assignments::default();
+    held.assign("vpc.amazonaws.com/efa", "rdmap16s27", || {
+        mlnode_core::assignments::Assignment {
+            pod: "vllm-0".into(),
+            namespace: "inference".into(),
+            container: "vllm".into(),
+        }
+    });
+    let holders = mlnode_agent::rdma::collector::Holders {
+        assignments: mlnode_core::shared::Shared::new(held),
+        exclusive: vec!["vpc.amazonaws.com/efa".into()],
+        shared: Vec::new(),
+    };
+    mlnode_agent::rdma::start(&settings, Some(holders), &registry).unwrap();
     mlnode_agent::metrics::encode(&registry);
     // A driver reload and a value in no format, for the RDMA collector's error families.
     let port = rdma.port("rdmap16s27", 1).join("hw_counters");
@@ -300,6 +313,11 @@ fn register_gpu(registry: &prometheus::Registry) {
         memory_temp_c: Some(1),
         pcie_bytes_per_second: Some((1, 1)),
         nvlink_bytes: Some((1, 1)),
+        nvlink: Some(mlnode_agent::gpu::NvLinkReading {
+            links: vec![(0, true)],
+            errors: [Some(1); 4],
+        }),
+        thermal_margins: [Some(40), Some(30), None, Some(-2)],
         gpm: Some(gpm),
         mig_mode: Some(true),
         mig: vec![mlnode_agent::gpu::MigInstance {

@@ -12,11 +12,84 @@ use common::rdma::{Tree, EFA_PORT_STATS};
 use mlnode_agent::rdma::settings::DEFAULT_COUNTERS;
 
 fn start(tree: &Tree) -> Agent {
+    start_with(tree, "")
+}
+
+/// [`start`] with more top-level settings.
+fn start_with(tree: &Tree, extra: &str) -> Agent {
     Agent::start(&format!(
-        "models: []\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n",
+        "models: []\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n{extra}",
         tree.class().display().to_string(),
         tree.pci_devices().display().to_string()
     ))
+}
+
+/// The kubelet's pod-resources answer names which pod holds which EFA device. The id's spelling is
+/// aws-efa-k8s-device-plugin's and undocumented: an id that is the device's RDMA name, its uverbs
+/// name or its PCI function is resolved; one that is none of them is counted, not guessed at.
+#[test]
+fn each_pods_efa_devices_are_named_from_the_kubelet() {
+    let tree = Tree::new();
+    tree.efa("rdmap16s27", "0000:10:1b.0", 1000);
+    tree.efa("rdmap32s27", "0000:20:1b.0", 2000);
+    tree.efa("rdmap48s27", "0000:30:1b.0", 3000);
+    tree.uverbs(1, "rdmap32s27");
+    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&[
+        ("prefill-0", "vpc.amazonaws.com/efa", &["rdmap16s27"]),
+        (
+            "decode-0",
+            "vpc.amazonaws.com/efa",
+            &["uverbs1", "0000:30:1b.0"],
+        ),
+        ("decode-1", "vpc.amazonaws.com/efa", &["efa-7"]),
+        ("vllm-0", "nvidia.com/gpu", &["rdmap48s27"]),
+    ]));
+    let agent = start_with(
+        &tree,
+        &format!(
+            "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
+            kubelet.socket().display().to_string()
+        ),
+    );
+    agent.wait_for("the holders", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_rdma_pod_device_ids_unresolved", &[]) == Some(1.0)
+    });
+    let m = agent.metrics();
+    let held = |device: &str, pod: &str, container: &str| {
+        sample(
+            &m,
+            "mlnode_rdma_pod_device",
+            &[
+                ("device", device),
+                ("pod", pod),
+                ("namespace", "inference"),
+                ("container", container),
+            ],
+        )
+    };
+    assert_eq!(held("rdmap16s27", "prefill-0", "prefill"), Some(1.0));
+    assert_eq!(
+        held("rdmap32s27", "decode-0", "decode"),
+        Some(1.0),
+        "by uverbs name"
+    );
+    assert_eq!(
+        held("rdmap48s27", "decode-0", "decode"),
+        Some(1.0),
+        "by PCI function"
+    );
+    assert_eq!(
+        m.lines()
+            .filter(|l| l.starts_with("mlnode_rdma_pod_device{"))
+            .count(),
+        3,
+        "a GPU's id is no RDMA device's, and the unresolved id names none\n{m}"
+    );
+    assert!(
+        agent.log().contains("efa-7") && agent.log().matches("names no RDMA device").count() == 1,
+        "said once, naming the id\n{}",
+        agent.log()
+    );
 }
 
 #[test]

@@ -25,7 +25,11 @@
 //! driver before R565),
 //! `remapped_rows: {"correctable", "uncorrectable", "pending", "failed"}`, `memory_temp_c` (field
 //! value 82), `pcie_tx_kbps`/`pcie_rx_kbps`, `nvlink_kib: [tx, rx]` (field values 138/139 over all
-//! links), and `gpm: {"graphics_util", "sm_util",
+//! links), `nvlink: {"links": [true, ...], "crc_flit", "crc_data", "replay", "recovery"}` (each
+//! link's state for `nvmlDeviceGetNvLinkState`, their count for field value 91, the error totals
+//! for field values 38/45/52/59; a total left out answers NOT_SUPPORTED in its slot; absent: a GPU
+//! without NVLink), `thermal_margins: {"shutdown", "slowdown", "memory_max", "gpu_max"}` (the T.Limit
+//! field values 193-196, signed °C; one left out answers NOT_SUPPORTED), and `gpm: {"graphics_util", "sm_util",
 //! "any_tensor_util", "dram_bw_util"}` (percent; absent: no GPM, as before Hopper); a MIG
 //! instance's own `gpm` answers `nvmlGpmMigSampleGet` for its GPU instance.
 //! `processes: [{"pid", "used_memory", "graphics", "sm_util"}]` (per device, and per MIG instance)
@@ -108,6 +112,8 @@ struct Device {
     /// NVLink data KiB transmitted and received over all links since the driver loaded; absent: a
     /// GPU without NVLink.
     nvlink_kib: Option<(u64, u64)>,
+    nvlink: Option<NvLink>,
+    thermal_margins: ThermalMargins,
     /// GPU Performance Monitoring (Hopper and later); absent: the device does not support it.
     gpm: Option<Gpm>,
     /// Every call on the device blocks this long first, as NVML does on a dying GPU.
@@ -209,6 +215,28 @@ enum XidEvent {
         gpu_instance_id: c_uint,
         compute_instance_id: c_uint,
     },
+}
+
+/// nvml.h's T.Limit field values (193-196), °C below each limit; one left out answers
+/// NOT_SUPPORTED in its slot.
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(default)]
+struct ThermalMargins {
+    shutdown: Option<i32>,
+    slowdown: Option<i32>,
+    memory_max: Option<i32>,
+    gpu_max: Option<i32>,
+}
+
+/// A GPU's NVLink links (nvml.h): whether each is active, and the error totals over them.
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct NvLink {
+    links: Vec<bool>,
+    crc_flit: Option<u64>,
+    crc_data: Option<u64>,
+    replay: Option<u64>,
+    recovery: Option<u64>,
 }
 
 /// `nvmlGpuFabricInfo*` (nvml.h): what the driver reports, and the newest struct version this
@@ -841,6 +869,18 @@ const FI_DEV_MEMORY_TEMP: c_uint = 82;
 /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (230, nvml.h 13.3 line 2808): an unsigned int holding an
 /// `nvmlDeviceGpuRecoveryAction_t`.
 const FI_DEV_GET_GPU_RECOVERY_ACTION: c_uint = 230;
+/// `NVML_FI_DEV_NVLINK_LINK_COUNT` (91, nvml.h): an unsigned int.
+const FI_DEV_NVLINK_LINK_COUNT: c_uint = 91;
+/// `NVML_FI_DEV_NVLINK_{CRC_FLIT,CRC_DATA,REPLAY,RECOVERY}_ERROR_COUNT_TOTAL` (nvml.h).
+const FI_DEV_NVLINK_CRC_FLIT_TOTAL: c_uint = 38;
+const FI_DEV_NVLINK_CRC_DATA_TOTAL: c_uint = 45;
+const FI_DEV_NVLINK_REPLAY_TOTAL: c_uint = 52;
+const FI_DEV_NVLINK_RECOVERY_TOTAL: c_uint = 59;
+/// `NVML_FI_DEV_TEMPERATURE_{SHUTDOWN,SLOWDOWN,MEM_MAX,GPU_MAX}_TLIMIT` (nvml.h).
+const FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: c_uint = 193;
+const FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: c_uint = 196;
+/// `NVML_VALUE_TYPE_SIGNED_INT`.
+const VALUE_TYPE_SIGNED_INT: c_uint = 5;
 /// `NVML_VALUE_TYPE_UNSIGNED_INT`.
 const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
 /// `NVML_VALUE_TYPE_UNSIGNED_LONG_LONG`.
@@ -880,6 +920,43 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     };
                     value.nvmlReturn = SUCCESS;
                 }
+                FI_DEV_NVLINK_LINK_COUNT if d.nvlink.is_some() => {
+                    value.valueType = VALUE_TYPE_UNSIGNED_INT;
+                    value.value.uiVal = d.nvlink.as_ref().map_or(0, |n| n.links.len() as c_uint);
+                    value.nvmlReturn = SUCCESS;
+                }
+                FI_DEV_NVLINK_CRC_FLIT_TOTAL
+                | FI_DEV_NVLINK_CRC_DATA_TOTAL
+                | FI_DEV_NVLINK_REPLAY_TOTAL
+                | FI_DEV_NVLINK_RECOVERY_TOTAL => {
+                    let total = d.nvlink.as_ref().and_then(|n| match value.fieldId {
+                        FI_DEV_NVLINK_CRC_FLIT_TOTAL => n.crc_flit,
+                        FI_DEV_NVLINK_CRC_DATA_TOTAL => n.crc_data,
+                        FI_DEV_NVLINK_REPLAY_TOTAL => n.replay,
+                        _ => n.recovery,
+                    });
+                    match total {
+                        Some(total) => {
+                            value.valueType = VALUE_TYPE_UNSIGNED_LONG_LONG;
+                            value.value.ullVal = total;
+                            value.nvmlReturn = SUCCESS;
+                        }
+                        None => value.nvmlReturn = NOT_SUPPORTED,
+                    }
+                }
+                FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT..=FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT => {
+                    let t = d.thermal_margins;
+                    let margin = [t.shutdown, t.slowdown, t.memory_max, t.gpu_max]
+                        [(value.fieldId - FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT) as usize];
+                    match margin {
+                        Some(margin) => {
+                            value.valueType = VALUE_TYPE_SIGNED_INT;
+                            value.value.siVal = margin;
+                            value.nvmlReturn = SUCCESS;
+                        }
+                        None => value.nvmlReturn = NOT_SUPPORTED,
+                    }
+                }
                 FI_DEV_GET_GPU_RECOVERY_ACTION if d.recovery_action.is_some() => {
                     value.valueType = VALUE_TYPE_UNSIGNED_INT;
                     value.value.uiVal = d.recovery_action.unwrap_or_default();
@@ -889,6 +966,23 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             }
         }
         SUCCESS
+    })
+}
+
+/// nvml.h: INVALID_ARGUMENT for a link the device does not have, NOT_SUPPORTED on a device
+/// without NVLink; `isActive` is an `nvmlEnableState_t` (1 enabled).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: nvmlDevice_t,
+    link: c_uint,
+    is_active: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "nvlink", |d| match &d.nvlink {
+        None => NOT_SUPPORTED,
+        Some(nvlink) => match nvlink.links.get(link as usize) {
+            Some(active) => put(is_active, c_uint::from(*active)),
+            None => INVALID_ARGUMENT,
+        },
     })
 }
 

@@ -15,7 +15,10 @@ use super::health;
 use super::state::{GpuEntry, GpuFailure, GpuState};
 use super::virtual_gpus::{copy_per_holder, HolderCopy, SharedDevice};
 use super::xid::{self, xid_message};
-use super::{GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS};
+use super::{
+    GpmReading, GpuIdentity, MigInstance, CLOCK_EVENT_REASONS, NVLINK_ERROR_COUNTERS,
+    THERMAL_LIMITS,
+};
 use crate::kernel_log::facts::LogFacts;
 use crate::kernel_log::parse::PciAddress;
 use mlnode_core::assignments::{Assignment, Assignments, SharedAssignments};
@@ -697,6 +700,35 @@ impl GpuCollector {
                     "mlnode_gpu_nvlink_bytes_total",
                     &with_label(labels, "direction", direction),
                     bytes as f64,
+                );
+            }
+        }
+        if let Some(nvlink) = &reading.nvlink {
+            for (link, active) in &nvlink.links {
+                out.gauge(
+                    "mlnode_gpu_nvlink_link_active",
+                    &with_label(labels, "link", &link.to_string()),
+                    f64::from(u8::from(*active)),
+                );
+            }
+            for ((_, counter, dcgm), count) in NVLINK_ERROR_COUNTERS.iter().zip(nvlink.errors) {
+                let Some(count) = count else { continue };
+                out.counter(
+                    "mlnode_gpu_nvlink_errors_total",
+                    &with_label(labels, "counter", counter),
+                    count as f64,
+                );
+                if self.dcgm_names {
+                    out.counter(dcgm, labels, count as f64);
+                }
+            }
+        }
+        for ((_, limit), margin) in THERMAL_LIMITS.iter().zip(reading.thermal_margins) {
+            if let Some(margin) = margin {
+                out.gauge(
+                    "mlnode_gpu_thermal_margin_celsius",
+                    &with_label(labels, "limit", limit),
+                    margin as f64,
                 );
             }
         }

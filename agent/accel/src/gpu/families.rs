@@ -7,7 +7,7 @@ use prometheus::proto::MetricType;
 use mlnode_core::metrics::family::FamilySpec;
 
 /// (name, help, type) of every family this collector can produce.
-pub const FAMILIES: [FamilySpec; 51] = [
+pub const FAMILIES: [FamilySpec; 54] = [
     ("mlnode_gpu_pod_memory_used_bytes", "Framebuffer memory the processes of one container hold on the GPU or MIG device (nvml.process_attribution), by the container their cgroup names; empty pod labels for processes no pod owns.", MetricType::GAUGE),
     ("mlnode_gpu_pod_sm_utilization_ratio", "Fraction of the GPU's SMs one container's processes used since the previous sample (nvmlDeviceGetProcessUtilization, nvml.process_attribution); absent on MIG devices, where NVML gives none.", MetricType::GAUGE),
     ("mlnode_gpu_process_attribution_errors_total", "Per-process readings that failed, by reason: NVML refused the process list or their utilisation (processes_no_permission without hostPID, utilization_not_supported), a process exited before its cgroup was read, a cgroup of no known form. Their series are absent.", MetricType::COUNTER),
@@ -16,6 +16,9 @@ pub const FAMILIES: [FamilySpec; 51] = [
     ("mlnode_gpu_fabric_healthy", "1 when the GPU's fabric registration completed with success (CUDA can use it), else 0; absent without a fabric.", MetricType::GAUGE),
     ("mlnode_gpu_fabric_health", "1 while a fabric health check of nvml.h's healthMask is bad (degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery), 0 while good; absent where the driver reports none.", MetricType::GAUGE),
     ("mlnode_gpu_recovery_action", "The driver's GPU recovery action (NVML field 230, R565 drivers and later): 1 for the action it asks for now, 0 for the others; absent where the driver gives none.", MetricType::GAUGE),
+    ("mlnode_gpu_thermal_margin_celsius", "How far below a thermal limit the GPU is (nvml.h's T.Limit field values; negative: past it): shutdown, slowdown (software slowdown), memory_max and gpu_max (throttled below base clock for the memory's or the GPU's temperature); absent where the driver gives none.", MetricType::GAUGE),
+    ("mlnode_gpu_nvlink_link_active", "1 while the NVLink link is active, else 0 (nvmlDeviceGetNvLinkState), per link NVML counts (NVML_FI_DEV_NVLINK_LINK_COUNT); absent on GPUs without NVLink.", MetricType::GAUGE),
+    ("mlnode_gpu_nvlink_errors_total", "NVLink errors over every link since the driver loaded, per counter (crc_flit, crc_data, replay, recovery; nvml.h's *_ERROR_COUNT_TOTAL field values); absent where the driver does not count one.", MetricType::COUNTER),
     ("mlnode_gpu_nvlink_bytes_total", "NVLink data bytes over every link since the driver loaded, per direction (tx, rx).", MetricType::COUNTER),
     ("mlnode_gpu_mig_xid_errors_total", "Critical XID errors NVML placed in a MIG GPU instance since the agent started, per instance and XID (also counted in mlnode_gpu_xid_errors_total).", MetricType::COUNTER),
     ("mlnode_gpu_mig_mode", "1 while Multi-Instance GPU mode is on, else 0; absent on GPUs without MIG. A MIG GPU reports no GPU-wide utilisation, and its memory only to a holder of the mig/monitor capability.", MetricType::GAUGE),
@@ -126,7 +129,7 @@ pub const FAMILIES: [FamilySpec; 51] = [
 ];
 
 /// dcgm-exporter's names, units and help texts (its default counters), for nodes without it.
-pub const DCGM_FAMILIES: [FamilySpec; 26] = [
+pub const DCGM_FAMILIES: [FamilySpec; 30] = [
     ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", MetricType::GAUGE),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", MetricType::COUNTER),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", MetricType::GAUGE),
@@ -134,6 +137,10 @@ pub const DCGM_FAMILIES: [FamilySpec; 26] = [
     ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", MetricType::GAUGE),
     ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors", MetricType::COUNTER),
     ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors", MetricType::COUNTER),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "Total number of NVLink flow-control CRC errors.", MetricType::COUNTER),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "Total number of NVLink data CRC errors.", MetricType::COUNTER),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "Total number of NVLink retries.", MetricType::COUNTER),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "Total number of NVLink recovery errors.", MetricType::COUNTER),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", MetricType::GAUGE),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", MetricType::GAUGE),
     ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", MetricType::GAUGE),

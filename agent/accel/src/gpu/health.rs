@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use super::state::{GpuEntry, GpuFailure, GpuState};
-use super::xid::{catalog, XidPolicy};
+use super::xid::{catalog, XidPolicy, XidThresholds};
 use super::FabricReading;
 use crate::kernel_log::facts::{LogFacts, Logged};
 use crate::kernel_log::parse::PciAddress;
@@ -53,6 +53,7 @@ pub const RECOVERY_ACTIONS: [(u32, &str, &str, &str); 8] = [
 pub struct GpuHealth {
     pub state: Shared<GpuState>,
     pub policy: XidPolicy,
+    pub thresholds: XidThresholds,
     pub kernel_log: Option<Shared<LogFacts>>,
 }
 
@@ -64,6 +65,9 @@ impl HealthSource for GpuHealth {
     fn report(&mut self, from_node: &FromNode, now: Instant) -> Report {
         let state = self.state.borrow();
         let mut report = assess(&state, &self.policy, from_node, now);
+        report
+            .problems
+            .extend(repeated(&state, &self.thresholds, now));
         if let Some(log) = &self.kernel_log {
             add_logged(&mut report, &state, &log.borrow(), &self.policy, from_node);
         }
@@ -91,7 +95,7 @@ pub fn add_logged(
             continue;
         };
         listed.push(address);
-        let name = format!("GPU {index} ({}, {})", id.uuid, id.pci_bus_id);
+        let name = gpu_name(*index, entry);
         let held_by_nvml = report.held.get(&id.uuid).cloned().unwrap_or_default();
         let action = entry.reading.as_ref().and_then(|r| r.recovery_action);
         let cleared_by_driver = |xid: u64, at: Instant| {
@@ -206,7 +210,7 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
     for (index, entry) in &state.gpus {
         let uuid = entry.identity.as_ref().map(|id| id.uuid.as_str());
         listed.extend(uuid);
-        let (gpu_problems, held) = assess_gpu(*index, entry, policy, state, from_node);
+        let (gpu_problems, held) = assess_gpu(*index, entry, policy, state, from_node, now);
         problems.extend(gpu_problems);
         if let (Some(uuid), false) = (uuid, held.is_empty()) {
             assessment.held.insert(uuid.to_string(), held);
@@ -279,17 +283,23 @@ fn count_mismatch(state: &GpuState, labelled: Option<u32>) -> Option<Problem> {
     (!said.is_empty()).then(|| Problem::new("GPUCountMismatch", said.join("; ")))
 }
 
+/// `GPU 3 (GPU-…, 00000000:4E:00.0)`, as every verdict names a GPU.
+fn gpu_name(index: u32, entry: &GpuEntry) -> String {
+    match &entry.identity {
+        Some(id) => format!("GPU {index} ({}, {})", id.uuid, id.pci_bus_id),
+        None => format!("GPU {index}"),
+    }
+}
+
 fn assess_gpu(
     index: u32,
     entry: &GpuEntry,
     policy: &XidPolicy,
     state: &GpuState,
     from_node: &FromNode,
+    now: Instant,
 ) -> (Vec<Problem>, BTreeSet<u64>) {
-    let name = match &entry.identity {
-        Some(id) => format!("GPU {index} ({}, {})", id.uuid, id.pci_bus_id),
-        None => format!("GPU {index}"),
-    };
+    let name = gpu_name(index, entry);
     let mut problems = Vec::new();
     match entry.failure {
         Some(GpuFailure::Lost) => {
@@ -318,6 +328,7 @@ fn assess_gpu(
             ),
         });
     }
+    problems.extend(row_remap_problems(&name, entry, action));
     if let Some(fabric) = entry.reading.as_ref().and_then(|r| r.fabric) {
         match fabric.state {
             FabricReading::NOT_STARTED | FabricReading::IN_PROGRESS => problems.push(Problem::new(
@@ -337,6 +348,7 @@ fn assess_gpu(
             _ => {}
         }
     }
+    problems.extend(nvlink_problems(&name, entry, state, now));
     // An XID the driver links a recovery action to is cleared by a NONE read after it (the
     // driver reset the GPU, or judged it fine); the others hold until the node restarts.
     let cleared_by_driver = |xid: u64, seen: Instant| {
@@ -378,6 +390,91 @@ fn assess_gpu(
         ));
     }
     (problems, held)
+}
+
+/// HBM rows (`nvmlDeviceGetRemappedRows`): a failed remapping left a bad row with no spare, so
+/// the memory can no longer heal and the GPU must be replaced (eks-node-monitoring-agent misses
+/// it); a pending one heals at the next GPU reset, which is said only where the driver's recovery
+/// action does not already ask for that reset.
+fn row_remap_problems(name: &str, entry: &GpuEntry, action: Option<u32>) -> Vec<Problem> {
+    let Some(rows) = entry.reading.as_ref().and_then(|r| r.remapped_rows) else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    if rows.failed {
+        problems.push(Problem::new(
+            "RowRemapFailed",
+            format!("{name} failed to remap an HBM row (no spare row left, {} uncorrectable remapped): its memory can no longer heal, the GPU needs replacing", rows.uncorrectable),
+        ));
+    }
+    // GPU_RESET (1) and DRAIN_AND_RESET (4) ask for the reset that applies the remapping.
+    if rows.pending && !matches!(action, Some(1 | 4)) {
+        problems.push(Problem::new(
+            "RowRemapPending",
+            format!("{name} has an HBM row remapping pending: it takes effect at the next GPU reset, which the GPU wants now"),
+        ));
+    }
+    problems
+}
+
+/// The XIDs of `readiness.xid_thresholds` that NVML reported on one GPU more than their count
+/// within their window (this agent's sightings: a restart starts counting again).
+pub fn repeated(state: &GpuState, thresholds: &XidThresholds, now: Instant) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (index, entry) in &state.gpus {
+        for (xid, threshold) in &thresholds.0 {
+            let window = threshold.window.get();
+            let seen = entry
+                .xids_within(now, window)
+                .get(xid)
+                .copied()
+                .unwrap_or(0);
+            if seen <= u64::from(threshold.count.get()) {
+                continue;
+            }
+            let mnemonic = catalog(*xid).map_or("not in NVIDIA's catalog", |e| e.mnemonic);
+            problems.push(Problem::new(
+                "XIDRepeated",
+                format!(
+                    "{} reported XID {xid} ({mnemonic}) more than {} times within {} (readiness.xid_thresholds): repeats on one GPU call for its diagnostics (NVIDIA's catalog: DCGM diag, then field diagnostics)",
+                    gpu_name(*index, entry),
+                    threshold.count.get(),
+                    humantime::format_duration(window)
+                ),
+            ));
+        }
+    }
+    problems
+}
+
+/// A link seen active that NVML reports inactive now, and recovery errors that rose within
+/// `nvml.nvlink_error_window`: tensor parallelism over the link stalls or crawls.
+fn nvlink_problems(name: &str, entry: &GpuEntry, state: &GpuState, now: Instant) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let lost = entry.nvlinks_lost();
+    if !lost.is_empty() {
+        let links: Vec<String> = lost.iter().map(u32::to_string).collect();
+        problems.push(Problem::new(
+            "NVLinkInactive",
+            format!(
+                "{name}: NVLink link {} was active and is not now (nvmlDeviceGetNvLinkState): collectives across it fail or fall back to PCIe",
+                links.join(", ")
+            ),
+        ));
+    }
+    let rising = entry
+        .nvlink_recovery_rose
+        .is_some_and(|at| now.saturating_duration_since(at) < state.nvlink_error_window);
+    if let (true, Some(total)) = (rising, entry.nvlink_recovery) {
+        problems.push(Problem::new(
+            "NVLinkRecoveryErrors",
+            format!(
+                "{name}'s NVLink recovery errors rose to {total} within the last {} s (nvml.nvlink_error_window): a link keeps retraining",
+                state.nvlink_error_window.as_secs()
+            ),
+        ));
+    }
+    problems
 }
 
 #[cfg(test)]
@@ -676,6 +773,147 @@ mod tests {
             fabric.health_checks(),
             [("degraded_bandwidth", true), ("route_recovery", false)]
         );
+    }
+
+    /// XID 13 alone is the application's; a fourth within the hour holds the node by the default
+    /// thresholds, naming the GPU and the XID, and lets go once the oldest leave the window. XID
+    /// 43, which no threshold lists, never does.
+    #[test]
+    fn repeats_beyond_the_threshold_hold_until_they_age_out() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        let thresholds = XidThresholds::default();
+        let minute = Duration::from_secs(60);
+        for i in 0..3 {
+            state.record_xid(0, 13, None, t0 + minute * i);
+            state.record_xid(0, 43, None, t0 + minute * i);
+        }
+        state.record_xid(0, 43, None, t0 + minute * 3);
+        assert!(repeated(&state, &thresholds, t0 + minute * 3).is_empty());
+        state.record_xid(0, 13, None, t0 + minute * 10);
+        let problems = repeated(&state, &thresholds, t0 + minute * 10);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].reason, "XIDRepeated");
+        assert!(
+            problems[0].message.contains(
+                "GPU 0 (GPU-aaaa, 00000000:18:00.0) reported XID 13 (ROBUST_CHANNEL_GR_EXCEPTION) more than 3 times within 1h"
+            ),
+            "{}",
+            problems[0].message
+        );
+        assert_eq!(repeated(&state, &thresholds, t0 + minute * 60).len(), 1);
+        assert!(
+            repeated(&state, &thresholds, t0 + minute * 61).is_empty(),
+            "the first left the hour"
+        );
+    }
+
+    fn with_rows(pending: bool, failed: bool, action: u32) -> DeviceRead {
+        let DeviceRead::Read {
+            identity,
+            mut reading,
+        } = gpu(Some(action))
+        else {
+            unreachable!()
+        };
+        reading.remapped_rows = Some(crate::gpu::RemappedRows {
+            correctable: 0,
+            uncorrectable: 2,
+            pending,
+            failed,
+        });
+        DeviceRead::Read { identity, reading }
+    }
+
+    /// A failed remapping says the GPU needs replacing, whatever else the driver says; a pending
+    /// one asks for a reset unless the driver's recovery action asks for it already.
+    #[test]
+    fn dead_memory_and_a_pending_remap_are_named() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        state.apply(0, with_rows(false, false, 0), 1.0, t0);
+        assert!(reasons(&state, t0).is_empty());
+        state.apply(0, with_rows(true, false, 0), 1.0, t0);
+        assert_eq!(reasons(&state, t0), ["RowRemapPending"]);
+        state.apply(0, with_rows(true, false, 1), 1.0, t0);
+        assert_eq!(
+            reasons(&state, t0),
+            ["GPUResetRequired"],
+            "the driver asks already"
+        );
+        state.apply(0, with_rows(false, true, 0), 1.0, t0);
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].reason, "RowRemapFailed");
+        assert!(
+            problems[0]
+                .message
+                .contains("GPU 0 (GPU-aaaa, 00000000:18:00.0) failed to remap")
+                && problems[0].message.contains("needs replacing"),
+            "{}",
+            problems[0].message
+        );
+    }
+
+    fn with_nvlink(links: &[bool], recovery: u64) -> DeviceRead {
+        let DeviceRead::Read {
+            identity,
+            mut reading,
+        } = gpu(Some(0))
+        else {
+            unreachable!()
+        };
+        reading.nvlink = Some(crate::gpu::NvLinkReading {
+            links: (0..).zip(links.iter().copied()).collect(),
+            errors: [Some(0), Some(0), Some(7), Some(recovery)],
+        });
+        DeviceRead::Read { identity, reading }
+    }
+
+    /// A link seen active that goes inactive fails the GPU, naming the link; one never seen active
+    /// (a board whose link is not cabled) does not. Recovery errors that rise fail it for
+    /// `nvml.nvlink_error_window`; a total that falls (the driver reloaded) is no rise.
+    #[test]
+    fn an_nvlink_lost_or_recovering_is_named() {
+        let t0 = Instant::now();
+        let mut state = state(t0);
+        state.nvlink_error_window = Duration::from_secs(900);
+        state.apply(0, with_nvlink(&[true, true, false], 4), 1.0, t0);
+        assert!(reasons(&state, t0).is_empty(), "link 2 never came up");
+        state.apply(0, with_nvlink(&[true, false, false], 4), 1.0, t0);
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].reason, "NVLinkInactive");
+        assert!(
+            problems[0]
+                .message
+                .contains("GPU 0 (GPU-aaaa, 00000000:18:00.0): NVLink link 1 was active"),
+            "{}",
+            problems[0].message
+        );
+        state.apply(0, with_nvlink(&[true, true, false], 4), 1.0, t0);
+        assert!(reasons(&state, t0).is_empty(), "link 1 back");
+
+        let rose = t0 + Duration::from_secs(10);
+        state.apply(0, with_nvlink(&[true, true, false], 6), 1.0, rose);
+        assert_eq!(reasons(&state, rose), ["NVLinkRecoveryErrors"]);
+        let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), rose).problems;
+        assert!(
+            problems[0]
+                .message
+                .contains("rose to 6 within the last 900 s"),
+            "{}",
+            problems[0].message
+        );
+        assert_eq!(
+            reasons(&state, rose + Duration::from_secs(899)),
+            ["NVLinkRecoveryErrors"]
+        );
+        assert!(reasons(&state, rose + Duration::from_secs(900)).is_empty());
+        // The driver reloaded: counted from 0 again, then quiet.
+        let reloaded = rose + Duration::from_secs(1000);
+        state.apply(0, with_nvlink(&[true, true, false], 0), 1.0, reloaded);
+        assert!(reasons(&state, reloaded).is_empty());
     }
 
     /// An H100 on the bus that NVML does not list is missed by its address; a node expected to have

@@ -73,6 +73,11 @@ pub struct GpuReading {
     pub pcie_bytes_per_second: Option<(u64, u64)>,
     /// NVLink data bytes (transmitted, received) over every link since the driver loaded.
     pub nvlink_bytes: Option<(u64, u64)>,
+    /// The GPU's NVLink links and their error counts; None on a GPU without NVLink.
+    pub nvlink: Option<NvLinkReading>,
+    /// How far below each thermal limit the GPU is, °C, in [`THERMAL_LIMITS`] order (nvml.h's
+    /// T.Limit field values; negative: past it); None where the driver does not give one.
+    pub thermal_margins: [Option<i64>; 4],
     /// GPU Performance Monitoring ratios between two samples (Hopper and later).
     pub gpm: Option<GpmReading>,
     /// Whether MIG is on (None: the GPU has no MIG).
@@ -119,6 +124,55 @@ pub struct GpuProcess {
     pub sm_ratio: Option<f64>,
     /// Whose it is, from its cgroup; Err says why that cannot be told.
     pub owner: Result<CgroupOwner, &'static str>,
+}
+
+/// NVLink's error counters summed over a GPU's links: (the nvml.h field value, the
+/// `mlnode_gpu_nvlink_errors_total` label, dcgm-exporter's series, which its
+/// etc/default-counters.csv lists commented out). The fields are those of the pre-Blackwell
+/// generations (nvml.h: NVML_FI_DEV_NVLINK_{CRC_FLIT,CRC_DATA,REPLAY,RECOVERY}_ERROR_COUNT_TOTAL);
+/// a driver that lacks one answers NOT_SUPPORTED in its slot, and its series is absent.
+pub const NVLINK_ERROR_COUNTERS: [(u32, &str, &str); 4] = [
+    (
+        38,
+        "crc_flit",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    ),
+    (
+        45,
+        "crc_data",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    ),
+    (52, "replay", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    (
+        59,
+        "recovery",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    ),
+];
+
+/// nvml.h's T.Limit field values: (field, the `limit` label). Each is the distance in °C to the
+/// temperature past which the GPU shuts down, slows down (software slowdown), or is throttled
+/// below base clock for its memory's or its own temperature; `nvidia-smi -q`'s "T.Limit Temp".
+pub const THERMAL_LIMITS: [(u32, &str); 4] = [
+    (193, "shutdown"),
+    (194, "slowdown"),
+    (195, "memory_max"),
+    (196, "gpu_max"),
+];
+
+/// Where `recovery` sits in [`NVLINK_ERROR_COUNTERS`]: a link that had to be retrained, the
+/// counter the health verdict watches.
+pub const NVLINK_RECOVERY: usize = 3;
+
+/// A GPU's NVLink links (nvml.h: `NVML_FI_DEV_NVLINK_LINK_COUNT` says how many,
+/// `nvmlDeviceGetNvLinkState` whether each is active) and its error counts since the driver
+/// loaded.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NvLinkReading {
+    /// (link, active) for each link whose state NVML gives.
+    pub links: Vec<(u32, bool)>,
+    /// In [`NVLINK_ERROR_COUNTERS`] order; None where the driver does not count it.
+    pub errors: [Option<u64>; 4],
 }
 
 /// `nvmlGpuFabricInfo_t`/`_v2_t`/`_v3_t` (nvml.h): the GPU's registration with Fabric Manager.
@@ -249,6 +303,7 @@ impl GpuRuntime {
             stall_after: stall_after(settings.sample_interval.get()),
             expected_gpus: settings.expected_gpus.map(|n| n.get()),
             xid_count_window: settings.xid_count_window.get(),
+            nvlink_error_window: settings.nvlink_error_window.get(),
             ..state::GpuState::default()
         });
         let style = collector::LabelStyle {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::de::{MapAccess, SeqAccess};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::xid::XidPolicy;
+use super::xid::{XidPolicy, XidThreshold, XidThresholds};
 use mlnode_core::settings::{
     bounds, days, invalid_field, millis, minutes, seconds, Toggle, Within,
 };
@@ -17,6 +17,7 @@ bounds! {
     /// The most GPUs an instance type has is 8 (16 on a few); 64 is a typo's bound.
     pub ExpectedGpus: u32 = 1, 64;
     pub XidCountWindow: Duration = seconds(1), days(1);
+    pub NvLinkErrorWindow: Duration = minutes(1), days(1);
 }
 
 /// The names of the labels that say which container holds a GPU.
@@ -50,6 +51,10 @@ pub struct NvmlSettings {
     /// How far back `DCGM_EXP_XID_ERRORS_COUNT` counts XIDs (dcgm-exporter's
     /// `--xid-count-window-size`, 5 minutes by default there too).
     pub xid_count_window: Within<XidCountWindow>,
+    /// How long a rise in a GPU's NVLink recovery errors (a link retrained) fails
+    /// `AcceleratorHealthy` after the last one: a link that keeps recovering is about to drop,
+    /// and one quiet for the window is trusted again.
+    pub nvlink_error_window: Within<NvLinkErrorWindow>,
     /// Opt-in (components/process-attribution, the chart's processAttribution.enabled): each
     /// GPU's processes, their framebuffer and SM use, summed per container of the pod that owns
     /// them (`mlnode_gpu_pod_*`). Needs `hostPID: true`: NVML names processes by the host's pids.
@@ -70,6 +75,7 @@ impl Default for NvmlSettings {
             pci_devices: PathBuf::from("/sys/bus/pci/devices"),
             expected_gpus: None,
             xid_count_window: Within::default_of(minutes(5)),
+            nvlink_error_window: Within::default_of(minutes(15)),
             process_attribution: false,
             proc_root: PathBuf::from("/proc"),
         }
@@ -129,5 +135,21 @@ impl<'de> Deserialize<'de> for XidPolicy {
             add: lists.add,
             remove: lists.remove,
         })
+    }
+}
+
+/// `readiness.xid_thresholds`: a map of XID to `{count, window}`, each XID in range. Listing an
+/// XID that the catalog (or `readiness.fatal_xids`) already holds on the first sighting is allowed
+/// and changes nothing for it.
+impl<'de> Deserialize<'de> for XidThresholds {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let thresholds =
+            std::collections::BTreeMap::<u64, XidThreshold>::deserialize(deserializer)?;
+        if let Some(bad) = thresholds.keys().find(|&&x| x == 0 || x > MAX_XID) {
+            return Err(serde::de::Error::custom(format!(
+                "{bad} is not an XID: XIDs are 1 to {MAX_XID}"
+            )));
+        }
+        Ok(XidThresholds(thresholds))
     }
 }

@@ -1,7 +1,7 @@
 //! What the agent knows about its GPUs between scrapes: the latest readings and the counters
 //! built from them. Plain data, updated by the NVML threads and read by the collector.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::{GpuIdentity, GpuReading, CLOCK_EVENT_REASONS};
@@ -27,6 +27,12 @@ pub struct GpuEntry {
     /// Those of them NVML placed in a MIG GPU instance, per (GPU instance id, XID).
     pub instance_xids: BTreeMap<(u32, u64), u64>,
     pub last_xid: Option<u64>,
+    /// The NVLink links seen active since the agent started reading this GPU: one of them
+    /// inactive now is a link lost.
+    pub nvlink_seen_active: BTreeSet<u32>,
+    /// The last NVLink recovery-error total read, and when it last rose.
+    pub nvlink_recovery: Option<u64>,
+    pub nvlink_recovery_rose: Option<Instant>,
 }
 
 /// Sightings kept per GPU for `DCGM_EXP_XID_ERRORS_COUNT`: a GPU in an XID storm costs bounded
@@ -51,6 +57,8 @@ pub struct GpuState {
     pub expected_gpus: Option<u32>,
     /// `nvml.xid_count_window`: how far back `DCGM_EXP_XID_ERRORS_COUNT` counts.
     pub xid_count_window: Duration,
+    /// `nvml.nvlink_error_window`: how long a rise in NVLink recovery errors is a problem.
+    pub nvlink_error_window: Duration,
     /// Per-process readings that failed, by reason, since the agent started.
     pub attribution_errors: BTreeMap<&'static str, u64>,
 }
@@ -96,6 +104,36 @@ pub enum DeviceRead {
 }
 
 impl GpuEntry {
+    fn note_nvlink(&mut self, nvlink: &super::NvLinkReading, at: Instant) {
+        self.nvlink_seen_active.extend(
+            nvlink
+                .links
+                .iter()
+                .filter(|(_, active)| *active)
+                .map(|(l, _)| *l),
+        );
+        if let Some(total) = nvlink.errors[super::NVLINK_RECOVERY] {
+            // A lower total is the driver reloaded (counted from 0 again), not a rise.
+            if self.nvlink_recovery.is_some_and(|last| total > last) {
+                self.nvlink_recovery_rose = Some(at);
+            }
+            self.nvlink_recovery = Some(total);
+        }
+    }
+
+    /// The links seen active before that NVML reports inactive now.
+    pub fn nvlinks_lost(&self) -> Vec<u32> {
+        let Some(nvlink) = self.reading.as_ref().and_then(|r| r.nvlink.as_ref()) else {
+            return Vec::new();
+        };
+        nvlink
+            .links
+            .iter()
+            .filter(|(link, active)| !active && self.nvlink_seen_active.contains(link))
+            .map(|(link, _)| *link)
+            .collect()
+    }
+
     /// The XIDs seen in the `window` before `now`, per XID: dcgm-exporter's windowed count (its
     /// expcollector.go counts DCGM's XID values since now minus `--xid-count-window-size`).
     pub fn xids_within(&self, now: Instant, window: Duration) -> BTreeMap<u64, u64> {
@@ -130,6 +168,19 @@ impl GpuState {
                     *self.attribution_errors.entry(reason).or_default() += 1;
                 }
                 let entry = self.gpus.entry(index).or_default();
+                if entry
+                    .identity
+                    .as_ref()
+                    .is_some_and(|known| known.uuid != identity.uuid)
+                {
+                    // Another GPU at this index: what was seen of the old one says nothing.
+                    entry.nvlink_seen_active.clear();
+                    entry.nvlink_recovery = None;
+                    entry.nvlink_recovery_rose = None;
+                }
+                if let Some(nvlink) = &reading.nvlink {
+                    entry.note_nvlink(nvlink, at);
+                }
                 entry.identity = Some(identity);
                 entry.reading = Some(*reading);
                 entry.read_at = Some(at);

@@ -5,6 +5,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
+use mlnode_core::settings::{bounds, days, minutes, Within};
+
+bounds! {
+    /// `readiness.xid_thresholds`: repeats of one XID on one GPU before it holds the node.
+    pub RepeatCount: u32 = 1, 10_000;
+    pub RepeatWindow: std::time::Duration = minutes(1), days(7);
+}
+
 /// The boot's count of each XID of one GPU, each occurrence once whichever source saw it: the
 /// kernel log's lines from before the agent started (no NVML event of its could deliver them),
 /// then the larger of NVML's count and the log's since (both see the same XIDs from then on: NVML
@@ -97,6 +105,33 @@ impl XidPolicy {
         }
         self.add.contains(&xid)
             || catalog(xid).is_some_and(|entry| HOLDING_ACTIONS.contains(&entry.action))
+    }
+}
+
+/// `readiness.xid_thresholds`: XIDs that hold the node once they repeat on one GPU more than
+/// `count` times within `window`, though one alone holds nothing (read in [`super::settings`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct XidThresholds(pub BTreeMap<u64, XidThreshold>);
+
+#[derive(Clone, Copy, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct XidThreshold {
+    pub count: Within<RepeatCount>,
+    pub window: Within<RepeatWindow>,
+}
+
+/// NVIDIA's catalog resolves XIDs 13 (GR exception) and 31 (MMU fault) by their history: alone,
+/// the application's fault (RESTART_APP); repeating on the same GPU, run DCGM's diagnostics and then
+/// the field diagnostics (its WORKFLOW_XID_13 / _31). It gives no number: more than 3 within an
+/// hour is this project's, a rate a crash-looping pod's restarts (back-off up to 5 minutes) reach
+/// and one fault a day does not.
+impl Default for XidThresholds {
+    fn default() -> Self {
+        let threshold = XidThreshold {
+            count: Within::default_of(3),
+            window: Within::default_of(mlnode_core::settings::hours(1)),
+        };
+        XidThresholds([(13, threshold), (31, threshold)].into())
     }
 }
 

@@ -8,12 +8,14 @@ use std::sync::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
 
+use super::attribution::attribute;
 use super::settings::RdmaSettings;
 use super::sysfs;
 use crate::counters::MonotonicCounters;
+use mlnode_core::assignments::SharedAssignments;
 use mlnode_core::metrics::family::{descs, Families, FamilySpec};
 
-const FAMILIES: [FamilySpec; 11] = [
+const FAMILIES: [FamilySpec; 13] = [
     ("mlnode_rdma_device_count", "RDMA devices the kernel registered (EFA, InfiniBand, RoCE), from /sys/class/infiniband.", MetricType::GAUGE),
     ("mlnode_rdma_efa_pci_devices", "EFA functions (Amazon vendor 0x1d0f, the device ids the EFA driver binds) on the PCI bus; compare with the EFA devices the driver registered.", MetricType::GAUGE),
     ("mlnode_rdma_device_info", "An RDMA device the kernel registered, with the driver bound to it and its PCI function; always 1.", MetricType::GAUGE),
@@ -24,6 +26,8 @@ const FAMILIES: [FamilySpec; 11] = [
     ("mlnode_rdma_port_hw_counter_total", "The driver's port statistics (hw_counters), by its names: for EFA tx_bytes, rx_bytes, rdma_read_bytes, rdma_write_bytes, retrans_pkts, unresponsive_remote_events, impaired_remote_conn_events, ...", MetricType::COUNTER),
     ("mlnode_rdma_device_hw_counter_total", "The driver's device statistics (hw_counters), by its names: for EFA submitted_cmds, cmds_err, create_qp_err, ...", MetricType::COUNTER),
     ("mlnode_rdma_sysfs_read_errors_total", "RDMA sysfs reads that failed, by kind: vanished (a device gone while read), unreadable, parse (a value in no format the kernel writes), too_many (past a bound).", MetricType::COUNTER),
+    ("mlnode_rdma_pod_device", "A container holds the RDMA device, from the kubelet's pod-resources (kubelet.rdma_resource_names: one device per id; kubelet.rdma_shared_resource_names: every device); always 1. Join on device for a pod's RDMA traffic.", MetricType::GAUGE),
+    ("mlnode_rdma_pod_device_ids_unresolved", "Device ids held under kubelet.rdma_resource_names that name no RDMA device here (by device, uverbs or PCI name): whose those devices are is not known.", MetricType::GAUGE),
     ("mlnode_rdma_counter_resets_total", "RDMA counters seen going backwards (a driver reload), by kind of counter; the exported counter goes on from where it was.", MetricType::COUNTER),
 ];
 
@@ -32,8 +36,18 @@ type CounterKey = (String, Option<u32>, &'static str, String);
 
 pub struct RdmaCollector {
     settings: RdmaSettings,
+    holders: Option<Holders>,
     descs: Vec<Desc>,
     state: Mutex<State>,
+}
+
+/// Who holds the devices: the kubelet's assignments, and the resources that are RDMA devices.
+pub struct Holders {
+    pub assignments: SharedAssignments,
+    /// One device per id (`vpc.amazonaws.com/efa`).
+    pub exclusive: Vec<String>,
+    /// A pool whose every holder gets every device (k8s-rdma-shared-dev-plugin).
+    pub shared: Vec<String>,
 }
 
 #[derive(Default)]
@@ -42,12 +56,18 @@ struct State {
     errors: std::collections::BTreeMap<&'static str, u64>,
     /// Kinds of read error already in the log.
     said: BTreeSet<&'static str>,
+    /// Whether a device id that names no device here was logged.
+    said_unresolved: bool,
 }
 
 impl RdmaCollector {
-    pub fn new(settings: RdmaSettings) -> prometheus::Result<RdmaCollector> {
+    pub fn new(
+        settings: RdmaSettings,
+        holders: Option<Holders>,
+    ) -> prometheus::Result<RdmaCollector> {
         Ok(RdmaCollector {
             settings,
+            holders,
             descs: descs(FAMILIES.iter())?,
             state: Mutex::new(State::default()),
         })
@@ -66,6 +86,7 @@ impl Collector for RdmaCollector {
             counters,
             errors,
             said,
+            said_unresolved,
         } = &mut *state;
         let settings = &self.settings;
         match sysfs::read(&settings.sysfs_root, &|c| settings.exports(c)) {
@@ -73,6 +94,9 @@ impl Collector for RdmaCollector {
                 out.gauge("mlnode_rdma_device_count", &[], fabric.devices.len() as f64);
                 for device in &fabric.devices {
                     collect_device(device, counters, &mut out);
+                }
+                if let Some(holders) = &self.holders {
+                    self.collect_holders(&fabric.devices, holders, said_unresolved, &mut out);
                 }
                 for (kind, n) in fabric.errors {
                     *errors.entry(kind).or_default() += n;
@@ -110,6 +134,53 @@ impl Collector for RdmaCollector {
             );
         }
         out.into_families(FAMILIES.iter())
+    }
+}
+
+impl RdmaCollector {
+    fn collect_holders(
+        &self,
+        devices: &[sysfs::Device],
+        holders: &Holders,
+        said_unresolved: &mut bool,
+        out: &mut Families,
+    ) {
+        let assignments = holders.assignments.get();
+        let resolve = |uverbs: &_| {
+            attribute(
+                devices,
+                &assignments,
+                &holders.exclusive,
+                &holders.shared,
+                uverbs,
+            )
+        };
+        let mut found = resolve(&Default::default());
+        // The uverbs names are read only when an id is none of the devices' own names.
+        if !found.unresolved.is_empty() {
+            found = resolve(&sysfs::uverbs_devices(&self.settings.sysfs_root));
+        }
+        for (holder, device) in &found.held {
+            out.gauge(
+                "mlnode_rdma_pod_device",
+                &[
+                    ("device", device.clone()),
+                    ("pod", holder.pod.clone()),
+                    ("namespace", holder.namespace.clone()),
+                    ("container", holder.container.clone()),
+                ],
+                1.0,
+            );
+        }
+        out.gauge(
+            "mlnode_rdma_pod_device_ids_unresolved",
+            &[],
+            found.unresolved.len() as f64,
+        );
+        if let (false, Some(id)) = (*said_unresolved, found.unresolved.first()) {
+            *said_unresolved = true;
+            tracing::warn!(id, resources = ?holders.exclusive, "a device id the kubelet lists names no RDMA device here (by device, uverbs or PCI name): its holder's RDMA traffic cannot be told (counted in mlnode_rdma_pod_device_ids_unresolved)");
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! opened). [`sysfs`] reads the tree into plain data; [`collector`] exports it at scrape time;
 //! [`health`] judges it for the readiness gate's `FabricHealthy`.
 
+pub mod attribution;
 pub mod collector;
 pub mod health;
 pub mod settings;
@@ -13,7 +14,11 @@ use settings::RdmaSettings;
 
 /// Registers the RDMA collector; returns how many devices it found. Err says why there is none; the
 /// agent runs on without it.
-pub fn start(settings: &RdmaSettings, registry: &prometheus::Registry) -> Result<usize, String> {
+pub fn start(
+    settings: &RdmaSettings,
+    holders: Option<collector::Holders>,
+    registry: &prometheus::Registry,
+) -> Result<usize, String> {
     if settings.enabled == Toggle::Off {
         return Err("disabled (rdma.enabled: false)".into());
     }
@@ -25,7 +30,8 @@ pub fn start(settings: &RdmaSettings, registry: &prometheus::Registry) -> Result
         ));
     }
     let devices = sysfs::read(root, &|_| false)?.devices.len();
-    let collector = collector::RdmaCollector::new(settings.clone()).map_err(|e| e.to_string())?;
+    let collector =
+        collector::RdmaCollector::new(settings.clone(), holders).map_err(|e| e.to_string())?;
     registry
         .register(Box::new(collector))
         .map_err(|e| e.to_string())?;

@@ -111,6 +111,24 @@ pub fn read(root: &Path, wanted: Wanted) -> Result<Fabric, String> {
     Ok(fabric)
 }
 
+/// The `uverbs<N>` character devices and the RDMA device each serves, from the kernel's
+/// `infiniband_verbs` class beside `root` (drivers/infiniband/core/uverbs_main.c: `ibdev`, the
+/// device's name). What cannot be read is left out: it only helps name a device.
+pub fn uverbs_devices(root: &Path) -> BTreeMap<String, String> {
+    let Some(class) = root.parent().map(|p| p.join("infiniband_verbs")) else {
+        return BTreeMap::new();
+    };
+    let mut scratch = Fabric::default();
+    let names = list(&class, MAX_DEVICES, &mut scratch).unwrap_or_default();
+    names
+        .into_iter()
+        .filter_map(|uverbs| {
+            let ibdev = text(&class.join(&uverbs).join("ibdev"), 256, &mut scratch)?;
+            Some((uverbs, ibdev.trim().to_string()))
+        })
+        .collect()
+}
+
 /// Entry names of `dir`, sorted, at most `max` (past it the rest is left out and counted).
 fn list(dir: &Path, max: usize, fabric: &mut Fabric) -> std::io::Result<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(dir)?

@@ -63,6 +63,12 @@ pub struct KubeletSettings {
     pub neuron_device_resource_names: Vec<String>,
     /// Extended resources whose device ids are global NeuronCore indexes.
     pub neuron_core_resource_names: Vec<String>,
+    /// Extended resources whose device ids are RDMA devices, one each (aws-efa-k8s-device-plugin's
+    /// `vpc.amazonaws.com/efa`): an id is matched against each device's RDMA, uverbs and PCI names.
+    pub rdma_resource_names: Vec<String>,
+    /// Extended resources of a shared RDMA pool (Mellanox's k8s-rdma-shared-dev-plugin, named in
+    /// its config): every holder is attributed every RDMA device of the node.
+    pub rdma_shared_resource_names: Vec<String>,
     /// How often the assignments are listed again.
     pub pod_resources_interval: Within<PodResourcesInterval>,
     /// Add `pod_uid` to every series that names a device's holder (dcgm-exporter's
@@ -117,6 +123,8 @@ impl Default for KubeletSettings {
                 "aws.amazon.com/neurondevice".into(),
             ],
             neuron_core_resource_names: vec!["aws.amazon.com/neuroncore".into()],
+            rdma_resource_names: vec!["vpc.amazonaws.com/efa".into()],
+            rdma_shared_resource_names: Vec::new(),
             pod_resources_interval: Within::default_of(seconds(10)),
             pod_uid: false,
             pod_labels: Vec::new(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use mlnode_accel::gpu::xid::XidPolicy;
+use mlnode_accel::gpu::xid::{XidPolicy, XidThresholds};
 use mlnode_core::settings::{
     bounds, hours, invalid_field, millis, minutes, seconds, Toggle, Within,
 };
@@ -126,6 +126,10 @@ pub struct ReadinessSettings {
     /// Changes to NVIDIA's XID catalog for `AcceleratorHealthy`: by default the XIDs whose
     /// immediate action is a GPU reset or a machine restart hold the node.
     pub fatal_xids: XidPolicy,
+    /// XIDs that hold the node once they repeat on one GPU: per XID, more than `count` within
+    /// `window` (by default 13 and 31, more than 3 within an hour, as NVIDIA's catalog resolves them
+    /// by their history).
+    pub xid_thresholds: XidThresholds,
     /// How often the gates are evaluated.
     pub interval: Within<Interval>,
     /// Conditions are rewritten at least this often even when unchanged.
@@ -164,6 +168,7 @@ impl Default for ReadinessSettings {
             startup_taint: None,
             taint_mode: TaintMode::BootstrapOnly,
             fatal_xids: XidPolicy::default(),
+            xid_thresholds: XidThresholds::default(),
             interval: Within::default_of(seconds(10)),
             heartbeat: Within::default_of(minutes(5)),
             boot_id_file: PathBuf::from("/proc/sys/kernel/random/boot_id"),

@@ -70,6 +70,10 @@ pub fn device(i: usize) -> Value {
         "memory_temp_c": 52 + i,
         "pcie_tx_kbps": 1024, "pcie_rx_kbps": 2048,
         "nvlink_kib": [1_048_576 + i as u64, 2_097_152],
+        // An H100 SXM5 has 18 NVLink 4 links (NVIDIA's H100 datasheet), all up on a healthy HGX.
+        // nvidia-smi's "T.Limit Temp" on an idle H100: tens of degrees below each limit.
+        "thermal_margins": {"shutdown": 45 - i as i64, "slowdown": 38 - i as i64, "memory_max": 30, "gpu_max": 41},
+        "nvlink": {"links": vec![true; 18], "crc_flit": 0, "crc_data": 0, "replay": i, "recovery": 0},
         "gpm": {"graphics_util": 91.5, "sm_util": 80.0, "any_tensor_util": 62.25, "dram_bw_util": 45.0},
         // Driver 580 reports the GPU recovery action (field 230, R565 and later): none.
         "recovery_action": 0

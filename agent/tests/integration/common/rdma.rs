@@ -97,6 +97,19 @@ impl Tree {
         self.dir.path().join("class/infiniband")
     }
 
+    /// The uverbs character device the RDMA core creates for `device`
+    /// (drivers/infiniband/core/uverbs_main.c: `/sys/class/infiniband_verbs/uverbs<N>/ibdev`
+    /// holds the device's name).
+    pub fn uverbs(&self, n: u32, device: &str) {
+        write(
+            &self
+                .dir
+                .path()
+                .join(format!("class/infiniband_verbs/uverbs{n}/ibdev")),
+            &format!("{device}\n"),
+        );
+    }
+
     pub fn pci_devices(&self) -> PathBuf {
         self.dir.path().join("bus/pci/devices")
     }

@@ -28,7 +28,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessUtilizationSample;
 use super::state::{DeviceRead, GpuFailure};
 use super::{
     FabricReading, GpmReading, GpuIdentity, GpuProcess, GpuReading, MemoryReading, MigInstance,
-    RemappedRows,
+    NvLinkReading, RemappedRows, NVLINK_ERROR_COUNTERS, THERMAL_LIMITS,
 };
 use mlnode_core::cgroup::CgroupOwner;
 
@@ -108,6 +108,8 @@ impl NvmlSource {
             memory_temp_c: field(memory_temperature(&device), &mut failed),
             pcie_bytes_per_second: field(pcie_throughput(&device), &mut failed),
             nvlink_bytes: field(self.nvlink_bytes(&device), &mut failed),
+            nvlink: field(self.nvlink(&device), &mut failed),
+            thermal_margins: field(self.thermal_margins(&device), &mut failed).unwrap_or_default(),
             gpm: gpm_supported
                 .then(|| self.gpm_since(&mut gpm.device, device.gpm_sample()))
                 .flatten(),
@@ -234,33 +236,107 @@ impl NvmlSource {
 
     /// NVLink data bytes over every link, from the field values
     /// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`/`_RX` (KiB) with scope UINT_MAX, which nvml.h
-    /// defines as the sum over links; through the raw call, as nvml-wrapper sets no scope.
+    /// defines as the sum over links.
     fn nvlink_bytes(&self, device: &Device) -> Result<(u64, u64), NvmlError> {
         use nvml_wrapper_sys::bindings::field_id::{
             NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
         };
-        let sym = symbol(&self.nvml.lib().nvmlDeviceGetFieldValues)?;
-        // SAFETY: the handle is valid while `device` lives; the two values are plain in/out data.
-        unsafe {
-            let mut values: [nvml_wrapper_sys::bindings::nvmlFieldValue_t; 2] = std::mem::zeroed();
-            for (value, id) in values.iter_mut().zip([
-                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-            ]) {
-                value.fieldId = id;
-                value.scopeId = u32::MAX;
+        let mut values = self
+            .raw_fields(
+                device,
+                &[
+                    (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, u32::MAX),
+                    (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, u32::MAX),
+                ],
+            )?
+            .into_iter()
+            .map(|kib| kib.map(|kib| u64::try_from(kib).unwrap_or(0) * 1024));
+        let mut next = || values.next().unwrap_or(Err(NvmlError::NotSupported));
+        Ok((next()?, next()?))
+    }
+
+    /// The GPU's NVLink links and their error totals: the link count and the totals in one
+    /// field-values call (`NVML_FI_DEV_NVLINK_LINK_COUNT`, 91; the totals of
+    /// [`NVLINK_ERROR_COUNTERS`]), then `nvmlDeviceGetNvLinkState` per link. NOT_SUPPORTED (or a
+    /// count of 0): a GPU without NVLink.
+    fn nvlink(&self, device: &Device) -> Result<NvLinkReading, NvmlError> {
+        use nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_NVLINK_LINK_COUNT;
+        let requests: Vec<(u32, u32)> = std::iter::once(NVML_FI_DEV_NVLINK_LINK_COUNT)
+            .chain(NVLINK_ERROR_COUNTERS.iter().map(|(id, ..)| *id))
+            .map(|id| (id, 0))
+            .collect();
+        let mut values = self
+            .raw_fields(device, &requests)?
+            .into_iter()
+            .map(|v| v.map(|v| u64::try_from(v).unwrap_or(0)));
+        let count = values.next().unwrap_or(Err(NvmlError::NotSupported))?;
+        if count == 0 {
+            return Err(NvmlError::NotSupported);
+        }
+        let errors = std::array::from_fn(|_| values.next().and_then(Result::ok));
+        let mut links = Vec::new();
+        for link in 0..count.min(u64::from(NVLINK_MAX_LINKS)) as u32 {
+            match device.link_wrapper_for(link).is_active() {
+                Ok(active) => links.push((link, active)),
+                Err(e) if is_device_wide(&e) => return Err(e),
+                // A link NVML cannot give the state of (not present on this board): left out.
+                Err(_) => {}
             }
-            nvml_try(sym(device.handle(), 2, values.as_mut_ptr()))?;
-            let kib = |v: &nvml_wrapper_sys::bindings::nvmlFieldValue_t| {
-                nvml_try(v.nvmlReturn)?;
-                match v.valueType {
-                    // NVML_VALUE_TYPE_UNSIGNED_INT, _UNSIGNED_LONG, _UNSIGNED_LONG_LONG
-                    1 => Ok(u64::from(v.value.uiVal)),
-                    2 | 3 => Ok(v.value.ullVal),
-                    _ => Err(NvmlError::NotSupported),
-                }
-            };
-            Ok((kib(&values[0])? * 1024, kib(&values[1])? * 1024))
+        }
+        Ok(NvLinkReading { links, errors })
+    }
+
+    /// The T.Limit margins, in one field-values call; a field the driver lacks is None in its
+    /// slot.
+    fn thermal_margins(&self, device: &Device) -> Result<[Option<i64>; 4], NvmlError> {
+        let requests: Vec<(u32, u32)> = THERMAL_LIMITS.iter().map(|(id, _)| (*id, 0)).collect();
+        let mut values = self.raw_fields(device, &requests)?.into_iter();
+        Ok(std::array::from_fn(|_| values.next().and_then(Result::ok)))
+    }
+
+    /// `nvmlDeviceGetFieldValues` through the raw symbol, for what nvml-wrapper's call cannot ask
+    /// or read: a scope (the link, or UINT_MAX for all links), and NVML_VALUE_TYPE_SIGNED_INT (5),
+    /// which its sample types lack. Each value with its own return code; integers only.
+    fn raw_fields(
+        &self,
+        device: &Device,
+        requests: &[(u32, u32)],
+    ) -> Result<Vec<Result<i64, NvmlError>>, NvmlError> {
+        use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
+        let sym = symbol(&self.nvml.lib().nvmlDeviceGetFieldValues)?;
+        // SAFETY: the handle is valid while `device` lives; the values are plain in/out data, read
+        // by the type NVML says each holds.
+        unsafe {
+            let mut values: Vec<nvmlFieldValue_t> = requests
+                .iter()
+                .map(|&(id, scope)| {
+                    let mut value: nvmlFieldValue_t = std::mem::zeroed();
+                    value.fieldId = id;
+                    value.scopeId = scope;
+                    value
+                })
+                .collect();
+            nvml_try(sym(
+                device.handle(),
+                values.len() as i32,
+                values.as_mut_ptr(),
+            ))?;
+            Ok(values
+                .iter()
+                .map(|v| {
+                    nvml_try(v.nvmlReturn)?;
+                    // nvml.h's nvmlValueType_t: UNSIGNED_INT 1, UNSIGNED_LONG 2,
+                    // UNSIGNED_LONG_LONG 3, SIGNED_LONG_LONG 4, SIGNED_INT 5, UNSIGNED_SHORT 6.
+                    match v.valueType {
+                        1 => Ok(i64::from(v.value.uiVal)),
+                        2 | 3 => Ok(i64::try_from(v.value.ullVal).unwrap_or(i64::MAX)),
+                        4 => Ok(v.value.sllVal),
+                        5 => Ok(i64::from(v.value.siVal)),
+                        6 => Ok(i64::from(v.value.usVal)),
+                        _ => Err(NvmlError::NotSupported),
+                    }
+                })
+                .collect())
         }
     }
 
@@ -478,6 +554,10 @@ fn recovery_action(device: &Device) -> Result<u32, NvmlError> {
     }
 }
 
+/// `NVML_NVLINK_MAX_LINKS` of nvml.h 13.3 (18 in the headers before): a link count past it is a
+/// wrong answer, not more links to ask about.
+const NVLINK_MAX_LINKS: u32 = 36;
+
 /// NVML reports KB/s over a 20 ms sample.
 fn pcie_throughput(device: &Device) -> Result<(u64, u64), NvmlError> {
     let tx = device.pcie_throughput(PcieUtilCounter::Send)?;
@@ -505,17 +585,21 @@ fn field<T>(result: Result<T, NvmlError>, failed: &mut Option<GpuFailure>) -> Op
     match result {
         Ok(value) => Some(value),
         Err(e) => {
-            let device_wide = [
-                GpuFailure::Lost,
-                GpuFailure::ResetRequired,
-                GpuFailure::IrqIssue,
-            ];
-            if let Some(failure) = failure_of(&e).filter(|f| device_wide.contains(f)) {
+            if let Some(failure) = failure_of(&e).filter(|_| is_device_wide(&e)) {
                 failed.get_or_insert(failure);
             }
             None
         }
     }
+}
+
+/// Whether an error says the GPU itself is in trouble (lost, reset required, IRQ trouble) rather
+/// than one call.
+fn is_device_wide(error: &NvmlError) -> bool {
+    matches!(
+        error,
+        NvmlError::GpuLost | NvmlError::ResetRequired | NvmlError::IrqIssue
+    )
 }
 
 /// What one GPU's previous read leaves for the next: GPM samples, of the whole GPU and of each
