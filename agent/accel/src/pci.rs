@@ -26,6 +26,19 @@ pub struct BusScan {
     /// `0000:18:00.0`, sorted.
     pub devices: Vec<String>,
     pub unreadable: Vec<String>,
+    /// The driver each of `devices` is bound to (its `driver` link), where one is.
+    pub drivers: std::collections::BTreeMap<String, String>,
+}
+
+impl BusScan {
+    /// The devices bound to `driver`.
+    pub fn bound_to(&self, driver: &str) -> std::collections::BTreeSet<String> {
+        self.drivers
+            .iter()
+            .filter(|(_, d)| *d == driver)
+            .map(|(address, _)| address.clone())
+            .collect()
+    }
 }
 
 /// A display controller (class 0x03xxxx: VGA 0x0300, 3D 0x0302) of NVIDIA's: a GPU, not one of the
@@ -62,6 +75,12 @@ pub fn scan(devices: &Path, wanted: fn(u16, u16, u32) -> bool) -> Result<BusScan
                     continue;
                 };
                 if wanted(vendor, device, class) {
+                    let driver = std::fs::read_link(dir.join("driver")).ok();
+                    if let Some(driver) = driver.as_deref().and_then(Path::file_name) {
+                        found
+                            .drivers
+                            .insert(name.clone(), driver.to_string_lossy().into_owned());
+                    }
                     found.devices.push(name);
                 }
             }

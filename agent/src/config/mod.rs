@@ -539,6 +539,8 @@ mod tests {
             ("nvml.xid_count_window", "500ms"),
             ("nvml.xid_count_window", "2d"),
             ("nvml.nvlink_error_window", "30s"),
+            ("nvml.release_timeout", "1s"),
+            ("nvml.release_timeout", "2h"),
             ("nvml.nvlink_error_window", "2d"),
             ("readiness.interval", "1ms"),
             ("readiness.heartbeat", "30d"),

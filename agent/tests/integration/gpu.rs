@@ -1404,7 +1404,8 @@ fn start_configured(
 ) -> Agent {
     Agent::start_with_env(
         &format!(
-            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  expected_gpus: {}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n{readiness}",
+            // Verdict tests: NVML stays held through a reset request (start_watched tests the release).
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  expected_gpus: {}\n  release_for_reset: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n{readiness}",
             fake_nvml().display().to_string(),
             scenario.pci_devices().display().to_string(),
             scenario.value["devices"].as_array().unwrap().len(),
@@ -1636,6 +1637,202 @@ fn fabric_registration_holds_the_node_until_it_completes() {
     scenario.set(0, "fabric", json!({"state": 2, "max_version": 0}));
     wait_condition(&agent, &api, "v1", |c| c["reason"] == "FabricNotReady");
     assert!(!agent.metrics().contains("mlnode_gpu_fabric_health{"));
+}
+
+/// The agent with readiness against `api`, its NVML settings extended by `nvml` (lines indented by
+/// two spaces), and the fake library keeping its ledger and device files where the test reads them.
+fn start_watched(scenario: &Scenario, api: &common::kube::FakeApiServer, nvml: &str) -> Agent {
+    Agent::start_with_env(
+        &format!(
+            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n{nvml}readiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
+            fake_nvml().display().to_string(),
+            scenario.pci_devices().display().to_string(),
+        ),
+        &[
+            ("FAKE_NVML_SCENARIO", &scenario.path()),
+            ("FAKE_NVML_LEDGER", &scenario.ledger_path()),
+            ("FAKE_NVML_DEVICE_DIR", &scenario.device_dir()),
+            ("KUBECONFIG", &api.kubeconfig()),
+        ],
+    )
+}
+
+/// The files of `dir` the process `pid` holds open, as `fuser` and `nvidia-smi --gpu-reset` see
+/// them: its `/proc/<pid>/fd` links.
+fn held_files(pid: u32, dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .collect()
+}
+
+/// The driver asks for a reset of GPU 0 (recovery action GPU_RESET): the agent closes every NVML
+/// handle (the fake's inits and shutdowns balance, no device file is held), says so in the gate and
+/// a metric, keeps serving with GPU 0's series absent, and takes NVML back once GPU 0 has left the
+/// bus and returned, its series back with their labels.
+#[test]
+fn the_agent_lets_go_of_nvml_for_a_reset_and_takes_it_back_after() {
+    let mut scenario = Scenario::new(2);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = start_watched(&scenario, &api, "");
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    let devices = scenario.device_dir();
+    assert_eq!(
+        held_files(agent.pid(), &devices).len(),
+        2,
+        "NVML holds both GPUs' files"
+    );
+    scenario.set(0, "recovery_action", json!(1));
+    let condition = wait_condition(&agent, &api, "released", |c| {
+        c["reason"] == "GPUResetRequired"
+            && c["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("closed every NVML handle")
+    });
+    assert!(
+        condition["message"].as_str().unwrap().contains(
+            "the driver asks for a GPU reset of GPU-00000000-1111-2222-3333-444444444440 (0000:07:00.0): the agent closed every NVML handle"
+        ),
+        "{condition}"
+    );
+    let ledger = scenario.ledger();
+    assert_eq!(ledger["initialized"], 0, "{ledger}");
+    assert_eq!(ledger["inits"], ledger["shutdowns"], "{ledger}");
+    assert!(
+        held_files(agent.pid(), &devices).is_empty(),
+        "no device file held"
+    );
+    let metrics = agent.metrics();
+    assert_eq!(sample(&metrics, "mlnode_gpu_nvml_released", &[]), Some(1.0));
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]),
+        None,
+        "GPU 0's series are absent"
+    );
+    assert!(
+        !metrics.contains("GPU-00000000-1111"),
+        "nothing of GPU 0 is said"
+    );
+    // The reset: the GPU leaves the bus and comes back; the driver then asks for nothing.
+    let bdf = "0000:07:00.0";
+    scenario.remove_pci_gpu(bdf);
+    agent.wait_for("GPU 0 off the bus", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_pci_devices", &[]) == Some(1.0)
+    });
+    scenario.set(0, "recovery_action", json!(0));
+    scenario.restore_pci_gpu(bdf);
+    wait_condition(&agent, &api, "taken back", |c| c["status"] == "True");
+    agent.wait_for("GPU 0 read again", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "0")]) == Some(40.0)
+    });
+    let metrics = agent.metrics();
+    assert_eq!(sample(&metrics, "mlnode_gpu_nvml_released", &[]), Some(0.0));
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_gpu_nvml_reattaches_total",
+            &[("after", "reset")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(scenario.ledger()["inits"], 2);
+    assert_eq!(held_files(agent.pid(), &devices).len(), 2);
+}
+
+/// A reset that never comes: NVML is taken back after `nvml.release_timeout`, said once, and not
+/// let go again while the driver keeps asking for the same GPU: the gate then says what the driver
+/// asks for.
+#[test]
+fn a_release_is_bounded_by_its_timeout() {
+    let mut scenario = Scenario::new(1);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = start_watched(&scenario, &api, "  release_timeout: 5s\n");
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    scenario.set(0, "recovery_action", json!(1));
+    let released = |c: &Value| {
+        c["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("closed every NVML handle")
+    };
+    wait_condition(&agent, &api, "released", |c| released(c));
+    wait_condition(&agent, &api, "taken back", |c| {
+        c["reason"] == "GPUResetRequired" && !released(c)
+    });
+    agent.wait_for("the timeout counted", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_nvml_reattaches_total",
+            &[("after", "timeout")],
+        ) == Some(1.0)
+    });
+    wait_rounds_of_readiness(&agent, 3.0);
+    assert_eq!(
+        sample(&agent.metrics(), "mlnode_gpu_nvml_released", &[]),
+        Some(0.0)
+    );
+    assert_eq!(scenario.ledger()["inits"], 2, "released once only");
+    assert!(
+        agent
+            .log()
+            .contains("no reset seen within nvml.release_timeout"),
+        "{}",
+        agent.log()
+    );
+}
+
+/// A GPU unbound from the driver (for a VM, or a reset by unbind and bind) and bound again, with no
+/// restart: NVML is initialised again each time, the gone GPU's series disappear and return with
+/// its labels, and the count verdict names it while it is off the driver.
+#[test]
+fn a_gpu_unbound_and_bound_again_is_followed_without_a_restart() {
+    let mut scenario = Scenario::new(2);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = start_watched(&scenario, &api, "");
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    let bdf = "0000:17:00.0";
+    scenario.set(1, "bound", json!(false));
+    scenario.unbind(bdf);
+    let condition = wait_condition(&agent, &api, "GPU 1 unbound", |c| {
+        c["reason"] == "GPUCountMismatch"
+    });
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("not listed 0000:17:00.0"),
+        "{condition}"
+    );
+    agent.wait_for("one GPU listed", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_gpu_count", &[]) == Some(1.0)
+            && sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "1")]).is_none()
+    });
+    assert!(
+        !agent.metrics().contains("GPU-00000001-1111"),
+        "GPU 1's series are gone"
+    );
+    scenario.set(1, "bound", json!(true));
+    scenario.bind(bdf);
+    wait_condition(&agent, &api, "GPU 1 back", |c| c["status"] == "True");
+    agent.wait_for("GPU 1 read again", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_temperature_celsius",
+            &[
+                ("gpu", "1"),
+                ("UUID", "GPU-00000001-1111-2222-3333-444444444441"),
+            ],
+        ) == Some(41.0)
+    });
+    let metrics = agent.metrics();
+    assert_eq!(
+        sample(&metrics, "mlnode_gpu_nvml_reinits_total", &[]),
+        Some(2.0),
+        "once for each change"
+    );
 }
 
 /// XID 13 is the application's fault alone and NVIDIA's catalog resolves it by its history: the

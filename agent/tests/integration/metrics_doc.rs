@@ -359,7 +359,9 @@ fn register_gpu(registry: &prometheus::Registry) {
     state.pci = Some(mlnode_agent::pci::BusScan {
         devices: vec!["0000:07:00.0".into()],
         unreadable: Vec::new(),
+        drivers: [("0000:07:00.0".to_string(), "nvidia".to_string())].into(),
     });
+    state.reattached.insert("reset", 1);
     state.record_xid(0, 31, Some(1), std::time::Instant::now());
     // A second GPU that needs a reset, so the failure family is exposed too.
     state.apply(

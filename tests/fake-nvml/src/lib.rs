@@ -8,6 +8,11 @@
 //! "temperature_c", "power_mw", "utilization": {"gpu", "memory"}, "energy_mj", "xid_events": [..],
 //! "lost": false, "unsupported": ["reserved", "clocks_event_reasons", "power", ...]}]}`.
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
+//! `bound: false` (per device) is a GPU unbound from the driver: an NVML initialised after it does not
+//! list it, one initialised before keeps listing it (NVML enumerates at init). `FAKE_NVML_LEDGER`
+//! names a JSON file the library keeps current with its inits, shutdowns and attached GPUs;
+//! `FAKE_NVML_DEVICE_DIR` a directory where it holds one file open per attached GPU (`nvidia<N>`), as
+//! NVML holds `/dev/nvidia<N>`.
 //! `handle_error` (per device) is the NVML code the handle call answers instead of a handle.
 //! `call_delay_ms` (per device) makes every call on the device block that long first.
 //! Built with feature `old-driver`, the library lacks the symbols drivers after R450 added.
@@ -82,9 +87,17 @@ struct Scenario {
     init_delay_ms: u64,
 }
 
+fn yes() -> bool {
+    true
+}
+
 #[derive(Deserialize, Default, Clone)]
 #[serde(default)]
 struct Device {
+    /// Whether the GPU is bound to the driver; false: unbound (or given to vfio), and an NVML
+    /// initialised from then on does not list it.
+    #[serde(default = "yes")]
+    bound: bool,
     uuid: String,
     name: String,
     pci_bus_id: String,
@@ -305,8 +318,8 @@ struct State {
     /// index, with the GPU instance id for a MIG sample.
     gpm_samples: BTreeMap<usize, Option<(usize, Option<u32>)>>,
     next_sample: usize,
-    /// Per device index, how many of its `xid_events` were delivered.
-    delivered: BTreeMap<usize, usize>,
+    /// Per device UUID, how many of its `xid_events` were delivered.
+    delivered: BTreeMap<String, usize>,
     /// Per event set, the device indexes registered for critical XIDs.
     sets: BTreeMap<usize, Vec<usize>>,
     next_set: usize,
@@ -330,10 +343,97 @@ fn state() -> std::sync::MutexGuard<'static, State> {
 /// with exactly the container's environment.
 const MOUNTED_SCENARIO: &str = "/run/fake-nvml/scenario.json";
 
+/// The scenario as NVML sees it: the devices bound to the driver when NVML was initialised (the
+/// UUIDs [`nvmlInit_v2`] took), as a real NVML enumerates its GPUs once, at init.
 fn scenario() -> Option<Scenario> {
+    let mut scenario = whole_scenario()?;
+    if let Some(visible) = &*attached() {
+        scenario.devices.retain(|d| visible.contains(&d.uuid));
+    }
+    Some(scenario)
+}
+
+fn whole_scenario() -> Option<Scenario> {
     let path = std::env::var_os("FAKE_NVML_SCENARIO").unwrap_or_else(|| MOUNTED_SCENARIO.into());
     let text = std::fs::read_to_string(path).ok()?;
     serde_json::from_str(&text).ok()
+}
+
+/// What an initialised NVML holds: the UUIDs of the GPUs it enumerated, and the device files it
+/// keeps open for them (`FAKE_NVML_DEVICE_DIR/nvidia<N>`, as the real one holds `/dev/nvidia<N>`:
+/// what `nvidia-smi --gpu-reset` and `fuser` look for). None while not initialised.
+static ATTACHED: Mutex<Option<Vec<String>>> = Mutex::new(None);
+static DEVICE_FILES: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+
+fn attached() -> std::sync::MutexGuard<'static, Option<Vec<String>>> {
+    ATTACHED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every init and shutdown so far, written to `FAKE_NVML_LEDGER` (JSON) as they happen, so a test
+/// can check they balance and see what is open. The counts outlive the library: a caller that
+/// unloads it at shutdown (nvml-wrapper does) and loads it again continues them.
+#[derive(serde::Serialize, Deserialize, Default)]
+struct Ledger {
+    inits: u64,
+    shutdowns: u64,
+    initialized: u32,
+    attached: Vec<String>,
+}
+
+static LEDGER: Mutex<Option<Ledger>> = Mutex::new(None);
+
+fn record(change: impl FnOnce(&mut Ledger)) {
+    let path = std::env::var_os("FAKE_NVML_LEDGER");
+    let mut guard = LEDGER.lock().unwrap_or_else(|p| p.into_inner());
+    let ledger = guard.get_or_insert_with(|| {
+        path.as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default()
+    });
+    change(ledger);
+    if let Some(path) = path {
+        let tmp = std::path::PathBuf::from(&path).with_extension("tmp");
+        if let Ok(text) = serde_json::to_string(&*ledger) {
+            if std::fs::write(&tmp, text).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+    }
+}
+
+/// The first init enumerates the GPUs bound to the driver (`"bound": false` is one unbound, or
+/// given to vfio) and opens their device files.
+fn attach() {
+    let bound: Vec<Device> = whole_scenario()
+        .map(|s| s.devices.into_iter().filter(|d| d.bound).collect())
+        .unwrap_or_default();
+    let mut files = DEVICE_FILES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(dir) = std::env::var_os("FAKE_NVML_DEVICE_DIR") {
+        for index in 0..bound.len() {
+            let path = std::path::Path::new(&dir).join(format!("nvidia{index}"));
+            if let Ok(file) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                files.push(file);
+            }
+        }
+    }
+    let uuids: Vec<String> = bound.into_iter().map(|d| d.uuid).collect();
+    record(|l| l.attached = uuids.clone());
+    *attached() = Some(uuids);
+}
+
+/// The last shutdown closes every device file and forgets the GPUs.
+fn detach() {
+    DEVICE_FILES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    *attached() = None;
+    record(|l| l.attached.clear());
 }
 
 /// Device handles are the index plus one, so a null handle is never valid; a MIG device's handle
@@ -419,7 +519,18 @@ pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
     if let Some(delay) = scenario().map(|s| s.init_delay_ms).filter(|d| *d > 0) {
         std::thread::sleep(Duration::from_millis(delay));
     }
-    state().initialized += 1;
+    let first = {
+        let mut state = state();
+        state.initialized += 1;
+        state.initialized == 1
+    };
+    if first {
+        attach();
+    }
+    record(|l| {
+        l.inits += 1;
+        l.initialized += 1;
+    });
     SUCCESS
 }
 
@@ -430,11 +541,21 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
 
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
-    let mut state = state();
-    if state.initialized == 0 {
-        return UNINITIALIZED;
+    let last = {
+        let mut state = state();
+        if state.initialized == 0 {
+            return UNINITIALIZED;
+        }
+        state.initialized -= 1;
+        state.initialized == 0
+    };
+    if last {
+        detach();
     }
-    state.initialized -= 1;
+    record(|l| {
+        l.shutdowns += 1;
+        l.initialized -= 1;
+    });
     SUCCESS
 }
 
@@ -743,7 +864,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                 let Some(device) = scenario.devices.get(index) else {
                     continue;
                 };
-                let delivered = state.delivered.entry(index).or_insert(0);
+                let delivered = state.delivered.entry(device.uuid.clone()).or_insert(0);
                 if let Some(&event) = device.xid_events.get(*delivered) {
                     *delivered += 1;
                     let (xid, gpu_instance, compute_instance) = match event {

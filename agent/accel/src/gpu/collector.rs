@@ -235,6 +235,20 @@ impl Collector for GpuCollector {
                 now.saturating_duration_since(last).as_secs_f64(),
             );
         }
+        out.gauge(
+            "mlnode_gpu_nvml_released",
+            &[],
+            f64::from(u8::from(state.released.is_some())),
+        );
+        for (after, n) in &state.reattached {
+            out.counter(
+                "mlnode_gpu_nvml_reattaches_total",
+                &[("after", after.to_string())],
+                *n as f64,
+            );
+        }
+        out.counter("mlnode_gpu_nvml_reinits_total", &[], state.reinits as f64);
+        let released: &[String] = state.released.as_ref().map_or(&[], |r| &r.uuids);
         let stalled = state.stalled_for(now).is_some();
         let log = self.kernel_log.as_ref().map(|log| log.borrow());
         // Until the kernel log's history is read, no GPU's count of this boot's XIDs is known: no
@@ -249,6 +263,10 @@ impl Collector for GpuCollector {
             let Some(identity) = &entry.identity else {
                 continue;
             };
+            // Let go of for a reset: nothing of it is known until NVML is taken back.
+            if released.contains(&identity.uuid) {
+                continue;
+            }
             let device = self.device_labels(identity, &state.driver_version);
             let labels = self.labels(&device, &identity.uuid, &holders);
             let address = PciAddress::from_nvml(&identity.pci_bus_id);

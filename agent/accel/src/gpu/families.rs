@@ -7,7 +7,7 @@ use prometheus::proto::MetricType;
 use mlnode_core::metrics::family::FamilySpec;
 
 /// (name, help, type) of every family this collector can produce.
-pub const FAMILIES: [FamilySpec; 54] = [
+pub const FAMILIES: [FamilySpec; 57] = [
     ("mlnode_gpu_pod_memory_used_bytes", "Framebuffer memory the processes of one container hold on the GPU or MIG device (nvml.process_attribution), by the container their cgroup names; empty pod labels for processes no pod owns.", MetricType::GAUGE),
     ("mlnode_gpu_pod_sm_utilization_ratio", "Fraction of the GPU's SMs one container's processes used since the previous sample (nvmlDeviceGetProcessUtilization, nvml.process_attribution); absent on MIG devices, where NVML gives none.", MetricType::GAUGE),
     ("mlnode_gpu_process_attribution_errors_total", "Per-process readings that failed, by reason: NVML refused the process list or their utilisation (processes_no_permission without hostPID, utilization_not_supported), a process exited before its cgroup was read, a cgroup of no known form. Their series are absent.", MetricType::COUNTER),
@@ -16,6 +16,9 @@ pub const FAMILIES: [FamilySpec; 54] = [
     ("mlnode_gpu_fabric_healthy", "1 when the GPU's fabric registration completed with success (CUDA can use it), else 0; absent without a fabric.", MetricType::GAUGE),
     ("mlnode_gpu_fabric_health", "1 while a fabric health check of nvml.h's healthMask is bad (degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery), 0 while good; absent where the driver reports none.", MetricType::GAUGE),
     ("mlnode_gpu_recovery_action", "The driver's GPU recovery action (NVML field 230, R565 drivers and later): 1 for the action it asks for now, 0 for the others; absent where the driver gives none.", MetricType::GAUGE),
+    ("mlnode_gpu_nvml_released", "1 while the agent holds no NVML handle so that a GPU the driver asked to reset can be (nvml.release_timeout at most), else 0; the GPUs' series are absent meanwhile.", MetricType::GAUGE),
+    ("mlnode_gpu_nvml_reattaches_total", "Times NVML was taken back after a release, by how: reset (the GPU left the driver and came back), timeout (nvml.release_timeout passed first).", MetricType::COUNTER),
+    ("mlnode_gpu_nvml_reinits_total", "Times NVML was initialised again because the GPUs bound to the driver changed (one unbound for a reset or given to vfio, or bound again).", MetricType::COUNTER),
     ("mlnode_gpu_thermal_margin_celsius", "How far below a thermal limit the GPU is (nvml.h's T.Limit field values; negative: past it): shutdown, slowdown (software slowdown), memory_max and gpu_max (throttled below base clock for the memory's or the GPU's temperature); absent where the driver gives none.", MetricType::GAUGE),
     ("mlnode_gpu_nvlink_link_active", "1 while the NVLink link is active, else 0 (nvmlDeviceGetNvLinkState), per link NVML counts (NVML_FI_DEV_NVLINK_LINK_COUNT); absent on GPUs without NVLink.", MetricType::GAUGE),
     ("mlnode_gpu_nvlink_errors_total", "NVLink errors over every link since the driver loaded, per counter (crc_flit, crc_data, replay, recovery; nvml.h's *_ERROR_COUNT_TOTAL field values); absent where the driver does not count one.", MetricType::COUNTER),

@@ -195,6 +195,23 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
             format!("nvml stopped answering: {reason}"),
         ));
     }
+    // The driver's verdict stands while its GPU is let go of: the reason is the action's.
+    if let Some(released) = &state.released {
+        let (reason, action) = RECOVERY_ACTIONS
+            .iter()
+            .find(|(v, ..)| *v == released.action)
+            .map_or(("GPUResetRequired", "a reset"), |(_, _, reason, words)| {
+                (reason, words)
+            });
+        problems.push(Problem::new(
+            reason,
+            format!(
+                "the driver asks for {action} of {}: the agent closed every NVML handle so the reset can proceed, and takes NVML back once the GPU has left the driver and come back, or after {} (nvml.release_timeout)",
+                released.targets,
+                humantime::format_duration(released.timeout)
+            ),
+        ));
+    }
     // A fixed message: one with the growing age would rewrite the condition every round.
     if state.stalled_for(now).is_some() {
         problems.push(Problem::new(
@@ -924,7 +941,7 @@ mod tests {
         let mut state = state(t0);
         state.pci = Some(crate::pci::BusScan {
             devices: vec!["0000:18:00.0".into()],
-            unreadable: Vec::new(),
+            ..Default::default()
         });
         assert!(reasons(&state, t0).is_empty(), "GPU 0 is 00000000:18:00.0");
         state

@@ -9,6 +9,7 @@ pub mod collector;
 mod families;
 pub mod health;
 mod nvml;
+pub mod release;
 pub mod settings;
 pub mod state;
 mod virtual_gpus;
@@ -325,6 +326,11 @@ impl GpuRuntime {
         let stop = Arc::new(nvml::Stop::default());
         nvml::spawn(
             source,
+            nvml::Reopen {
+                library: settings.library.clone(),
+                release_for_reset: settings.release_for_reset,
+                release_timeout: settings.release_timeout.get(),
+            },
             state.clone(),
             settings.sample_interval.get(),
             settings.pci_devices.clone(),

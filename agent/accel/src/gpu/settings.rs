@@ -18,6 +18,7 @@ bounds! {
     pub ExpectedGpus: u32 = 1, 64;
     pub XidCountWindow: Duration = seconds(1), days(1);
     pub NvLinkErrorWindow: Duration = minutes(1), days(1);
+    pub ReleaseTimeout: Duration = seconds(5), minutes(60);
 }
 
 /// The names of the labels that say which container holds a GPU.
@@ -55,6 +56,12 @@ pub struct NvmlSettings {
     /// `AcceleratorHealthy` after the last one: a link that keeps recovering is about to drop,
     /// and one quiet for the window is trusted again.
     pub nvlink_error_window: Within<NvLinkErrorWindow>,
+    /// Let go of NVML when the driver asks for a GPU reset, so the reset can proceed (on by
+    /// default). Off: the agent keeps reading, and a reset tool that needs the GPU free must stop it.
+    pub release_for_reset: bool,
+    /// The longest the agent holds no NVML handle while a GPU the driver asked to reset is being
+    /// reset; then it takes NVML back and says so.
+    pub release_timeout: Within<ReleaseTimeout>,
     /// Opt-in (components/process-attribution, the chart's processAttribution.enabled): each
     /// GPU's processes, their framebuffer and SM use, summed per container of the pod that owns
     /// them (`mlnode_gpu_pod_*`). Needs `hostPID: true`: NVML names processes by the host's pids.
@@ -76,6 +83,8 @@ impl Default for NvmlSettings {
             expected_gpus: None,
             xid_count_window: Within::default_of(minutes(5)),
             nvlink_error_window: Within::default_of(minutes(15)),
+            release_for_reset: true,
+            release_timeout: Within::default_of(minutes(10)),
             process_attribution: false,
             proc_root: PathBuf::from("/proc"),
         }

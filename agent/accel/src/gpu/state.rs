@@ -61,6 +61,26 @@ pub struct GpuState {
     pub nvlink_error_window: Duration,
     /// Per-process readings that failed, by reason, since the agent started.
     pub attribution_errors: BTreeMap<&'static str, u64>,
+    /// While the agent has let go of NVML so GPUs can be reset: which, and why. No reading is
+    /// current then.
+    pub released: Option<Released>,
+    /// Times NVML was taken back after a release, by how (`reset`, `timeout`).
+    pub reattached: BTreeMap<&'static str, u64>,
+    /// Times NVML was initialised again because the GPUs bound to the driver changed.
+    pub reinits: u64,
+}
+
+/// What the agent let go of NVML for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// `GPU-… (0000:18:00.0)`, each GPU the driver asked to reset.
+    pub targets: String,
+    /// Their UUIDs: their series are absent until NVML is taken back.
+    pub uuids: Vec<String>,
+    /// The recovery action that asked.
+    pub action: u32,
+    /// `nvml.release_timeout`.
+    pub timeout: Duration,
 }
 
 /// Why NVML cannot read a GPU: the error classes of `nvml.h` that describe the device rather than
@@ -193,6 +213,31 @@ impl GpuState {
         }
     }
 
+    /// The agent let go of NVML: no reading is current until it takes it back. Identities and
+    /// counters stay.
+    pub fn release(&mut self, released: Released) {
+        for entry in self.gpus.values_mut() {
+            entry.reading = None;
+        }
+        self.released = Some(released);
+    }
+
+    /// NVML was initialised (again) and lists `listed` (index, UUID where it could be read): each GPU
+    /// keeps what was known of it under its new index, found by UUID; a GPU no longer listed is
+    /// forgotten, so its series are gone.
+    pub fn renumber(&mut self, listed: &[(u32, Option<String>)]) {
+        let mut by_uuid: BTreeMap<String, GpuEntry> = std::mem::take(&mut self.gpus)
+            .into_values()
+            .filter_map(|e| Some((e.identity.as_ref()?.uuid.clone(), e)))
+            .collect();
+        // A GPU not seen before gets its entry from its first read, as at start.
+        for (index, uuid) in listed {
+            if let Some(known) = uuid.as_ref().and_then(|uuid| by_uuid.remove(uuid)) {
+                self.gpus.insert(*index, known);
+            }
+        }
+    }
+
     /// NVML stopped answering: no reading is current any more. Identities and counters stay, so
     /// the GPUs are still named and their history kept.
     pub fn fail(&mut self, reason: String) {
@@ -246,6 +291,31 @@ mod tests {
                 ..GpuReading::default()
             }),
         }
+    }
+
+    fn read_of(uuid: &str) -> DeviceRead {
+        DeviceRead::Read {
+            identity: GpuIdentity {
+                uuid: uuid.into(),
+                ..identity()
+            },
+            reading: Box::new(GpuReading::default()),
+        }
+    }
+
+    /// NVML initialised again after GPU 0 was unbound: GPU-2 is index 0 now and keeps its XIDs;
+    /// GPU-1, not listed, is gone.
+    #[test]
+    fn a_new_nvml_keeps_each_gpus_history_under_its_new_index() {
+        let mut state = GpuState::default();
+        state.apply(0, read_of("GPU-1"), 1.0, Instant::now());
+        state.apply(1, read_of("GPU-2"), 1.0, Instant::now());
+        state.record_xid(1, 13, None, Instant::now());
+        state.renumber(&[(0, Some("GPU-2".into()))]);
+        assert_eq!(state.gpus.len(), 1);
+        let entry = &state.gpus[&0];
+        assert_eq!(entry.identity.as_ref().unwrap().uuid, "GPU-2");
+        assert_eq!(entry.xids[&13], 1);
     }
 
     #[test]

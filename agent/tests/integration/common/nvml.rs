@@ -124,6 +124,7 @@ impl Scenario {
             return root;
         }
         std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir_all(self.dir.path().join("drivers/nvidia")).unwrap();
         let entry = |bdf: &str, vendor: &str, device: &str, class: &str| {
             let dir = root.join(bdf);
             std::fs::create_dir(&dir).unwrap();
@@ -132,17 +133,70 @@ impl Scenario {
             }
         };
         for device in self.value["devices"].as_array().unwrap() {
-            let bus_id = device["pci_bus_id"].as_str().unwrap();
-            let (_, rest) = bus_id.split_once(':').unwrap();
-            entry(
-                &format!("0000:{}", rest.to_lowercase()),
-                "0x10de",
-                "0x2330",
-                "0x030200",
-            );
+            let bdf = Self::sysfs_name(device["pci_bus_id"].as_str().unwrap());
+            entry(&bdf, "0x10de", "0x2330", "0x030200");
+            self.bind(&bdf);
         }
         entry("0000:00:05.0", "0x1d0f", "0xec20", "0x020000");
         root
+    }
+
+    /// `00000000:07:00.0` as sysfs names it.
+    pub fn sysfs_name(nvml_bus_id: &str) -> String {
+        let (_, rest) = nvml_bus_id.split_once(':').unwrap();
+        format!("0000:{}", rest.to_lowercase())
+    }
+
+    /// Binds the GPU at `bdf` to the nvidia driver: its `driver` link, as the kernel makes it.
+    #[allow(dead_code)]
+    pub fn bind(&self, bdf: &str) {
+        std::os::unix::fs::symlink(
+            self.dir.path().join("drivers/nvidia"),
+            self.dir.path().join("pci-devices").join(bdf).join("driver"),
+        )
+        .unwrap();
+    }
+
+    /// Unbinds the GPU at `bdf` from its driver (`echo <bdf> > .../nvidia/unbind`).
+    #[allow(dead_code)]
+    pub fn unbind(&self, bdf: &str) {
+        std::fs::remove_file(self.dir.path().join("pci-devices").join(bdf).join("driver")).unwrap();
+    }
+
+    /// Takes the GPU at `bdf` off the bus (a hot reset's remove), keeping it to put back.
+    #[allow(dead_code)]
+    pub fn remove_pci_gpu(&self, bdf: &str) {
+        let devices = self.dir.path().join("pci-devices");
+        std::fs::rename(devices.join(bdf), self.dir.path().join(bdf)).unwrap();
+    }
+
+    /// Puts a GPU [`Self::remove_pci_gpu`] took off back on the bus (the rescan).
+    #[allow(dead_code)]
+    pub fn restore_pci_gpu(&self, bdf: &str) {
+        let devices = self.dir.path().join("pci-devices");
+        std::fs::rename(self.dir.path().join(bdf), devices.join(bdf)).unwrap();
+    }
+
+    /// What the fake library's ledger says (`FAKE_NVML_LEDGER`): inits, shutdowns, attached GPUs.
+    #[allow(dead_code)]
+    pub fn ledger(&self) -> Value {
+        std::fs::read_to_string(self.ledger_path())
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    #[allow(dead_code)]
+    pub fn ledger_path(&self) -> PathBuf {
+        self.dir.path().join("ledger.json")
+    }
+
+    /// Where the fake library holds a file open per attached GPU (`FAKE_NVML_DEVICE_DIR`).
+    #[allow(dead_code)]
+    pub fn device_dir(&self) -> PathBuf {
+        let dir = self.dir.path().join("dev");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     /// Puts one more H100 on the fake bus at `bdf` that NVML does not list.

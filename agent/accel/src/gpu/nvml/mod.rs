@@ -6,7 +6,7 @@
 
 mod threads;
 
-pub use threads::{spawn, Stop};
+pub use threads::{spawn, Reopen, Stop};
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -62,6 +62,13 @@ impl NvmlSource {
         self.nvml
             .device_count()
             .map_err(|e| format!("cannot count GPUs: {e}"))
+    }
+
+    /// Each GPU NVML lists, with its UUID where it can be read.
+    pub fn listed(&self) -> Result<Vec<(u32, Option<String>)>, String> {
+        Ok((0..self.device_count()?)
+            .map(|i| (i, self.nvml.device_by_index(i).and_then(|d| d.uuid()).ok()))
+            .collect())
     }
 
     /// Reads one GPU. `gpm` holds what this GPU's previous read left (GPM samples, the last

@@ -1,9 +1,11 @@
-//! The two plain threads that run NVML off the async runtime: a sampler that reads every GPU each
-//! `sample_interval` into [`GpuState`] (and the PCI bus beside it), and an XID listener that
-//! blocks in `nvmlEventSetWait` for critical XID events. Both stop at their next wake-up after
-//! [`Stop::stop`].
+//! The plain threads that run NVML off the async runtime. The NVML thread holds one session of
+//! NVML at a time: it samples every GPU each `sample_interval` into [`GpuState`] (and the PCI bus
+//! beside it) while an XID listener of the session blocks in `nvmlEventSetWait` for critical XID
+//! events. A session ends when the driver asks for a GPU reset (every handle closed, NVML shut
+//! down, the reset watched through sysfs: [`crate::gpu::release`]) or when the GPUs bound to the
+//! driver change (NVML initialised again). Both stop at their next wake-up after [`Stop::stop`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -14,7 +16,8 @@ use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
 use super::{symbol, NvmlSource, SinceLast};
-use crate::gpu::state::{DeviceRead, GpuFailure, GpuState};
+use crate::gpu::release::{forget_declined, gpus_changed, wanted, Reattach, Release};
+use crate::gpu::state::{DeviceRead, GpuFailure, GpuState, Released};
 use mlnode_core::cgroup::{self, CgroupOwner};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::shared::Shared;
@@ -50,9 +53,21 @@ impl Stop {
     }
 }
 
-/// Starts the sampler and the XID listener; they run until `stop`.
+/// What the NVML thread needs beyond the first session: where to open NVML again, and for how
+/// long to let go of it for a reset.
+pub struct Reopen {
+    pub library: PathBuf,
+    /// `nvml.release_for_reset`.
+    pub release_for_reset: bool,
+    pub release_timeout: Duration,
+}
+
+/// Starts the NVML thread: sessions of NVML, each a sampler and an XID listener, one after the
+/// other (a release for a reset or a changed set of GPUs ends one); it runs until `stop`.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     source: NvmlSource,
+    reopen: Reopen,
     state: Shared<GpuState>,
     interval: Duration,
     pci_devices: PathBuf,
@@ -60,34 +75,170 @@ pub fn spawn(
     stop: Arc<Stop>,
     up: AgentMetrics,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
-    let source = Arc::new(source);
-    let mut threads = Vec::new();
-    {
-        let (source, state, stop) = (source.clone(), state.clone(), stop.clone());
-        threads.push(
+    let thread = std::thread::Builder::new()
+        .name("nvml".into())
+        .spawn(move || {
+            let owner_of = proc_root.map(|root| move |pid| owner_of(&root, pid));
+            let owner_of = owner_of.as_ref().map(|f| f as &super::OwnerOf);
+            let context = Context {
+                state,
+                interval,
+                pci_devices,
+                owner_of,
+                stop,
+                up,
+            };
+            supervise(source, &reopen, &context)
+        })?;
+    Ok(vec![thread])
+}
+
+/// What every session shares.
+struct Context<'a> {
+    state: Shared<GpuState>,
+    interval: Duration,
+    pci_devices: PathBuf,
+    owner_of: Option<&'a super::OwnerOf>,
+    stop: Arc<Stop>,
+    up: AgentMetrics,
+}
+
+/// Why a session of NVML ended.
+enum Leave {
+    Stopped,
+    /// The GPUs bound to the driver changed: NVML's list is stale.
+    Changed,
+    /// The driver asks for a reset of these GPUs.
+    Release(Release),
+}
+
+/// The driver the GPUs NVML lists are bound to.
+const NVIDIA_DRIVER: &str = "nvidia";
+
+fn supervise(first: NvmlSource, reopen: &Reopen, cx: &Context) {
+    let mut next = Some(first);
+    // GPUs whose last release timed out: not released again until their action changes.
+    let mut declined = BTreeSet::new();
+    let mut pci_said = String::new();
+    loop {
+        let source = match next.take() {
+            Some(source) => source,
+            None => match NvmlSource::open(&reopen.library) {
+                Ok(source) => source,
+                Err(reason) => {
+                    cx.state.update(|state| {
+                        if state.failing.is_none() {
+                            tracing::error!(error = %reason, "NVML cannot be opened again; GPU readings are dropped until it can");
+                        }
+                        state.fail(reason);
+                    });
+                    cx.up.set_up(Subsystem::Nvml, false);
+                    if cx.stop.wait(cx.interval) {
+                        return;
+                    }
+                    continue;
+                }
+            },
+        };
+        // Before anything of the session records by index: the GPUs' history follows them.
+        if let Ok(listed) = source.listed() {
+            cx.state.update(|state| state.renumber(&listed));
+        }
+        let source = Arc::new(source);
+        let session = Arc::new(Stop::default());
+        let xids = {
+            let (source, state, session) = (source.clone(), cx.state.clone(), session.clone());
             std::thread::Builder::new()
-                .name("nvml-sampler".into())
-                .spawn(move || {
-                    let owner_of = proc_root.map(|root| move |pid| owner_of(&root, pid));
-                    let owner_of = owner_of.as_ref().map(|f| f as &super::OwnerOf);
-                    sample_loop(
-                        &source,
-                        &state,
-                        interval,
-                        &pci_devices,
-                        owner_of,
-                        &stop,
-                        &up,
-                    )
-                })?,
+                .name("nvml-xid".into())
+                .spawn(move || xid_loop(&source, &state, &session))
+        };
+        if let Err(e) = &xids {
+            tracing::warn!(error = %e, "cannot start the XID listener; XID errors will not be counted");
+        }
+        let leave = sample_session(
+            &source,
+            cx,
+            reopen.release_for_reset.then_some(&mut declined),
+            &mut pci_said,
         );
+        session.stop();
+        if let Ok(xids) = xids {
+            let _ = xids.join();
+        }
+        // The last holder of the session lets go here: NVML shuts down, every device file closes.
+        drop(source);
+        match leave {
+            Leave::Stopped => return,
+            Leave::Changed => {
+                cx.state.update(|state| state.reinits += 1);
+                tracing::info!(
+                    "the GPUs bound to the driver changed: NVML is initialised again to list them"
+                );
+            }
+            Leave::Release(release) => {
+                if !wait_for_reset(
+                    release,
+                    reopen.release_timeout,
+                    cx,
+                    &mut declined,
+                    &mut pci_said,
+                ) {
+                    return;
+                }
+            }
+        }
     }
-    threads.push(
-        std::thread::Builder::new()
-            .name("nvml-xid".into())
-            .spawn(move || xid_loop(&source, &state, &stop))?,
-    );
-    Ok(threads)
+}
+
+/// Holds no NVML handle until the GPUs have been reset (each left the driver and came back) or
+/// `timeout` passed; false when stopped meanwhile. A release that timed out is not repeated for
+/// the same GPUs until their action changes.
+fn wait_for_reset(
+    mut release: Release,
+    timeout: Duration,
+    cx: &Context,
+    declined: &mut BTreeSet<String>,
+    pci_said: &mut String,
+) -> bool {
+    let named = release.named();
+    tracing::warn!(gpus = %named, action = release.action, "the driver asks for a GPU reset: every NVML handle is closed so the reset can proceed; GPU series are absent until NVML is taken back, once the GPU has left the driver and come back, or after nvml.release_timeout");
+    cx.state.update(|state| {
+        state.release(Released {
+            targets: named.clone(),
+            uuids: release.targets.iter().map(|t| t.uuid.clone()).collect(),
+            action: release.action,
+            timeout,
+        })
+    });
+    loop {
+        if cx.stop.wait(cx.interval) {
+            return false;
+        }
+        let pci = scan_pci(&cx.pci_devices, pci_said);
+        let bound = pci.as_ref().map(|p| p.bound_to(NVIDIA_DRIVER));
+        let back = release.observe(bound.as_ref(), Instant::now(), timeout);
+        cx.state.update(|state| {
+            state.pci = pci;
+            // The thread is alive and keeping its word: not a stalled sampler.
+            state.last_round = Some(Instant::now());
+            if let Some(how) = back {
+                state.released = None;
+                *state.reattached.entry(how.as_str()).or_default() += 1;
+            }
+        });
+        match back {
+            None => {}
+            Some(Reattach::Reset) => {
+                tracing::info!(gpus = %named, "the GPUs left the driver and came back: NVML is taken back");
+                return true;
+            }
+            Some(Reattach::TimedOut) => {
+                tracing::warn!(gpus = %named, timeout = ?timeout, "no reset seen within nvml.release_timeout: NVML is taken back, and not let go again for these GPUs until the driver's recovery action for them changes");
+                declined.extend(release.targets.iter().map(|t| t.uuid.clone()));
+                return true;
+            }
+        }
+    }
 }
 
 /// Whose process `pid` is, from `<proc_root>/<pid>/cgroup` (the host's `/proc` with hostPID).
@@ -103,23 +254,24 @@ fn owner_of(proc_root: &Path, pid: u32) -> Result<CgroupOwner, &'static str> {
     }
 }
 
-fn sample_loop(
+/// Reads every GPU each interval until stopped, a GPU the driver wants reset (with `declined`,
+/// the GPUs not to release again), or a change in the GPUs bound to the driver.
+fn sample_session(
     source: &NvmlSource,
-    state: &Shared<GpuState>,
-    interval: Duration,
-    pci_devices: &Path,
-    owner_of: Option<&super::OwnerOf>,
-    stop: &Stop,
-    up: &AgentMetrics,
-) {
-    let mut pci_said = String::new();
+    cx: &Context,
+    mut declined: Option<&mut BTreeSet<String>>,
+    pci_said: &mut String,
+) -> Leave {
+    let state = &cx.state;
     state.update(|state| {
         state.driver_version = source.driver_version();
         state.last_round = Some(Instant::now());
     });
     let mut last = Instant::now();
     let mut since_last: BTreeMap<u32, SinceLast> = BTreeMap::new();
-    let mut attribution_said = std::collections::BTreeSet::new();
+    let mut attribution_said = BTreeSet::new();
+    // The GPUs bound to the driver when this NVML was initialised (its first round's scan).
+    let mut at_init: Option<Option<BTreeSet<String>>> = None;
     loop {
         let elapsed = last.elapsed().as_secs_f64();
         last = Instant::now();
@@ -128,10 +280,20 @@ fn sample_loop(
                 let reads: Vec<(u32, DeviceRead)> = (0..count)
                     .filter_map(|i| {
                         let previous = since_last.entry(i).or_default();
-                        source.read(i, previous, owner_of).map(|r| (i, r))
+                        source.read(i, previous, cx.owner_of).map(|r| (i, r))
                     })
                     .collect();
-                let pci = scan_pci(pci_devices, &mut pci_said);
+                let pci = scan_pci(&cx.pci_devices, pci_said);
+                let bound = pci.as_ref().map(|p| p.bound_to(NVIDIA_DRIVER));
+                let before = at_init.get_or_insert_with(|| bound.clone());
+                if gpus_changed(before.as_ref(), bound.as_ref()) {
+                    return Leave::Changed;
+                }
+                // Without `nvml.release_for_reset`, nothing is released.
+                let release = declined.as_deref_mut().and_then(|declined| {
+                    forget_declined(&reads, declined);
+                    wanted(&reads, declined, Instant::now())
+                });
                 let at = Instant::now();
                 state.update(|state| {
                     if state.failing.take().is_some() {
@@ -148,7 +310,10 @@ fn sample_loop(
                     }
                     state.last_round = Some(Instant::now());
                 });
-                up.set_up(Subsystem::Nvml, true);
+                cx.up.set_up(Subsystem::Nvml, true);
+                if let Some(release) = release {
+                    return Leave::Release(release);
+                }
             }
             Err(reason) => {
                 state.update(|state| {
@@ -157,18 +322,18 @@ fn sample_loop(
                     }
                     state.fail(reason);
                 });
-                up.set_up(Subsystem::Nvml, false);
+                cx.up.set_up(Subsystem::Nvml, false);
             }
         }
-        if stop.wait(interval) {
-            return;
+        if cx.stop.wait(cx.interval) {
+            return Leave::Stopped;
         }
     }
 }
 
 /// Each reason per-process reading fails for, said once: NVML's refusals do not change from one
 /// round to the next, and a process exiting mid-read is ordinary.
-fn say_attribution_trouble(read: &DeviceRead, said: &mut std::collections::BTreeSet<&'static str>) {
+fn say_attribution_trouble(read: &DeviceRead, said: &mut BTreeSet<&'static str>) {
     let DeviceRead::Read { reading, .. } = read else {
         return;
     };
