@@ -67,6 +67,8 @@ fn collectors(
     let names_pods = config.nvml.process_attribution || !kubelet.holder_labels().is_off();
     let node_pods = crate::node_pods::NodePodsSlot::new(names_pods);
     let api = crate::components::ApiClient::new(registry, config.api_request_timeout.get())?;
+    // The node's release annotation: kept by the readiness side's node watch, read by NVML's.
+    let release_asked = crate::shared::Shared::new(None);
     let on_the_node: Vec<Box<dyn Component>> = vec![
         Box::new(KernelLog {
             settings: config.kernel_log.clone(),
@@ -82,6 +84,7 @@ fn collectors(
                 .collect(),
             policy: config.readiness.fatal_xids.clone(),
             thresholds: config.readiness.xid_thresholds.clone(),
+            release_asked: release_asked.clone(),
             kernel_log: kernel_log.clone(),
             holder_labels: kubelet.holder_labels(),
         }),
@@ -117,6 +120,7 @@ fn collectors(
             settings: config.readiness.clone(),
             node_taint: node.taint.clone(),
             node_records: node.records.clone(),
+            release_asked,
             api: api.clone(),
         }),
         Box::new(PodGates {

@@ -25,6 +25,9 @@ pub struct Gpu {
     pub resources: Vec<String>,
     /// DRA drivers whose devices are GPUs (`kubelet.gpu_dra_drivers`).
     pub dra_drivers: Vec<String>,
+    /// The node's `mlnode.dev/release-gpus` annotation while set, kept by the readiness side's
+    /// node watch.
+    pub release_asked: mlnode_core::shared::Shared<Option<String>>,
     /// Which XIDs hold the node once they repeat (`readiness.xid_thresholds`).
     pub thresholds: mlnode_accel::gpu::xid::XidThresholds,
     /// Which XIDs hold the node (`readiness.fatal_xids`).
@@ -79,6 +82,7 @@ impl Component for Gpu {
 /// Opens NVML on a thread of its own (a blocked `nvmlInit` cannot be cancelled, and a stuck
 /// blocking task would hold up the async runtime's shutdown), bounded by [`NVML_START_TIMEOUT`].
 async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
+    let release_asked = gpu.release_asked.clone();
     let (settings, registry, shared, pod_names, up, kernel_log) = (
         gpu.settings.clone(),
         cx.registry.clone(),
@@ -102,7 +106,14 @@ async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
         .name("nvml-start".into())
         .spawn(move || {
             let _ = tx.send(GpuRuntime::start(
-                &settings, shared, pod_names, resources, &registry, up, kernel_log,
+                &settings,
+                shared,
+                pod_names,
+                resources,
+                &registry,
+                up,
+                kernel_log,
+                release_asked,
             ));
         })
         .map_err(|e| format!("cannot start the NVML start-up thread: {e}"))?;

@@ -8,7 +8,9 @@ use super::ApiClient;
 use crate::readiness::controller::{Controller, ReadinessMetrics, Sources};
 use crate::readiness::settings::ReadinessSettings;
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
+use mlnode_core::health::DeviceKind;
 use mlnode_core::metrics::Subsystem;
+use mlnode_core::shared::Shared;
 use mlnode_core::state::{NodeRecords, NodeTaint};
 
 /// Started after the collectors: it takes their health reports from the context.
@@ -18,6 +20,8 @@ pub struct Readiness {
     pub node_taint: NodeTaint,
     /// Where the controller hands the monitors what a previous agent of this boot verified.
     pub node_records: NodeRecords,
+    /// Where the node watch keeps the `mlnode.dev/release-gpus` annotation for the GPU collector.
+    pub release_asked: Shared<Option<String>>,
     pub api: ApiClient,
 }
 
@@ -61,6 +65,15 @@ impl Component for Readiness {
                 sources.models.len(),
                 sources.health.len()
             );
+            // One watch of the node, only where a GPU collector runs to let go of NVML.
+            if sources.health.iter().any(|h| h.kind() == DeviceKind::Gpu) {
+                cx.tasks.spawn(crate::release_request::run(
+                    client.clone(),
+                    cx.node_name.clone(),
+                    self.release_asked,
+                    cx.shutdown.child_token(),
+                ));
+            }
             let metrics = ReadinessMetrics::register(&cx.registry)?;
             let controller = Controller::new(
                 client,

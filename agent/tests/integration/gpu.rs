@@ -1742,6 +1742,48 @@ fn the_agent_lets_go_of_nvml_for_a_reset_and_takes_it_back_after() {
     assert_eq!(held_files(agent.pid(), &devices).len(), 2);
 }
 
+/// An operator or a reset janitor asks through the node annotation `mlnode.dev/release-gpus`, seen
+/// through one watch of the node: every GPU is let go of (no device file held, NVML shut down), the
+/// gate says who asked (`GPUsReleased`), and NVML is taken back when the annotation is removed.
+#[test]
+fn the_release_annotation_lets_go_of_every_gpu_until_it_is_removed() {
+    let scenario = Scenario::new(2);
+    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let agent = start_watched(&scenario, &api, "");
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    let devices = scenario.device_dir();
+    api.annotate_node("mlnode.dev/release-gpus", "janitor: reset GPU 1");
+    let condition = wait_condition(&agent, &api, "released", |c| c["reason"] == "GPUsReleased");
+    assert!(
+        condition["message"].as_str().unwrap().contains(
+            "the node's mlnode.dev/release-gpus annotation (\"janitor: reset GPU 1\") asks for a release of GPU-00000000-1111-2222-3333-444444444440 (0000:07:00.0), GPU-00000001-1111-2222-3333-444444444441 (0000:17:00.0)"
+        ),
+        "{condition}"
+    );
+    assert!(
+        held_files(agent.pid(), &devices).is_empty(),
+        "no device file held"
+    );
+    assert_eq!(scenario.ledger()["initialized"], 0);
+    assert!(
+        api.requests()
+            .iter()
+            .any(|r| r.path.starts_with("/api/v1/nodes?") && r.path.contains("watch=true")),
+        "one watch of the node"
+    );
+    api.unannotate_node("mlnode.dev/release-gpus");
+    wait_condition(&agent, &api, "taken back", |c| c["status"] == "True");
+    agent.wait_for("read again", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_gpu_nvml_reattaches_total",
+            &[("after", "annotation_removed")],
+        ) == Some(1.0)
+            && sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "1")]) == Some(41.0)
+    });
+    assert_eq!(held_files(agent.pid(), &devices).len(), 2);
+}
+
 /// A reset that never comes: NVML is taken back after `nvml.release_timeout`, said once, and not
 /// let go again while the driver keeps asking for the same GPU: the gate then says what the driver
 /// asks for.

@@ -197,17 +197,13 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
     }
     // The driver's verdict stands while its GPU is let go of: the reason is the action's.
     if let Some(released) = &state.released {
-        let (reason, action) = RECOVERY_ACTIONS
-            .iter()
-            .find(|(v, ..)| *v == released.action)
-            .map_or(("GPUResetRequired", "a reset"), |(_, _, reason, words)| {
-                (reason, words)
-            });
         problems.push(Problem::new(
-            reason,
+            released.reason,
             format!(
-                "the driver asks for {action} of {}: the agent closed every NVML handle so the reset can proceed, and takes NVML back once the GPU has left the driver and come back, or after {} (nvml.release_timeout)",
+                "{} of {}: the agent closed every NVML handle so the reset can proceed, and takes NVML back {}, or after {} (nvml.release_timeout)",
+                released.why,
                 released.targets,
+                released.until,
                 humantime::format_duration(released.timeout)
             ),
         ));

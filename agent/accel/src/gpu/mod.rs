@@ -286,6 +286,8 @@ pub struct GpuRuntime {
 impl GpuRuntime {
     /// Opens NVML, starts the sampler and XID threads, and registers the collector. Err says why
     /// there is no GPU collector; the agent runs on without one.
+    // Each argument is a different thing the collector shares with another part of the agent.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         settings: &NvmlSettings,
         assignments: SharedAssignments,
@@ -294,6 +296,7 @@ impl GpuRuntime {
         registry: &prometheus::Registry,
         up: mlnode_core::metrics::AgentMetrics,
         kernel_log: Option<Shared<crate::kernel_log::facts::LogFacts>>,
+        release_asked: Shared<Option<String>>,
     ) -> Result<GpuRuntime, String> {
         if settings.enabled == Toggle::Off {
             return Err("disabled (nvml.enabled: false)".into());
@@ -328,6 +331,7 @@ impl GpuRuntime {
             source,
             nvml::Reopen {
                 library: settings.library.clone(),
+                asked: release_asked,
                 release_for_reset: settings.release_for_reset,
                 release_timeout: settings.release_timeout.get(),
             },

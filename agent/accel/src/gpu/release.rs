@@ -17,6 +17,20 @@ use super::state::DeviceRead;
 /// `nvmlDeviceGpuRecoveryAction_t` values that ask for a GPU reset: GPU_RESET 1, DRAIN_AND_RESET 4.
 pub const RESET_ACTIONS: [u32; 2] = [1, 4];
 
+/// The node annotation through which an operator or a repair engine (a reset janitor) asks the
+/// agent to let go of every GPU; any value, which the log and the gate repeat. Removing it hands
+/// NVML back.
+pub const RELEASE_ANNOTATION: &str = "mlnode.dev/release-gpus";
+
+/// Who asked for a release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The driver's recovery action for the targets.
+    Driver(u32),
+    /// [`RELEASE_ANNOTATION`], with its value.
+    Operator(String),
+}
+
 /// One GPU the agent let go of NVML for.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Target {
@@ -29,8 +43,7 @@ pub struct Target {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Release {
     pub targets: Vec<Target>,
-    /// The recovery action that asked for it.
-    pub action: u32,
+    pub cause: Cause,
     pub since: Instant,
     /// The targets seen off the driver since (unbound, or gone from the bus).
     away: BTreeSet<String>,
@@ -41,6 +54,8 @@ pub struct Release {
 pub enum Reattach {
     /// Every target left the driver and came back: the reset happened.
     Reset,
+    /// The annotation that asked for it was removed.
+    Removed,
     /// `nvml.release_timeout` passed first.
     TimedOut,
 }
@@ -50,6 +65,7 @@ impl Reattach {
     pub fn as_str(self) -> &'static str {
         match self {
             Reattach::Reset => "reset",
+            Reattach::Removed => "annotation_removed",
             Reattach::TimedOut => "timeout",
         }
     }
@@ -84,10 +100,30 @@ pub fn wanted(
         .collect();
     (!targets.is_empty()).then(|| Release {
         targets,
-        action,
+        cause: Cause::Driver(action),
         since: now,
         away: BTreeSet::new(),
     })
+}
+
+/// Every GPU of this round's reads, released because [`RELEASE_ANNOTATION`] says `value`.
+pub fn asked(reads: &[(u32, DeviceRead)], value: String, now: Instant) -> Release {
+    let targets = reads
+        .iter()
+        .filter_map(|(_, read)| match read {
+            DeviceRead::Read { identity, .. } => Some(Target {
+                uuid: identity.uuid.clone(),
+                address: crate::pci::sysfs_bus_id(&identity.pci_bus_id)?,
+            }),
+            DeviceRead::Failed(_) => None,
+        })
+        .collect();
+    Release {
+        targets,
+        cause: Cause::Operator(value),
+        since: now,
+        away: BTreeSet::new(),
+    }
 }
 
 /// The GPUs no longer asking for a reset leave `declined`: a later request is a new one.
@@ -106,14 +142,21 @@ pub fn forget_declined(reads: &[(u32, DeviceRead)], declined: &mut BTreeSet<Stri
 
 impl Release {
     /// What the bus shows now (`bound`: the NVIDIA GPUs bound to the driver; None: unreadable)
-    /// says about the reset; Some once NVML should be taken back.
+    /// and whether the annotation still asks (`asked`) say about the reset; Some once NVML should
+    /// be taken back. A release the annotation asked for lasts while it does; the driver's, until
+    /// its GPUs have left the driver and come back.
     pub fn observe(
         &mut self,
         bound: Option<&BTreeSet<String>>,
+        asked: bool,
         now: Instant,
         timeout: Duration,
     ) -> Option<Reattach> {
-        if let Some(bound) = bound {
+        if matches!(self.cause, Cause::Operator(_)) {
+            if !asked {
+                return Some(Reattach::Removed);
+            }
+        } else if let Some(bound) = bound {
             for target in &self.targets {
                 if !bound.contains(&target.address) {
                     self.away.insert(target.address.clone());
@@ -190,7 +233,7 @@ mod tests {
             read("GPU-b", "00000000:2A:00.0", None),
         ];
         let release = wanted(&asking, &declined, t0).unwrap();
-        assert_eq!(release.action, 4);
+        assert_eq!(release.cause, Cause::Driver(4));
         assert_eq!(release.named(), "GPU-a (0000:18:00.0)");
         declined.insert("GPU-a".to_string());
         assert_eq!(wanted(&asking, &declined, t0), None, "declined");
@@ -217,14 +260,14 @@ mod tests {
         )
         .unwrap();
         let both = set(&["0000:18:00.0", "0000:2a:00.0"]);
-        assert_eq!(release.observe(Some(&both), at(5), timeout), None);
+        assert_eq!(release.observe(Some(&both), false, at(5), timeout), None);
         assert_eq!(
-            release.observe(Some(&set(&["0000:2a:00.0"])), at(10), timeout),
+            release.observe(Some(&set(&["0000:2a:00.0"])), false, at(10), timeout),
             None
         );
-        assert_eq!(release.observe(None, at(12), timeout), None);
+        assert_eq!(release.observe(None, false, at(12), timeout), None);
         assert_eq!(
-            release.observe(Some(&both), at(15), timeout),
+            release.observe(Some(&both), false, at(15), timeout),
             Some(Reattach::Reset)
         );
         let mut stuck = wanted(
@@ -233,13 +276,47 @@ mod tests {
             t0,
         )
         .unwrap();
-        assert_eq!(stuck.observe(Some(&both), at(599), timeout), None);
+        assert_eq!(stuck.observe(Some(&both), false, at(599), timeout), None);
         assert_eq!(
-            stuck.observe(Some(&both), at(600), timeout),
+            stuck.observe(Some(&both), false, at(600), timeout),
             Some(Reattach::TimedOut)
         );
         assert_eq!(
-            stuck.observe(None, at(601), timeout),
+            stuck.observe(None, false, at(601), timeout),
+            Some(Reattach::TimedOut)
+        );
+    }
+
+    /// The annotation's release takes every GPU read and lasts while the annotation does, bus
+    /// or not, up to the timeout.
+    #[test]
+    fn the_annotations_release_lasts_while_it_is_set() {
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(600);
+        let reads = [
+            read("GPU-a", "00000000:18:00.0", Some(0)),
+            read("GPU-b", "00000000:2A:00.0", None),
+        ];
+        let mut release = asked(&reads, "janitor".into(), t0);
+        assert_eq!(
+            release.named(),
+            "GPU-a (0000:18:00.0), GPU-b (0000:2a:00.0)"
+        );
+        let none = set(&[]);
+        let both = set(&["0000:18:00.0", "0000:2a:00.0"]);
+        assert_eq!(release.observe(Some(&none), true, t0, timeout), None);
+        assert_eq!(
+            release.observe(Some(&both), true, t0, timeout),
+            None,
+            "back on the bus: still asked"
+        );
+        assert_eq!(
+            release.observe(Some(&both), false, t0, timeout),
+            Some(Reattach::Removed)
+        );
+        let mut kept = asked(&reads, "janitor".into(), t0);
+        assert_eq!(
+            kept.observe(None, true, t0 + timeout, timeout),
             Some(Reattach::TimedOut)
         );
     }

@@ -77,8 +77,13 @@ pub struct Released {
     pub targets: String,
     /// Their UUIDs: their series are absent until NVML is taken back.
     pub uuids: Vec<String>,
-    /// The recovery action that asked.
-    pub action: u32,
+    /// The gate's reason meanwhile: the driver's verdict (`GPUResetRequired`, ...) or
+    /// `GPUsReleased` (the annotation).
+    pub reason: &'static str,
+    /// Who asked, in words.
+    pub why: String,
+    /// When NVML is taken back, in words.
+    pub until: &'static str,
     /// `nvml.release_timeout`.
     pub timeout: Duration,
 }

@@ -596,7 +596,15 @@ async fn pods(
         .filter(|p| node.as_deref().is_none_or(|n| p["spec"]["nodeName"] == n))
         .cloned()
         .collect();
-    list_or_watch(&state, "/api/v1/pods", "PodList", "v1", items, query, node)
+    list_or_watch(
+        &state,
+        "/api/v1/pods",
+        "PodList",
+        "v1",
+        items,
+        query,
+        move |o| o["kind"] != "Node" && node.as_deref().is_none_or(|n| o["spec"]["nodeName"] == n),
+    )
 }
 
 /// A strategic-merge patch of a pod's status (conditions merge on `type`), through admission as
@@ -637,6 +645,40 @@ async fn patch_pod_status(
     axum::Json(updated).into_response()
 }
 
+/// Nodes, honouring a `metadata.name` field selector: the list, or the watch of the node's changes
+/// (each write to it, as the API server's watch cache sends them).
+async fn nodes(
+    State(state): State<Arc<ApiState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let name = field_selector(query.as_deref().unwrap_or_default())
+        .and_then(|s| s.strip_prefix("metadata.name=").map(str::to_string));
+    let node = state.node.lock().unwrap().clone();
+    let matches = move |o: &Value| {
+        o["kind"] == "Node" && name.as_deref().is_none_or(|n| o["metadata"]["name"] == n)
+    };
+    let items = [node].into_iter().filter(|n| matches(n)).collect();
+    list_or_watch(
+        &state,
+        "/api/v1/nodes",
+        "NodeList",
+        "v1",
+        items,
+        query,
+        matches,
+    )
+}
+
+/// Tells the node's watchers it changed.
+fn node_changed(state: &ApiState, node: &Value) {
+    let mut node = node.clone();
+    node["kind"] = json!("Node");
+    node["apiVersion"] = json!("v1");
+    if let Some(tx) = state.watch.lock().unwrap().as_ref() {
+        let _ = tx.send(json!({"type": "MODIFIED", "object": node}));
+    }
+}
+
 /// ResourceSlices, as resource.k8s.io/v1 serves them, honouring a `spec.nodeName` field selector.
 async fn resource_slices(
     State(state): State<Arc<ApiState>>,
@@ -659,7 +701,7 @@ async fn resource_slices(
         "resource.k8s.io/v1",
         items,
         query,
-        node,
+        move |o| node.as_deref().is_none_or(|n| o["spec"]["nodeName"] == n),
     )
 }
 
@@ -680,7 +722,7 @@ fn list_or_watch(
     api_version: &'static str,
     items: Vec<Value>,
     query: Option<String>,
-    node: Option<String>,
+    keep: impl Fn(&Value) -> bool + Send + 'static,
 ) -> Response {
     let query = query.unwrap_or_default();
     let watching = query
@@ -736,10 +778,7 @@ fn list_or_watch(
         line.ok()
             .filter(|v: &Value| {
                 v["type"] == "ERROR"
-                    || (v["object"]["apiVersion"] == api_version
-                        && node
-                            .as_deref()
-                            .is_none_or(|n| v["object"]["spec"]["nodeName"] == n))
+                    || (v["object"]["apiVersion"] == api_version && keep(&v["object"]))
             })
             .map(|v| Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))))
     });
@@ -854,6 +893,7 @@ impl FakeApiServer {
 
     fn router(state: Arc<ApiState>) -> axum::Router {
         axum::Router::new()
+            .route("/api/v1/nodes", get(nodes))
             .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
             .route(
                 "/api/v1/nodes/{name}/status",
@@ -1051,6 +1091,19 @@ impl FakeApiServer {
     pub fn annotate_node(&self, key: &str, value: &str) {
         let mut node = self.state.node.lock().unwrap();
         node["metadata"]["annotations"][key] = json!(value);
+        bump(&mut node);
+        node_changed(&self.state, &node);
+    }
+
+    /// Removes an annotation from the node (`kubectl annotate <key>-`).
+    #[allow(dead_code)]
+    pub fn unannotate_node(&self, key: &str) {
+        let mut node = self.state.node.lock().unwrap();
+        if let Some(annotations) = node["metadata"]["annotations"].as_object_mut() {
+            annotations.remove(key);
+        }
+        bump(&mut node);
+        node_changed(&self.state, &node);
     }
 
     /// The node's condition of type `kind`, or null.

@@ -16,7 +16,11 @@ use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
 use super::{symbol, NvmlSource, SinceLast};
-use crate::gpu::release::{forget_declined, gpus_changed, wanted, Reattach, Release};
+use crate::gpu::health::RECOVERY_ACTIONS;
+use crate::gpu::release::{
+    asked as asked_release, forget_declined, gpus_changed, wanted, Cause, Reattach, Release,
+    RELEASE_ANNOTATION,
+};
 use crate::gpu::state::{DeviceRead, GpuFailure, GpuState, Released};
 use mlnode_core::cgroup::{self, CgroupOwner};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
@@ -57,6 +61,9 @@ impl Stop {
 /// long to let go of it for a reset.
 pub struct Reopen {
     pub library: PathBuf,
+    /// The node's [`RELEASE_ANNOTATION`] value while set (kept by the node watch; None: no API
+    /// server, or not set).
+    pub asked: Shared<Option<String>>,
     /// `nvml.release_for_reset`.
     pub release_for_reset: bool,
     pub release_timeout: Duration,
@@ -108,8 +115,16 @@ enum Leave {
     Stopped,
     /// The GPUs bound to the driver changed: NVML's list is stale.
     Changed,
-    /// The driver asks for a reset of these GPUs.
+    /// The driver, or the annotation, asks to let go of these GPUs.
     Release(Release),
+}
+
+/// Releases not to repeat: the GPUs whose driver-asked release timed out (until their action
+/// changes), and the annotation's (until it is removed).
+#[derive(Default)]
+struct Declined {
+    gpus: BTreeSet<String>,
+    annotation: bool,
 }
 
 /// The driver the GPUs NVML lists are bound to.
@@ -117,8 +132,7 @@ const NVIDIA_DRIVER: &str = "nvidia";
 
 fn supervise(first: NvmlSource, reopen: &Reopen, cx: &Context) {
     let mut next = Some(first);
-    // GPUs whose last release timed out: not released again until their action changes.
-    let mut declined = BTreeSet::new();
+    let mut declined = Declined::default();
     let mut pci_said = String::new();
     loop {
         let source = match next.take() {
@@ -155,12 +169,7 @@ fn supervise(first: NvmlSource, reopen: &Reopen, cx: &Context) {
         if let Err(e) = &xids {
             tracing::warn!(error = %e, "cannot start the XID listener; XID errors will not be counted");
         }
-        let leave = sample_session(
-            &source,
-            cx,
-            reopen.release_for_reset.then_some(&mut declined),
-            &mut pci_said,
-        );
+        let leave = sample_session(&source, cx, reopen, &mut declined, &mut pci_said);
         session.stop();
         if let Ok(xids) = xids {
             let _ = xids.join();
@@ -176,13 +185,7 @@ fn supervise(first: NvmlSource, reopen: &Reopen, cx: &Context) {
                 );
             }
             Leave::Release(release) => {
-                if !wait_for_reset(
-                    release,
-                    reopen.release_timeout,
-                    cx,
-                    &mut declined,
-                    &mut pci_said,
-                ) {
+                if !wait_for_reset(release, reopen, cx, &mut declined, &mut pci_said) {
                     return;
                 }
             }
@@ -195,19 +198,47 @@ fn supervise(first: NvmlSource, reopen: &Reopen, cx: &Context) {
 /// the same GPUs until their action changes.
 fn wait_for_reset(
     mut release: Release,
-    timeout: Duration,
+    reopen: &Reopen,
     cx: &Context,
-    declined: &mut BTreeSet<String>,
+    declined: &mut Declined,
     pci_said: &mut String,
 ) -> bool {
+    let timeout = reopen.release_timeout;
     let named = release.named();
-    tracing::warn!(gpus = %named, action = release.action, "the driver asks for a GPU reset: every NVML handle is closed so the reset can proceed; GPU series are absent until NVML is taken back, once the GPU has left the driver and come back, or after nvml.release_timeout");
+    let released = match &release.cause {
+        Cause::Driver(action) => {
+            let (reason, words) = RECOVERY_ACTIONS.iter().find(|(v, ..)| v == action).map_or(
+                ("GPUResetRequired", "a GPU reset"),
+                |(_, _, reason, words)| (*reason, *words),
+            );
+            tracing::warn!(gpus = %named, action, "the driver asks for a GPU reset: every NVML handle is closed so the reset can proceed; GPU series are absent until NVML is taken back, once the GPU has left the driver and come back, or after nvml.release_timeout");
+            Released {
+                targets: named.clone(),
+                uuids: Vec::new(),
+                reason,
+                why: format!("the driver asks for {words}"),
+                until: "once the GPU has left the driver and come back",
+                timeout,
+            }
+        }
+        Cause::Operator(value) => {
+            tracing::warn!(gpus = %named, annotation = RELEASE_ANNOTATION, value = %value, "the node asks to let go of the GPUs: every NVML handle is closed; GPU series are absent until the annotation is removed, or after nvml.release_timeout");
+            Released {
+                targets: named.clone(),
+                uuids: Vec::new(),
+                reason: "GPUsReleased",
+                why: format!(
+                    "the node's {RELEASE_ANNOTATION} annotation ({value:?}) asks for a release"
+                ),
+                until: "once the annotation is removed",
+                timeout,
+            }
+        }
+    };
     cx.state.update(|state| {
         state.release(Released {
-            targets: named.clone(),
             uuids: release.targets.iter().map(|t| t.uuid.clone()).collect(),
-            action: release.action,
-            timeout,
+            ..released
         })
     });
     loop {
@@ -216,7 +247,8 @@ fn wait_for_reset(
         }
         let pci = scan_pci(&cx.pci_devices, pci_said);
         let bound = pci.as_ref().map(|p| p.bound_to(NVIDIA_DRIVER));
-        let back = release.observe(bound.as_ref(), Instant::now(), timeout);
+        let asked = reopen.asked.get().is_some();
+        let back = release.observe(bound.as_ref(), asked, Instant::now(), timeout);
         cx.state.update(|state| {
             state.pci = pci;
             // The thread is alive and keeping its word: not a stalled sampler.
@@ -232,9 +264,18 @@ fn wait_for_reset(
                 tracing::info!(gpus = %named, "the GPUs left the driver and came back: NVML is taken back");
                 return true;
             }
+            Some(Reattach::Removed) => {
+                tracing::info!(gpus = %named, annotation = RELEASE_ANNOTATION, "the annotation was removed: NVML is taken back");
+                return true;
+            }
             Some(Reattach::TimedOut) => {
-                tracing::warn!(gpus = %named, timeout = ?timeout, "no reset seen within nvml.release_timeout: NVML is taken back, and not let go again for these GPUs until the driver's recovery action for them changes");
-                declined.extend(release.targets.iter().map(|t| t.uuid.clone()));
+                tracing::warn!(gpus = %named, timeout = ?timeout, "no reset seen within nvml.release_timeout: NVML is taken back, and not let go again for these GPUs until what asked for it changes");
+                match release.cause {
+                    Cause::Driver(_) => declined
+                        .gpus
+                        .extend(release.targets.iter().map(|t| t.uuid.clone())),
+                    Cause::Operator(_) => declined.annotation = true,
+                }
                 return true;
             }
         }
@@ -254,12 +295,13 @@ fn owner_of(proc_root: &Path, pid: u32) -> Result<CgroupOwner, &'static str> {
     }
 }
 
-/// Reads every GPU each interval until stopped, a GPU the driver wants reset (with `declined`,
-/// the GPUs not to release again), or a change in the GPUs bound to the driver.
+/// Reads every GPU each interval until stopped, a release (the driver's reset, the annotation;
+/// `declined` are not repeated), or a change in the GPUs bound to the driver.
 fn sample_session(
     source: &NvmlSource,
     cx: &Context,
-    mut declined: Option<&mut BTreeSet<String>>,
+    reopen: &Reopen,
+    declined: &mut Declined,
     pci_said: &mut String,
 ) -> Leave {
     let state = &cx.state;
@@ -289,11 +331,18 @@ fn sample_session(
                 if gpus_changed(before.as_ref(), bound.as_ref()) {
                     return Leave::Changed;
                 }
-                // Without `nvml.release_for_reset`, nothing is released.
-                let release = declined.as_deref_mut().and_then(|declined| {
-                    forget_declined(&reads, declined);
-                    wanted(&reads, declined, Instant::now())
-                });
+                // The driver's requests only with `nvml.release_for_reset`; the annotation's always.
+                forget_declined(&reads, &mut declined.gpus);
+                let asked = reopen.asked.get();
+                declined.annotation &= asked.is_some();
+                let release = reopen
+                    .release_for_reset
+                    .then(|| wanted(&reads, &declined.gpus, Instant::now()))
+                    .flatten()
+                    .or_else(|| {
+                        let value = asked.filter(|_| !declined.annotation)?;
+                        Some(asked_release(&reads, value, Instant::now()))
+                    });
                 let at = Instant::now();
                 state.update(|state| {
                     if state.failing.take().is_some() {
