@@ -6,7 +6,7 @@
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::watch::watch_config;
@@ -36,10 +36,11 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let api: Api<Node> = Api::all(client);
-    let stream = watcher(api, watch_config(&format!("metadata.name={node_name}")));
+    let config = watch_config(&format!("metadata.name={node_name}"));
+    // Retried after kube's back-off, as the ResourceSlice watch (kubelet::dra) is.
+    let stream = watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut failing = String::new();
-    let mut backoff = watcher::DefaultBackoff::default();
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -52,11 +53,6 @@ pub async fn run(
                 if message != failing {
                     tracing::warn!(error = %message, annotation = RELEASE_ANNOTATION, "the node watch failed; the release annotation last seen stands until it resumes (retrying with backoff)");
                     failing = message;
-                }
-                let wait = backoff.next().unwrap_or(std::time::Duration::from_secs(30));
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(wait) => {}
                 }
             }
             Some(Ok(event)) => {

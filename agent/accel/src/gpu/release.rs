@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use super::state::DeviceRead;
+use super::{GpuIdentity, GpuReading};
 
 /// `nvmlDeviceGpuRecoveryAction_t` values that ask for a GPU reset: GPU_RESET 1, DRAIN_AND_RESET 4.
 pub const RESET_ACTIONS: [u32; 2] = [1, 4];
@@ -71,6 +72,29 @@ impl Reattach {
     }
 }
 
+/// The GPUs this round read, with their readings (those NVML failed to read are left out).
+fn read_gpus(reads: &[(u32, DeviceRead)]) -> impl Iterator<Item = (&GpuIdentity, &GpuReading)> {
+    reads.iter().filter_map(|(_, read)| match read {
+        DeviceRead::Read { identity, reading } => Some((identity, reading.as_ref())),
+        DeviceRead::Failed(_) => None,
+    })
+}
+
+fn asks_reset(reading: &GpuReading) -> Option<u32> {
+    reading
+        .recovery_action
+        .filter(|a| RESET_ACTIONS.contains(a))
+}
+
+impl Target {
+    fn of(identity: &GpuIdentity) -> Option<Target> {
+        Some(Target {
+            uuid: identity.uuid.clone(),
+            address: crate::pci::sysfs_bus_id(&identity.pci_bus_id)?,
+        })
+    }
+}
+
 /// The GPUs this round's reads say the driver wants reset, leaving out those whose earlier release
 /// timed out (`declined`) until their action changes; None when there is none.
 pub fn wanted(
@@ -79,68 +103,43 @@ pub fn wanted(
     now: Instant,
 ) -> Option<Release> {
     let mut action = 0;
-    let targets: Vec<Target> = reads
-        .iter()
-        .filter_map(|(_, read)| match read {
-            DeviceRead::Read { identity, reading } => {
-                let asked = reading
-                    .recovery_action
-                    .filter(|a| RESET_ACTIONS.contains(a))?;
-                if declined.contains(&identity.uuid) {
-                    return None;
-                }
-                action = asked;
-                Some(Target {
-                    uuid: identity.uuid.clone(),
-                    address: crate::pci::sysfs_bus_id(&identity.pci_bus_id)?,
-                })
-            }
-            DeviceRead::Failed(_) => None,
+    let targets: Vec<Target> = read_gpus(reads)
+        .filter(|(identity, _)| !declined.contains(&identity.uuid))
+        .filter_map(|(identity, reading)| {
+            action = asks_reset(reading)?;
+            Target::of(identity)
         })
         .collect();
-    (!targets.is_empty()).then(|| Release {
-        targets,
-        cause: Cause::Driver(action),
-        since: now,
-        away: BTreeSet::new(),
-    })
+    (!targets.is_empty()).then(|| Release::new(targets, Cause::Driver(action), now))
 }
 
 /// Every GPU of this round's reads, released because [`RELEASE_ANNOTATION`] says `value`.
 pub fn asked(reads: &[(u32, DeviceRead)], value: String, now: Instant) -> Release {
-    let targets = reads
-        .iter()
-        .filter_map(|(_, read)| match read {
-            DeviceRead::Read { identity, .. } => Some(Target {
-                uuid: identity.uuid.clone(),
-                address: crate::pci::sysfs_bus_id(&identity.pci_bus_id)?,
-            }),
-            DeviceRead::Failed(_) => None,
-        })
+    let targets = read_gpus(reads)
+        .filter_map(|(identity, _)| Target::of(identity))
         .collect();
-    Release {
-        targets,
-        cause: Cause::Operator(value),
-        since: now,
-        away: BTreeSet::new(),
-    }
+    Release::new(targets, Cause::Operator(value), now)
 }
 
 /// The GPUs no longer asking for a reset leave `declined`: a later request is a new one.
 pub fn forget_declined(reads: &[(u32, DeviceRead)], declined: &mut BTreeSet<String>) {
-    for (_, read) in reads {
-        if let DeviceRead::Read { identity, reading } = read {
-            let asks = reading
-                .recovery_action
-                .is_some_and(|a| RESET_ACTIONS.contains(&a));
-            if !asks {
-                declined.remove(&identity.uuid);
-            }
+    for (identity, reading) in read_gpus(reads) {
+        if asks_reset(reading).is_none() {
+            declined.remove(&identity.uuid);
         }
     }
 }
 
 impl Release {
+    fn new(targets: Vec<Target>, cause: Cause, now: Instant) -> Release {
+        Release {
+            targets,
+            cause,
+            since: now,
+            away: BTreeSet::new(),
+        }
+    }
+
     /// What the bus shows now (`bound`: the NVIDIA GPUs bound to the driver; None: unreadable)
     /// and whether the annotation still asks (`asked`) say about the reset; Some once NVML should
     /// be taken back. A release the annotation asked for lasts while it does; the driver's, until

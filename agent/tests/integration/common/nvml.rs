@@ -133,18 +133,13 @@ impl Scenario {
             }
         };
         for device in self.value["devices"].as_array().unwrap() {
-            let bdf = Self::sysfs_name(device["pci_bus_id"].as_str().unwrap());
+            let bdf =
+                mlnode_agent::pci::sysfs_bus_id(device["pci_bus_id"].as_str().unwrap()).unwrap();
             entry(&bdf, "0x10de", "0x2330", "0x030200");
             self.bind(&bdf);
         }
         entry("0000:00:05.0", "0x1d0f", "0xec20", "0x020000");
         root
-    }
-
-    /// `00000000:07:00.0` as sysfs names it.
-    pub fn sysfs_name(nvml_bus_id: &str) -> String {
-        let (_, rest) = nvml_bus_id.split_once(':').unwrap();
-        format!("0000:{}", rest.to_lowercase())
     }
 
     /// Binds the GPU at `bdf` to the nvidia driver: its `driver` link, as the kernel makes it.

@@ -205,6 +205,7 @@ fn wait_for_reset(
 ) -> bool {
     let timeout = reopen.release_timeout;
     let named = release.named();
+    let uuids: Vec<String> = release.targets.iter().map(|t| t.uuid.clone()).collect();
     let released = match &release.cause {
         Cause::Driver(action) => {
             let (reason, words) = RECOVERY_ACTIONS.iter().find(|(v, ..)| v == action).map_or(
@@ -214,7 +215,7 @@ fn wait_for_reset(
             tracing::warn!(gpus = %named, action, "the driver asks for a GPU reset: every NVML handle is closed so the reset can proceed; GPU series are absent until NVML is taken back, once the GPU has left the driver and come back, or after nvml.release_timeout");
             Released {
                 targets: named.clone(),
-                uuids: Vec::new(),
+                uuids: uuids.clone(),
                 reason,
                 why: format!("the driver asks for {words}"),
                 until: "once the GPU has left the driver and come back",
@@ -225,7 +226,7 @@ fn wait_for_reset(
             tracing::warn!(gpus = %named, annotation = RELEASE_ANNOTATION, value = %value, "the node asks to let go of the GPUs: every NVML handle is closed; GPU series are absent until the annotation is removed, or after nvml.release_timeout");
             Released {
                 targets: named.clone(),
-                uuids: Vec::new(),
+                uuids: uuids.clone(),
                 reason: "GPUsReleased",
                 why: format!(
                     "the node's {RELEASE_ANNOTATION} annotation ({value:?}) asks for a release"
@@ -235,12 +236,7 @@ fn wait_for_reset(
             }
         }
     };
-    cx.state.update(|state| {
-        state.release(Released {
-            uuids: release.targets.iter().map(|t| t.uuid.clone()).collect(),
-            ..released
-        })
-    });
+    cx.state.update(|state| state.release(released));
     loop {
         if cx.stop.wait(cx.interval) {
             return false;
@@ -271,9 +267,7 @@ fn wait_for_reset(
             Some(Reattach::TimedOut) => {
                 tracing::warn!(gpus = %named, timeout = ?timeout, "no reset seen within nvml.release_timeout: NVML is taken back, and not let go again for these GPUs until what asked for it changes");
                 match release.cause {
-                    Cause::Driver(_) => declined
-                        .gpus
-                        .extend(release.targets.iter().map(|t| t.uuid.clone())),
+                    Cause::Driver(_) => declined.gpus.extend(uuids),
                     Cause::Operator(_) => declined.annotation = true,
                 }
                 return true;
