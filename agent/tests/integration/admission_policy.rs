@@ -1,255 +1,395 @@
-//! The ValidatingAdmissionPolicies in deploy/daemonset, evaluated with a CEL engine over a table of
-//! admission requests shaped as the API server builds them: the agent's own condition, taint and
-//! `models.mlnode.dev/` label changes pass; another node, a kubelet condition, a foreign taint or
-//! label, capacity and cordoning are denied; on pods, only the `mlnode.dev/` conditions of its own
-//! node's pods pass; requests from anyone else are not the policies' business.
+//! The agent's confinement, proven by a real kube-apiserver (common::control_plane): the shipped
+//! RBAC and ValidatingAdmissionPolicies installed, the agent's pod made from its DaemonSet's
+//! template and bound to node A, and the bound token the kubelet would project into it (the
+//! server adds the node-name claim). With that token every write the agent makes on node A lands,
+//! and every write it must never make is refused by the server with the policy's own message:
+//! another node, a kubelet condition, capacity, a foreign taint or label, annotations, a cordon;
+//! on pods, anything but its `mlnode.dev/` conditions of its own node's pods.
 
 use crate::common;
 
-use std::path::Path;
-
+use common::control_plane::{self, AgentOnNode, ControlPlane};
+use common::needs;
 use serde_json::{json, Value};
 
-const AGENT: &str = "system:serviceaccount:mlnode-system:mlnode-agent";
-const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
-
-/// The policy named `name` in the base file.
-fn policy_named(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/daemonset/base/validating-admission-policy.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    text.split("\n---\n")
-        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
-        .find(|o| o["kind"] == "ValidatingAdmissionPolicy" && o["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no policy {name}"))
+/// What the agent's writes go through: the overlay with the components that give it node patches
+/// (the startup taint and model labels).
+fn agent_on_node(control_plane: &ControlPlane, components: &[&str]) -> AgentOnNode {
+    let objects = common::kustomize::render_with("overlays/gpu", components)
+        .unwrap_or_else(|reason| panic!("kustomize (kubectl) is needed: {reason}"));
+    AgentOnNode::start(control_plane, &objects, &control_plane.unique("node"))
 }
 
-fn policy() -> Value {
-    policy_named("mlnode-agent-own-node")
-}
+const WITH_NODE_PATCHES: &[&str] = &["components/startup-taint", "components/model-labels"];
 
-fn node() -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}, "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
-        "spec": {"providerID": "aws:///us-east-2a/i-0123", "podCIDRs": ["10.1.0.0/24"], "taints": [
-            {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
-            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
-        "status": {
-            "capacity": {"cpu": "192", "nvidia.com/gpu": "8"},
-            "allocatable": {"cpu": "191450m", "nvidia.com/gpu": "8"},
-            "addresses": [{"type": "InternalIP", "address": "10.0.1.23"}],
-            "conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady"},
-                {"type": "ModelCacheVerified", "status": "False", "reason": "VerificationInProgress"}]
-        }
-    })
-}
-
-fn request(user: &str, claim: Option<&str>, sub_resource: &str) -> Value {
-    let extra = match claim {
-        Some(node) => {
-            json!({"authentication.kubernetes.io/node-name": [node], "authentication.kubernetes.io/pod-name": ["mlnode-agent-x7k2p"]})
-        }
-        None => json!({}),
+/// A PATCH of `target` (resource, name, namespace) as `token`, of `kind` (strategic, merge, json)
+/// and to its status where `status`; Ok, or Err with the server's refusal.
+fn patch(
+    control_plane: &ControlPlane,
+    token: &str,
+    target: (&str, &str, Option<&str>),
+    status: bool,
+    kind: &str,
+    body: &Value,
+) -> Result<(), String> {
+    let (resource, name, namespace) = target;
+    let mut path = match namespace {
+        Some(namespace) => format!("/api/v1/namespaces/{namespace}/{resource}s/{name}"),
+        None => format!("/api/v1/{resource}s/{name}"),
     };
-    json!({"operation": "UPDATE", "subResource": sub_resource, "userInfo": {"username": user, "extra": extra}})
+    if status {
+        path.push_str("/status");
+    }
+    let content_type = match kind {
+        "strategic" => "application/strategic-merge-patch+json",
+        "merge" => "application/merge-patch+json",
+        "json" => "application/json-patch+json",
+        other => panic!("no patch type {other}"),
+    };
+    match control_plane.request_as(token, "PATCH", &path, content_type, body) {
+        (200, _) => Ok(()),
+        (code, answer) => Err(format!(
+            "{code} {}",
+            answer["message"].as_str().unwrap_or(&answer.to_string())
+        )),
+    }
 }
 
-fn admit(request: Value, old: &Value, new: &Value) -> Result<(), String> {
-    common::admission::admit(&policy(), request, old, new)
+fn node_status(
+    control_plane: &ControlPlane,
+    agent: &AgentOnNode,
+    node: &str,
+    body: Value,
+) -> Result<(), String> {
+    patch(
+        control_plane,
+        &agent.token,
+        ("node", node, None),
+        true,
+        "strategic",
+        &body,
+    )
 }
 
-fn with_own_condition(mut node: Value, status: &str) -> Value {
-    node["status"]["conditions"][1] =
-        json!({"type": "ModelCacheVerified", "status": status, "reason": "AllModelCachesVerified"});
-    node
+fn node_spec(
+    control_plane: &ControlPlane,
+    agent: &AgentOnNode,
+    kind: &str,
+    body: Value,
+) -> Result<(), String> {
+    patch(
+        control_plane,
+        &agent.token,
+        ("node", &agent.node, None),
+        false,
+        kind,
+        &body,
+    )
 }
 
-#[test]
-fn the_agent_may_write_its_own_conditions_on_its_own_node() {
-    let old = node();
-    assert_eq!(
-        admit(
-            request(AGENT, Some(NODE), "status"),
-            &old,
-            &with_own_condition(node(), "True")
-        ),
-        Ok(())
-    );
-    let mut added = node();
-    added["status"]["conditions"]
-        .as_array_mut()
+fn conditions(types: &[(&str, &str)]) -> Value {
+    let list: Vec<Value> = types
+        .iter()
+        .map(|(kind, status)| json!({"type": kind, "status": status, "reason": "Test", "message": "written by the agent's token"}))
+        .collect();
+    json!({"status": {"conditions": list}})
+}
+
+fn condition<'a>(node: &'a Value, kind: &str) -> Option<&'a Value> {
+    node["status"]["conditions"]
+        .as_array()
         .unwrap()
-        .push(json!({"type": "AcceleratorHealthy", "status": "True"}));
-    assert_eq!(
-        admit(request(AGENT, Some(NODE), "status"), &old, &added),
-        Ok(())
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+fn kubelets_ready_condition_refused(control_plane: &ControlPlane, agent: &AgentOnNode) {
+    refused(
+        node_status(
+            control_plane,
+            agent,
+            &agent.node,
+            conditions(&[("Ready", "False")]),
+        ),
+        "own condition types",
+        "the kubelet's Ready condition",
     );
 }
 
-#[test]
-fn another_node_or_no_node_claim_is_denied() {
-    let old = node();
-    let new = with_own_condition(node(), "True");
-    let denied = admit(
-        request(
-            AGENT,
-            Some("ip-10-0-9-99.us-east-2.compute.internal"),
-            "status",
+fn refused(result: Result<(), String>, message: &str, what: &str) {
+    match result {
+        Ok(()) => panic!("{what}: admitted, expected the policy's refusal {message:?}"),
+        Err(refusal) => assert!(
+            refusal.contains(message) && refusal.contains("ValidatingAdmissionPolicy"),
+            "{what}: refused, but not by the policy's message {message:?}: {refusal}"
         ),
-        &old,
-        &new,
+    }
+}
+
+#[test]
+fn the_agent_writes_its_conditions_taint_and_labels_on_its_own_node() {
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, WITH_NODE_PATCHES);
+    control_plane.taint_gpu_node(&agent.node);
+
+    node_status(
+        control_plane,
+        &agent,
+        &agent.node,
+        conditions(&[("ModelCacheVerified", "False")]),
+    )
+    .unwrap();
+    node_status(
+        control_plane,
+        &agent,
+        &agent.node,
+        conditions(&[
+            ("ModelCacheVerified", "True"),
+            ("AcceleratorHealthy", "True"),
+        ]),
+    )
+    .unwrap();
+    let node = control_plane.get(&["node", &agent.node]);
+    assert_eq!(
+        condition(&node, "ModelCacheVerified").unwrap()["status"],
+        "True"
     );
-    assert!(denied.unwrap_err().contains("only the node it runs on"));
+    assert_eq!(
+        condition(&node, "AcceleratorHealthy").unwrap()["status"],
+        "True"
+    );
+    assert_eq!(
+        condition(&node, "Ready").unwrap()["reason"],
+        "KubeletReady",
+        "the kubelet's condition as it was"
+    );
+
+    // The startup taint removed as the agent removes it: a JSON patch that tests the list first.
+    let taints = node["spec"]["taints"].as_array().unwrap();
+    let ours = taints
+        .iter()
+        .position(|t| t["key"] == "mlnode.dev/not-ready")
+        .unwrap();
+    node_spec(
+        control_plane,
+        &agent,
+        "json",
+        json!([
+        {"op": "test", "path": format!("/spec/taints/{ours}/key"), "value": "mlnode.dev/not-ready"},
+        {"op": "remove", "path": format!("/spec/taints/{ours}")}]),
+    )
+    .unwrap();
+    let label = "models.mlnode.dev/llama-3.1-8b";
+    node_spec(
+        control_plane,
+        &agent,
+        "merge",
+        json!({"metadata": {"labels": {label: "0e9e39f249a16976918f6564b8830bc894c89659"}}}),
+    )
+    .unwrap();
+    let node = control_plane.get(&["node", &agent.node]);
+    assert_eq!(
+        node["spec"]["taints"],
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    );
+    assert_eq!(
+        node["metadata"]["labels"][label],
+        "0e9e39f249a16976918f6564b8830bc894c89659"
+    );
+    node_spec(
+        control_plane,
+        &agent,
+        "merge",
+        json!({"metadata": {"labels": {label: null}}}),
+    )
+    .unwrap();
     assert!(
-        admit(request(AGENT, None, "status"), &old, &new).is_err(),
-        "a token without the node claim (Kubernetes < 1.32)"
+        control_plane.get(&["node", &agent.node])["metadata"]["labels"]
+            .get(label)
+            .is_none()
     );
 }
 
 #[test]
-fn a_kubelet_condition_or_capacity_is_not_the_agents_to_change() {
-    let old = node();
-    let mut ready = node();
-    ready["status"]["conditions"][0]["status"] = json!("False");
-    assert!(admit(request(AGENT, Some(NODE), "status"), &old, &ready)
-        .unwrap_err()
-        .contains("own condition types"));
-    let mut removed = node();
-    removed["status"]["conditions"]
-        .as_array_mut()
-        .unwrap()
-        .remove(0);
-    assert!(admit(request(AGENT, Some(NODE), "status"), &old, &removed).is_err());
-    let mut gpus = node();
-    gpus["status"]["capacity"]["nvidia.com/gpu"] = json!("16");
-    assert!(admit(request(AGENT, Some(NODE), "status"), &old, &gpus)
-        .unwrap_err()
-        .contains("capacity"));
-}
+fn every_write_it_must_never_make_is_refused_with_the_policys_message() {
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, WITH_NODE_PATCHES);
+    control_plane.taint_gpu_node(&agent.node);
+    let other = control_plane.unique("node");
+    control_plane.create(&control_plane::node(&other, json!({})));
+    let before = control_plane.get(&["node", &agent.node]);
 
-#[test]
-fn only_the_agents_own_taint_may_change() {
-    let old = node();
-    let mut ours_removed = node();
-    ours_removed["spec"]["taints"]
-        .as_array_mut()
-        .unwrap()
-        .remove(0);
-    assert_eq!(
-        admit(request(AGENT, Some(NODE), ""), &old, &ours_removed),
-        Ok(())
-    );
-    let mut foreign_removed = node();
-    foreign_removed["spec"]["taints"]
-        .as_array_mut()
-        .unwrap()
-        .remove(1);
-    assert!(
-        admit(request(AGENT, Some(NODE), ""), &old, &foreign_removed)
-            .unwrap_err()
-            .contains("only its own taint")
-    );
-    let mut foreign_added = node();
-    foreign_added["spec"]["taints"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"key": "example.com/evict", "effect": "NoExecute"}));
-    assert!(admit(request(AGENT, Some(NODE), ""), &old, &foreign_added).is_err());
-}
-
-#[test]
-fn only_the_agents_model_labels_may_change() {
-    let old = node();
-    let mut ours = node();
-    ours["metadata"]["labels"]["models.mlnode.dev/llama-3.1-8b"] =
-        json!("0e9e39f249a16976918f6564b8830bc894c89659");
-    assert_eq!(admit(request(AGENT, Some(NODE), ""), &old, &ours), Ok(()));
-    assert_eq!(
-        admit(request(AGENT, Some(NODE), ""), &ours, &old),
-        Ok(()),
-        "and removed"
-    );
-    let mut label = node();
-    label["metadata"]["labels"]["nvidia.com/gpu.present"] = json!("false");
-    assert!(admit(request(AGENT, Some(NODE), ""), &old, &label)
-        .unwrap_err()
-        .contains("own node labels"));
-    let mut removed = node();
-    removed["metadata"]["labels"] = json!({});
-    assert!(admit(request(AGENT, Some(NODE), ""), &old, &removed).is_err());
-    let mut changed = node();
-    changed["metadata"]["labels"]["kubernetes.io/hostname"] = json!("other");
-    assert!(admit(request(AGENT, Some(NODE), ""), &old, &changed).is_err());
-}
-
-#[test]
-fn annotations_and_cordoning_are_denied() {
-    let old = node();
-    let mut annotated = node();
-    annotated["metadata"]["annotations"]["example.com/x"] = json!("1");
-    assert!(admit(request(AGENT, Some(NODE), ""), &old, &annotated)
-        .unwrap_err()
-        .contains("annotations"));
-    let mut cordon = node();
-    cordon["spec"]["unschedulable"] = json!(true);
-    assert!(admit(request(AGENT, Some(NODE), ""), &old, &cordon)
-        .unwrap_err()
-        .contains("cordon"));
-}
-
-#[test]
-fn requests_from_anyone_else_are_not_this_policys_business() {
-    let old = node();
-    let mut ready = node();
-    ready["status"]["conditions"][0]["status"] = json!("False");
-    assert_eq!(
-        admit(
-            request(
-                "system:node:ip-10-0-1-23.us-east-2.compute.internal",
-                None,
-                "status"
-            ),
-            &old,
-            &ready
+    refused(
+        node_status(
+            control_plane,
+            &agent,
+            &other,
+            conditions(&[("ModelCacheVerified", "True")]),
         ),
-        Ok(())
+        "only the node it runs on",
+        "another node's status",
+    );
+    kubelets_ready_condition_refused(control_plane, &agent);
+    refused(
+        node_status(
+            control_plane,
+            &agent,
+            &agent.node,
+            json!({"status": {"conditions": [{"type": "Ready", "$patch": "delete"}]}}),
+        ),
+        "own condition types",
+        "the kubelet's Ready condition removed",
+    );
+    refused(
+        node_status(
+            control_plane,
+            &agent,
+            &agent.node,
+            conditions(&[("AcceleratedHardwareReady", "False")]),
+        ),
+        "own condition types",
+        "the repair engines' condition without components/repair-condition",
+    );
+    refused(
+        node_status(
+            control_plane,
+            &agent,
+            &agent.node,
+            json!({"status": {"capacity": {"nvidia.com/gpu": "16"}}}),
+        ),
+        "capacity",
+        "capacity",
+    );
+    let foreign = before["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|t| t["key"] == "nvidia.com/gpu")
+        .unwrap();
+    refused(
+        node_spec(
+            control_plane,
+            &agent,
+            "json",
+            json!([{"op": "remove", "path": format!("/spec/taints/{foreign}")}]),
+        ),
+        "only its own taint",
+        "a foreign taint removed",
+    );
+    refused(
+        node_spec(
+            control_plane,
+            &agent,
+            "json",
+            json!([{"op": "add", "path": "/spec/taints/-", "value": {"key": "example.com/evict", "effect": "NoExecute"}}]),
+        ),
+        "only its own taint",
+        "a foreign taint added",
+    );
+    refused(
+        node_spec(
+            control_plane,
+            &agent,
+            "merge",
+            json!({"metadata": {"labels": {"nvidia.com/gpu.present": "false"}}}),
+        ),
+        "own node labels",
+        "a foreign label changed",
+    );
+    refused(
+        node_spec(
+            control_plane,
+            &agent,
+            "merge",
+            json!({"metadata": {"labels": {"kubernetes.io/hostname": null}}}),
+        ),
+        "own node labels",
+        "a foreign label removed",
+    );
+    refused(
+        node_spec(
+            control_plane,
+            &agent,
+            "merge",
+            json!({"metadata": {"annotations": {"example.com/x": "1"}}}),
+        ),
+        "annotations",
+        "an annotation",
+    );
+    refused(
+        node_spec(
+            control_plane,
+            &agent,
+            "merge",
+            json!({"spec": {"unschedulable": true}}),
+        ),
+        "cordon",
+        "a cordon",
+    );
+    let after = control_plane.get(&["node", &agent.node]);
+    assert_eq!(
+        after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"],
+        "nothing refused was written"
+    );
+}
+
+#[test]
+fn a_token_without_the_node_claim_may_change_no_node() {
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, &[]);
+    let unbound = agent.unbound_token(control_plane);
+    refused(
+        patch(
+            control_plane,
+            &unbound,
+            ("node", &agent.node, None),
+            true,
+            "strategic",
+            &conditions(&[("ModelCacheVerified", "True")]),
+        ),
+        "only the node it runs on",
+        "a write without the node claim",
+    );
+}
+
+#[test]
+fn anyone_elses_writes_are_not_the_policys_business() {
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, &[]);
+    control_plane.admin(
+        &[
+            "patch",
+            "node",
+            &agent.node,
+            "--subresource=status",
+            "--type=strategic",
+            "-p",
+            &conditions(&[("Ready", "False")]).to_string(),
+        ],
+        "",
+    );
+    assert_eq!(
+        condition(&control_plane.get(&["node", &agent.node]), "Ready").unwrap()["status"],
+        "False"
     );
 }
 
 /// components/repair-condition lets the agent write `AcceleratedHardwareReady` too, and sets the
-/// setting that makes it; without the component the policy denies that type, and the kubelet's
-/// conditions stay denied either way.
+/// setting that makes it; the kubelet's conditions stay denied.
 #[test]
 fn the_repair_condition_component_allows_exactly_that_type_more() {
-    let objects = common::kustomize::render_with("overlays/gpu", &["components/repair-condition"])
-        .unwrap_or_else(|reason| panic!("kustomize (kubectl) is needed: {reason}"));
-    let with_component = common::kustomize::find(
-        &objects,
-        "ValidatingAdmissionPolicy",
-        "mlnode-agent-own-node",
-    );
-    let old = node();
-    let mut repair = node();
-    repair["status"]["conditions"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"type": "AcceleratedHardwareReady", "status": "False", "reason": "GPUResetRequired"}));
-    let status = || request(AGENT, Some(NODE), "status");
-    assert_eq!(
-        common::admission::admit(with_component, status(), &old, &repair),
-        Ok(())
-    );
-    assert!(admit(status(), &old, &repair)
-        .unwrap_err()
-        .contains("own condition types"));
-    let mut ready = node();
-    ready["status"]["conditions"][0]["status"] = json!("False");
-    assert!(common::admission::admit(with_component, status(), &old, &ready).is_err());
-
-    let ds = common::kustomize::daemonset(&objects);
-    let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, &["components/repair-condition"]);
+    node_status(
+        control_plane,
+        &agent,
+        &agent.node,
+        conditions(&[("AcceleratedHardwareReady", "False")]),
+    )
+    .unwrap();
+    kubelets_ready_condition_refused(control_plane, &agent);
+    let daemonset = common::kustomize::daemonset(&agent.install.objects);
+    let env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
         .as_array()
         .unwrap();
     assert!(env.contains(
@@ -257,96 +397,152 @@ fn the_repair_condition_component_allows_exactly_that_type_more() {
     ));
 }
 
-/// A vLLM pod on `node`, as the API server stores it (common::pods), with the readiness gate.
-fn gated_pod(node: &str) -> Value {
-    common::pods::gated_vllm_pod("u1", "vllm-0", node, "/var/lib/models", json!({}))
+/// A gated vLLM pod on `node` in `namespace`, its status as the kubelet wrote it.
+fn gated_pod(control_plane: &ControlPlane, namespace: &str, node: &str) -> Value {
+    let name = control_plane.unique("vllm");
+    control_plane.create_pod(
+        namespace,
+        &common::pods::gated_vllm_pod("", &name, node, "/var/lib/models", json!({})),
+    )
 }
 
-fn with_pod_condition(mut pod: Value, condition: Value) -> Value {
-    pod["status"]["conditions"]
-        .as_array_mut()
-        .unwrap()
-        .push(condition);
-    pod
+fn pod_status(
+    control_plane: &ControlPlane,
+    token: &str,
+    pod: &Value,
+    body: Value,
+) -> Result<(), String> {
+    let metadata = &pod["metadata"];
+    patch(
+        control_plane,
+        token,
+        (
+            "pod",
+            metadata["name"].as_str().unwrap(),
+            metadata["namespace"].as_str(),
+        ),
+        true,
+        "strategic",
+        &body,
+    )
 }
 
-fn admit_pod(claim: Option<&str>, old: &Value, new: &Value) -> Result<(), String> {
-    let policy = policy_named("mlnode-agent-own-pods");
-    assert!(common::admission::matches(&policy, "UPDATE", "pods/status"));
-    common::admission::admit(&policy, request(AGENT, claim, "status"), old, new)
+fn verified() -> Value {
+    json!({"status": {"conditions": [{"type": "mlnode.dev/ModelVerified", "status": "True", "reason": "ModelVerified", "message": "model llama verified"}]}})
 }
 
 #[test]
 fn the_agent_may_write_its_own_condition_on_its_own_nodes_pods_only() {
-    let verified = json!({"type": "mlnode.dev/ModelVerified", "status": "True", "reason": "ModelVerified", "message": "model llama verified"});
-    let old = gated_pod(NODE);
-    let new = with_pod_condition(old.clone(), verified.clone());
-    assert_eq!(admit_pod(Some(NODE), &old, &new), Ok(()));
-    let other = "ip-10-0-9-99.us-east-2.compute.internal";
-    assert!(admit_pod(Some(other), &old, &new)
-        .unwrap_err()
-        .contains("pods bound to the node it runs on"));
-    let old_there = gated_pod(other);
-    let new_there = with_pod_condition(old_there.clone(), verified);
-    assert!(
-        admit_pod(Some(NODE), &old_there, &new_there).is_err(),
-        "another node's pod"
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, &[]);
+    let other = control_plane.unique("node");
+    control_plane.create(&control_plane::node(&other, json!({})));
+    let inference = control_plane.namespace("inference", json!({}));
+    let here = gated_pod(control_plane, &inference, &agent.node);
+    let there = gated_pod(control_plane, &inference, &other);
+
+    pod_status(control_plane, &agent.token, &here, verified()).unwrap();
+    refused(
+        pod_status(control_plane, &agent.token, &there, verified()),
+        "pods bound to the node it runs on",
+        "another node's pod",
     );
-    assert!(admit_pod(None, &old, &new).is_err(), "no node claim");
+    let unbound = agent.unbound_token(control_plane);
+    refused(
+        pod_status(control_plane, &unbound, &here, verified()),
+        "pods bound to the node it runs on",
+        "no node claim",
+    );
 }
 
 #[test]
 fn a_pods_other_conditions_and_status_are_not_the_agents_to_change() {
-    let old = gated_pod(NODE);
-    let mut ready = old.clone();
-    for condition in ready["status"]["conditions"].as_array_mut().unwrap() {
-        if condition["type"] == "Ready" {
-            condition["status"] = json!("True");
-        }
-    }
-    assert!(admit_pod(Some(NODE), &old, &ready)
-        .unwrap_err()
-        .contains("own pod condition types"));
-    let foreign = with_pod_condition(
-        old.clone(),
-        json!({"type": "example.com/Other", "status": "True"}),
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, &[]);
+    let inference = control_plane.namespace("inference", json!({}));
+    let pod = gated_pod(control_plane, &inference, &agent.node);
+    let token = &agent.token;
+    refused(
+        pod_status(
+            control_plane,
+            token,
+            &pod,
+            json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+        ),
+        "own pod condition types",
+        "the pod's Ready condition",
     );
-    assert!(
-        admit_pod(Some(NODE), &old, &foreign).is_err(),
-        "a foreign condition type"
+    refused(
+        pod_status(
+            control_plane,
+            token,
+            &pod,
+            json!({"status": {"conditions": [{"type": "example.com/Other", "status": "True"}]}}),
+        ),
+        "own pod condition types",
+        "a foreign condition type",
     );
-    let mut phase = old.clone();
-    phase["status"]["phase"] = json!("Failed");
-    assert!(admit_pod(Some(NODE), &old, &phase)
-        .unwrap_err()
-        .contains("phase"));
-    let mut restarted = old.clone();
-    restarted["status"]["containerStatuses"][0]["restartCount"] = json!(3);
-    assert!(admit_pod(Some(NODE), &old, &restarted)
-        .unwrap_err()
-        .contains("container statuses"));
-    let mut labelled = old.clone();
-    labelled["metadata"]["labels"]["app"] = json!("other");
-    assert!(admit_pod(Some(NODE), &old, &labelled)
-        .unwrap_err()
-        .contains("labels"));
+    refused(
+        pod_status(
+            control_plane,
+            token,
+            &pod,
+            json!({"status": {"phase": "Failed"}}),
+        ),
+        "phase",
+        "the pod's phase",
+    );
+    refused(
+        pod_status(
+            control_plane,
+            token,
+            &pod,
+            json!({"status": {"containerStatuses": [{"name": "vllm", "restartCount": 3}]}}),
+        ),
+        "container statuses",
+        "a container's restart count",
+    );
+    refused(
+        pod_status(
+            control_plane,
+            token,
+            &pod,
+            json!({"metadata": {"labels": {"app": "other"}}}),
+        ),
+        "labels",
+        "the pod's labels",
+    );
 }
 
-/// deploy/examples/vllm-with-model-gate.yaml's pod, bound to the agent's node: the condition the
-/// agent writes on it (the agent's own patch body, merged on `type`) is admitted.
+/// deploy/examples/vllm-with-model-gate.yaml's pod, bound to the agent's node: the agent's own
+/// patch body for it is admitted, and the pod shows the condition.
 #[test]
 fn the_agents_write_on_the_example_pod_is_admitted() {
-    let old = common::pods::gated_example_pod("e1", "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", NODE);
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(old.clone()).unwrap();
+    let control_plane = needs!(control_plane::shared());
+    let agent = agent_on_node(control_plane, &[]);
+    let inference = control_plane.namespace("inference", json!({}));
+    let name = control_plane.unique("vllm-llama-3-1-8b");
+    let pod = control_plane.create_pod(
+        &inference,
+        &common::pods::gated_example_pod("", &name, &agent.node),
+    );
+    let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod.clone()).unwrap();
     let verdicts = std::collections::BTreeMap::from([(
         "llama-3.1-8b".to_string(),
         mlnode_agent::cache::state::Readiness::Verified {
             revision: Some("0e9e39f249a16976918f6564b8830bc894c89659".into()),
         },
     )]);
-    let gate = mlnode_agent::workloads::gate::decide(&pod, &verdicts).unwrap();
+    let gate = mlnode_agent::workloads::gate::decide(&typed, &verdicts).unwrap();
     assert!(gate.ok(), "{gate:?}");
-    let patch = mlnode_agent::workloads::gate::condition_patch(&gate, None, "2026-12-01T10:00:00Z");
-    let new = with_pod_condition(old.clone(), patch["status"]["conditions"][0].clone());
-    assert_eq!(admit_pod(Some(NODE), &old, &new), Ok(()));
+    let body = mlnode_agent::workloads::gate::condition_patch(&gate, None, "2026-12-01T10:00:00Z");
+    pod_status(control_plane, &agent.token, &pod, body).unwrap();
+    let stored = control_plane.get(&["pod", &name, "-n", &inference]);
+    let condition = stored["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "mlnode.dev/ModelVerified")
+        .expect("the gate's condition on the pod");
+    assert_eq!(condition["status"], "True");
 }

@@ -11,6 +11,8 @@ mod api_budget;
 mod architecture;
 mod as_deployed;
 mod cli;
+mod cluster_agent;
+mod cluster_install;
 mod dashboards;
 mod dcgm_dashboard;
 mod deploy;

@@ -105,7 +105,7 @@ impl Node {
 /// Until every file under `root` last changed more than the racy window (2 s) ago: a file changed
 /// later than that before its hash is never trusted unchanged at a restart
 /// (`mlnode_verify::fingerprint`), so a test of trust starts from files older than that.
-fn wait_until_settled(root: &Path) {
+pub(crate) fn wait_until_settled(root: &Path) {
     let newest = walkdir::WalkDir::new(root)
         .into_iter()
         .filter_map(Result::ok)

@@ -3,7 +3,7 @@
 pub mod admission;
 pub mod agent;
 pub mod container;
-pub mod crd;
+pub mod control_plane;
 pub mod helm;
 pub mod journal;
 pub mod kube;
@@ -11,7 +11,6 @@ pub mod kubelet;
 pub mod kustomize;
 pub mod neuron;
 pub mod nvml;
-pub mod pod_security;
 pub mod pods;
 pub mod prometheus;
 pub mod rbac;

@@ -1,0 +1,216 @@
+//! The agent binary end to end against a real kube-apiserver (common::control_plane), as its
+//! DaemonSet runs it: the shipped RBAC and admission policies installed, its token bound to its
+//! pod on its node. What it writes lands (node conditions, the repair engines' condition, the
+//! startup taint removed beside a foreign one, model labels, pods' gates, the node's Event), no
+//! request of its own is refused, and the restart record it keeps in its condition survives the
+//! real server's round trip.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::agent::{sample, Agent};
+use common::control_plane::{self, AgentOnNode, ControlPlane};
+use common::needs;
+use common::PlainModel;
+use serde_json::{json, Value};
+
+const GATE: &str = "mlnode.dev/ModelVerified";
+
+/// The overlay with every component whose writes the agent makes here.
+fn agent_on_node(control_plane: &ControlPlane) -> AgentOnNode {
+    let objects = common::kustomize::render_with(
+        "overlays/gpu",
+        &[
+            "components/startup-taint",
+            "components/model-labels",
+            "components/repair-condition",
+        ],
+    )
+    .unwrap_or_else(|reason| panic!("kustomize (kubectl) is needed: {reason}"));
+    AgentOnNode::start(control_plane, &objects, &control_plane.unique("node"))
+}
+
+/// The agent binary with its pod's token, on its node, with `config` (the test's harness adds
+/// its listen address).
+fn run(control_plane: &ControlPlane, on: &AgentOnNode, dir: &Path, config: &str) -> Agent {
+    let kubeconfig = control_plane.token_kubeconfig(&on.token, dir);
+    Agent::start_with_env(
+        config,
+        &[
+            ("KUBECONFIG", &kubeconfig),
+            ("MLNODE_NODE_NAME", Path::new(&on.node)),
+        ],
+    )
+}
+
+fn wait_for(what: &str, check: impl Fn() -> Result<(), String>) {
+    common::wait_until(what, Duration::from_secs(60), check);
+}
+
+fn condition(node: &Value, kind: &str) -> Value {
+    node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == kind)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Requests of the agent's the server answered with `code`.
+fn answered(agent: &Agent, code: &str) -> f64 {
+    agent
+        .metrics()
+        .lines()
+        .filter(|l| {
+            l.starts_with("mlnode_kube_requests_total{") && l.contains(&format!("code=\"{code}\""))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_agents_verdicts_land_on_its_node_and_pods_and_nothing_it_sends_is_refused() {
+    let control_plane = needs!(control_plane::shared());
+    let on = agent_on_node(control_plane);
+    control_plane.taint_gpu_node(&on.node);
+    let inference = control_plane.namespace("inference", json!({}));
+    let name = control_plane.unique("vllm");
+    control_plane.create_pod(
+        &inference,
+        &common::pods::gated_vllm_pod(
+            "",
+            &name,
+            &on.node,
+            "/var/lib/models",
+            json!({"mlnode.dev/model": "llama"}),
+        ),
+    );
+    let model = PlainModel::new();
+    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let config = format!(
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1h\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  model_labels: true\n  repair_condition: AcceleratedHardwareReady\n{}    host_path: /var/lib/models/llama\n",
+        common::agent::model_config("llama", model.root(), &manifest)
+    );
+    let agent = run(control_plane, &on, dir.path(), &config);
+
+    wait_for("the node's verdicts, taint and label", || {
+        let node = control_plane.get(&["node", &on.node]);
+        let statuses: Vec<Value> = [
+            "ModelCacheVerified",
+            "AcceleratorHealthy",
+            "AcceleratedHardwareReady",
+        ]
+        .iter()
+        .map(|kind| condition(&node, kind)["status"].clone())
+        .collect();
+        let done = statuses == [json!("True"), json!("True"), json!("True")]
+            && node["spec"]["taints"]
+                == json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+            && node["metadata"]["labels"]["models.mlnode.dev/llama"] == "v1";
+        if done {
+            Ok(())
+        } else {
+            Err(format!("{node:#}\nagent log:\n{}", agent.log()))
+        }
+    });
+    let node = control_plane.get(&["node", &on.node]);
+    assert_eq!(
+        condition(&node, "Ready")["reason"],
+        "KubeletReady",
+        "the kubelet's condition as it was"
+    );
+    wait_for("the pod's gate True", || {
+        let pod = control_plane.get(&["pod", &name, "-n", &inference]);
+        (condition(&pod, GATE)["status"] == "True")
+            .then_some(())
+            .ok_or(format!("{pod:#}"))
+    });
+    // The taint's removal is said on the Node, in `default`, where node events go.
+    wait_for("the StartupTaintRemoved event", || {
+        let events = control_plane.get(&[
+            "events",
+            "-n",
+            "default",
+            &format!(
+                "--field-selector=involvedObject.name={},reason=StartupTaintRemoved",
+                on.node
+            ),
+        ]);
+        (!events["items"].as_array().unwrap().is_empty())
+            .then_some(())
+            .ok_or(events.to_string())
+    });
+    for code in ["401", "403", "404", "409", "422"] {
+        assert_eq!(
+            answered(&agent, code),
+            0.0,
+            "requests answered {code}:\n{}",
+            agent.log()
+        );
+    }
+    assert!(answered(&agent, "200") > 0.0);
+}
+
+/// The record a verified agent keeps in `ModelCacheVerified`'s message goes through the real
+/// server unchanged (its size, its characters), and the next agent of the boot trusts it: no byte
+/// of the cache read again.
+#[test]
+fn a_restart_trusts_the_record_its_predecessor_kept_in_the_condition() {
+    let control_plane = needs!(control_plane::shared());
+    let on = agent_on_node(control_plane);
+    let model = PlainModel::new();
+    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let boot_id = dir.path().join("boot_id");
+    std::fs::write(&boot_id, "3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f\n").unwrap();
+    let config = format!(
+        "start_jitter: 0s\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nverify:\n  restart_jitter: 0s\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1h\n  boot_id_file: {:?}\n{}",
+        boot_id.display().to_string(),
+        common::agent::model_config("llama", model.root(), &manifest)
+    );
+    crate::restart::wait_until_settled(model.root());
+    let mut first = run(control_plane, &on, dir.path(), &config);
+    let record = common::wait_until(
+        "a complete record on the node",
+        Duration::from_secs(60),
+        || {
+            let message = condition(
+                &control_plane.get(&["node", &on.node]),
+                "ModelCacheVerified",
+            )["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (message.contains(
+                "[mlnode-agent: boot 3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f; verified llama=",
+            ) && !message.contains("0000000000000000"))
+            .then_some(message.clone())
+            .ok_or(format!("{message}\nagent log:\n{}", first.log()))
+        },
+    );
+    assert_eq!(first.terminate().0, Some(0));
+    let stored = condition(
+        &control_plane.get(&["node", &on.node]),
+        "ModelCacheVerified",
+    )["message"]
+        .clone();
+    assert_eq!(stored, json!(record), "the record as it was written");
+
+    let second = run(control_plane, &on, dir.path(), &config);
+    let body = common::wait_until("a verdict on /readyz", Duration::from_secs(60), || {
+        let (status, body) = second.get("/readyz");
+        (status == 200).then_some(body.clone()).ok_or(body)
+    });
+    assert!(body.contains("unchanged since"), "{body}");
+    assert_eq!(
+        sample(
+            &second.metrics(),
+            "mlnode_model_cache_hashed_bytes_total",
+            &[("model_name", "llama")]
+        ),
+        Some(0.0),
+        "no byte of the cache read again"
+    );
+}

@@ -1,0 +1,408 @@
+//! The shipped objects accepted by a real kube-apiserver (common::control_plane): every overlay and
+//! component as kustomize renders it and the chart with every values combination as Helm installs
+//! it, server-side applied; the examples (Priority and Fairness, node-readiness-controller's
+//! NodeReadinessRule under its own CRD, the vLLM Deployments). Every warning the server gives is
+//! one docs/security.md names; the DaemonSet's pod is admitted in a namespace labelled as the README
+//! says and refused at `baseline`, with exactly the exceptions docs/security.md lists, as
+//! PodSecurity itself reports them.
+
+use crate::common;
+
+use std::path::Path;
+
+use common::control_plane::{self, Install};
+use common::needs;
+use serde_json::{json, Value};
+
+/// The reasons PodSecurity gives, as kube-apiserver prints them (k8s.io/pod-security-admission
+/// `policy/check_*.go`, each check's `ForbiddenReason`), for the checks docs/security.md's table
+/// names.
+const HOST_PATH: &str = "hostPath volumes"; // hostPathVolumes
+const HOST_NAMESPACES: &str = "host namespaces"; // hostNamespaces
+const CAPABILITIES_BASELINE: &str = "non-default capabilities"; // capabilities_baseline
+const RESTRICTED_VOLUMES: &str = "restricted volume types"; // restrictedVolumes
+const RUN_AS_NON_ROOT: &str = "runAsNonRoot != true"; // runAsNonRoot
+const RUN_AS_USER: &str = "runAsUser=0"; // runAsUser
+const CAPABILITIES_RESTRICTED: &str = "unrestricted capabilities"; // capabilities_restricted
+
+/// An overlay, the components added, and the reasons its pod fails baseline and restricted for.
+type Case = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+const AS_ROOT: &[&str] = &[RESTRICTED_VOLUMES, RUN_AS_NON_ROOT, RUN_AS_USER];
+
+/// Every overlay, and each component in the overlay it is meant for.
+const CASES: &[Case] = &[
+    ("overlays/gpu", &[], &[HOST_PATH], AS_ROOT),
+    ("overlays/neuron", &[], &[HOST_PATH], AS_ROOT),
+    (
+        "overlays/gpu",
+        &[
+            "components/startup-taint",
+            "components/nvidia-runtime-class",
+            "components/prometheus-release",
+        ],
+        &[HOST_PATH],
+        AS_ROOT,
+    ),
+    (
+        "overlays/gpu",
+        &["components/servicemonitor", "components/prometheus-release"],
+        &[HOST_PATH],
+        AS_ROOT,
+    ),
+    (
+        "overlays/neuron",
+        &["components/servicemonitor"],
+        &[HOST_PATH],
+        AS_ROOT,
+    ),
+    (
+        "overlays/gpu",
+        &["components/non-root"],
+        &[HOST_PATH],
+        &[RESTRICTED_VOLUMES],
+    ),
+    (
+        "overlays/gpu",
+        &["components/mig-monitor"],
+        &[CAPABILITIES_BASELINE, HOST_PATH],
+        &[
+            CAPABILITIES_RESTRICTED,
+            RESTRICTED_VOLUMES,
+            RUN_AS_NON_ROOT,
+            RUN_AS_USER,
+        ],
+    ),
+    (
+        "overlays/gpu",
+        &["components/repair-condition", "components/model-labels"],
+        &[HOST_PATH],
+        AS_ROOT,
+    ),
+    // The journal, read-only, with no capability: baseline's only exception stays hostPath.
+    (
+        "overlays/gpu",
+        &["components/kernel-log"],
+        &[HOST_PATH],
+        AS_ROOT,
+    ),
+    // The host's PID namespace, for NVML's pids: baseline's second exception.
+    (
+        "overlays/gpu",
+        &["components/process-attribution"],
+        &[HOST_NAMESPACES, HOST_PATH],
+        &[
+            HOST_NAMESPACES,
+            RESTRICTED_VOLUMES,
+            RUN_AS_NON_ROOT,
+            RUN_AS_USER,
+        ],
+    ),
+];
+
+/// The reasons of one PodSecurity message (`... violate(s) PodSecurity "level:latest": reason
+/// (detail), reason (detail)`), sorted.
+fn pod_security_reasons(message: &str, level: &str) -> Vec<String> {
+    let marker = format!("PodSecurity \"{level}:latest\": ");
+    let Some(at) = message.find(&marker) else {
+        return Vec::new();
+    };
+    let mut reasons = Vec::new();
+    let (mut depth, mut current) = (0, String::new());
+    for c in message[at + marker.len()..].chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                reasons.push(current.trim().to_string());
+                current.clear();
+                continue;
+            }
+            '\n' if depth == 0 => break,
+            _ => {}
+        }
+        if depth == 0 && c != ')' {
+            current.push(c);
+        }
+    }
+    reasons.push(current.trim().to_string());
+    reasons.retain(|r| !r.is_empty());
+    reasons.sort();
+    reasons
+}
+
+fn sorted(reasons: &[&str]) -> Vec<String> {
+    let mut reasons: Vec<String> = reasons.iter().map(|r| r.to_string()).collect();
+    reasons.sort();
+    reasons
+}
+
+#[test]
+fn every_overlay_and_component_is_accepted_with_only_the_documented_exceptions() {
+    let control_plane = needs!(control_plane::shared());
+    control_plane.with_crds();
+    for (overlay, components, baseline, restricted) in CASES {
+        let what = format!("{overlay} + {components:?}");
+        let objects = needs!(common::kustomize::render_with(overlay, components));
+        let install = Install::new(control_plane, &objects);
+        let warnings = control_plane
+            .apply(&install.objects)
+            .unwrap_or_else(|refusal| panic!("{what}: refused: {refusal}"));
+        // The one warning: the DaemonSet's pod against the namespace's warn level, restricted.
+        assert_eq!(warnings.len(), 1, "{what}: {warnings:?}");
+        assert_eq!(
+            pod_security_reasons(&warnings[0], "restricted"),
+            sorted(restricted),
+            "{what}: {warnings:?}"
+        );
+
+        // Its pod, as the DaemonSet controller makes it, admitted in the namespace the README
+        // labels (enforce privileged)...
+        let daemonset = common::kustomize::daemonset(&install.objects);
+        // No RuntimeClass that nothing creates, unless asked for.
+        let runtime_class = daemonset["spec"]["template"]["spec"]["runtimeClassName"].as_str();
+        assert_eq!(
+            runtime_class.is_some(),
+            components.contains(&"components/nvidia-runtime-class"),
+            "{what}: runtimeClassName {runtime_class:?}"
+        );
+        let node = control_plane.unique("node");
+        let pod =
+            control_plane::daemonset_pod(daemonset, &node, &control_plane.unique("mlnode-agent"));
+        let admit = || {
+            let output =
+                control_plane.kubectl(&["create", "--dry-run=server", "-f", "-"], &pod.to_string());
+            if output.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&output.stderr).into_owned())
+            }
+        };
+        if components.contains(&"components/nvidia-runtime-class") {
+            // Refused until whoever installs the handler creates the RuntimeClass, as the
+            // component says; then admitted (the RuntimeClass plugin reads it from an informer).
+            let refusal = admit().expect_err("admitted without the RuntimeClass");
+            assert!(
+                refusal.contains("RuntimeClass \"nvidia\" not found"),
+                "{what}: {refusal}"
+            );
+            let runtime_class = json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                "metadata": {"name": "nvidia"}, "handler": "nvidia"});
+            control_plane.apply(&[runtime_class]).unwrap();
+            common::wait_until(&what, std::time::Duration::from_secs(30), admit);
+        }
+        admit().unwrap_or_else(|refusal| panic!("{what}: {refusal}"));
+        // ...and refused where the namespace enforces baseline, for exactly the documented reasons.
+        let strict = control_plane.namespace(
+            "baseline",
+            json!({"pod-security.kubernetes.io/enforce": "baseline"}),
+        );
+        control_plane.admin(
+            &["create", "serviceaccount", "mlnode-agent", "-n", &strict],
+            "",
+        );
+        let mut there = pod.clone();
+        there["metadata"]["namespace"] = json!(strict);
+        let refused = control_plane.kubectl(
+            &["create", "--dry-run=server", "-f", "-"],
+            &there.to_string(),
+        );
+        assert!(!refused.status.success(), "{what}: admitted at baseline");
+        let refusal = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(
+            pod_security_reasons(&refusal, "baseline"),
+            sorted(baseline),
+            "{what}: {refusal}"
+        );
+    }
+}
+
+/// The chart installed as README says (`helm install` into a namespace labelled for Pod Security
+/// `privileged`), then upgraded through every values combination the chart's tests render: each
+/// accepted by the server.
+#[test]
+fn the_chart_installs_and_upgrades_through_every_values_combination() {
+    let control_plane = needs!(control_plane::shared());
+    control_plane.with_crds();
+    let namespace = control_plane.namespace(
+        "mlnode-helm",
+        json!({"pod-security.kubernetes.io/enforce": "privileged",
+            "pod-security.kubernetes.io/audit": "restricted",
+            "pod-security.kubernetes.io/warn": "restricted"}),
+    );
+    let chart = common::helm::chart_dir();
+    let values_dir = tempfile::tempdir().unwrap();
+    for values in [
+        "",
+        "startupTaint: {enabled: true}",
+        "prometheus: {release: kube-prometheus-stack}",
+        "podMonitor: {enabled: false}\nserviceMonitor: {enabled: true}\nprometheus: {release: kube-prometheus-stack}",
+        "runtimeClassName: nvidia",
+        "nonRoot: {enabled: true}",
+        "migMonitor: {enabled: true}",
+        "repairCondition: {enabled: true}\nmodelLabels: {enabled: true}",
+        "kernelLog: {enabled: true}",
+        "processAttribution: {enabled: true}",
+        "dashboards: {enabled: true}",
+        "gpu: {enabled: false}",
+    ] {
+        let file = values_dir.path().join("values.yaml");
+        std::fs::write(&file, values).unwrap();
+        let output = needs!(common::helm::helm(&[
+            "upgrade",
+            "--install",
+            "mlnode-agent",
+            chart.to_str().unwrap(),
+            "--kubeconfig",
+            control_plane.kubeconfig().to_str().unwrap(),
+            "--namespace",
+            &namespace,
+            "--values",
+            file.to_str().unwrap(),
+            "--wait=false",
+        ]));
+        assert!(
+            output.status.success(),
+            "helm upgrade --install with {values:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    // The last release runs the Neuron DaemonSet alone: Helm removed the GPU one.
+    let daemonsets = control_plane.get(&["daemonsets", "-n", &namespace]);
+    let names: Vec<&str> = daemonsets["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mlnode-agent-neuron"]);
+}
+
+fn example(name: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/examples")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The examples, each accepted as users apply it: the agents' FlowSchema and
+/// PriorityLevelConfiguration, the vLLM Deployments in their `inference` namespace.
+#[test]
+fn the_examples_are_accepted() {
+    let control_plane = needs!(control_plane::shared());
+    let priority = example("api-priority-and-fairness.yaml");
+    assert_eq!(control_plane.apply(&priority), Ok(vec![]));
+    let flow_schema = control_plane.get(&["flowschema", "mlnode-agent"]);
+    let dangling = flow_schema["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Dangling");
+    assert_ne!(
+        dangling.map(|c| c["status"].clone()),
+        Some(json!("True")),
+        "the FlowSchema names a priority level that exists: {flow_schema:#}"
+    );
+    if control_plane
+        .kubectl(&["get", "namespace", "inference"], "")
+        .status
+        .success()
+    {
+        // Another run of this test created it: applying again is what users do too.
+    } else {
+        control_plane.admin(&["create", "namespace", "inference"], "");
+        control_plane.admin(
+            &["create", "serviceaccount", "default", "-n", "inference"],
+            "",
+        );
+    }
+    for file in ["vllm-with-model-gate.yaml", "vllm-with-verified-cache.yaml"] {
+        assert_eq!(control_plane.apply(&example(file)), Ok(vec![]), "{file}");
+    }
+}
+
+/// deploy/examples/node-readiness-rule.yaml under node-readiness-controller's own CRD: accepted;
+/// the same rule broken each way the CRD's schema and CEL rules forbid is refused by the server
+/// with the CRD's message (upstream's own example, problem-gate-rule.yaml, as the control).
+#[test]
+fn the_node_readiness_rule_example_is_valid_for_node_readiness_controller() {
+    let control_plane = needs!(control_plane::shared());
+    control_plane.with_crds();
+    let rule = example("node-readiness-rule.yaml").remove(0);
+    let fixtures =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/node-readiness-controller");
+    let control: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(fixtures.join("problem-gate-rule.yaml")).unwrap(),
+    )
+    .unwrap();
+    let dry_run = |object: &Value| {
+        // Under a name of its own: a create, as a new rule is, not an update of the applied one.
+        let mut object = object.clone();
+        object["metadata"]["name"] = json!(control_plane.unique("rule"));
+        let output = control_plane.kubectl(
+            &["create", "--dry-run=server", "-f", "-"],
+            &object.to_string(),
+        );
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    };
+    assert_eq!(dry_run(&control), Ok(()));
+    assert_eq!(control_plane.apply(std::slice::from_ref(&rule)), Ok(vec![]));
+    for (field, value, says) in [
+        (
+            "/spec/taint/key",
+            json!("readiness.k8s.io/example.com/mlnode"),
+            "exactly one '/'",
+        ),
+        (
+            "/spec/taint/key",
+            json!("mlnode.dev/not-ready"),
+            "readiness.k8s.io/",
+        ),
+        (
+            "/spec/taint/effect",
+            json!("Sometimes"),
+            "taint effect must be one of",
+        ),
+        (
+            "/spec/enforcementMode",
+            json!("always"),
+            "Unsupported value: \"always\"",
+        ),
+        (
+            "/spec/conditions",
+            json!([]),
+            "should have at least 1 items",
+        ),
+        (
+            "/spec/conditions/0/requiredStatus",
+            json!(true),
+            "must be of type string",
+        ),
+    ] {
+        let mut broken = rule.clone();
+        *broken.pointer_mut(field).unwrap() = value;
+        let refusal = dry_run(&broken).expect_err(field);
+        assert!(refusal.contains(says), "{field}: {refusal}");
+    }
+    let mut unknown = rule.clone();
+    unknown["spec"]["taints"] = json!([]);
+    let refusal = dry_run(&unknown).expect_err("an unknown field");
+    assert!(
+        refusal.contains("unknown field \"spec.taints\""),
+        "{refusal}"
+    );
+}
