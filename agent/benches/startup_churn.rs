@@ -5,9 +5,6 @@
 //! `cargo bench --bench startup_churn -- [ROUNDS]`
 
 #[allow(dead_code)]
-#[path = "../tests/integration/common/admission.rs"]
-mod admission;
-#[allow(dead_code)]
 #[path = "../tests/integration/common/kube.rs"]
 mod kube;
 #[path = "../tests/integration/common/wait.rs"]
@@ -16,9 +13,6 @@ use wait::wait_until;
 #[allow(dead_code)]
 #[path = "../tests/integration/common/pods.rs"]
 mod pods;
-#[path = "../tests/integration/common/rbac.rs"]
-#[allow(dead_code)]
-mod rbac;
 
 use std::time::{Duration, Instant};
 

@@ -4,9 +4,10 @@
 //! containerd start it (common::container): the image built as the Dockerfile builds it, every
 //! ConfigMap and hostPath at its mountPath, the service-account token and CA where a pod finds
 //! them, the container's env (fieldRefs filled in) and args, its UID, no capabilities, a read-only
-//! root. It talks TLS to a fake API server that authenticates its token and enforces the rendered
-//! RBAC and ValidatingAdmissionPolicy, and reads a fake kubelet pod-resources socket at the
-//! mounted host path. Whatever the manifests get wrong (a dropped setting, a missing permission, a
+//! root. It talks TLS to a real kube-apiserver (common::control_plane) with the rendered RBAC and
+//! ValidatingAdmissionPolicies installed, as its own pod bound to its node, with the token
+//! TokenRequest gives that pod, and reads a fake kubelet pod-resources socket at the mounted host
+//! path. Whatever the manifests get wrong (a dropped setting, a missing permission, a
 //! socket the UID cannot open) fails here.
 
 use crate::common;
@@ -17,13 +18,11 @@ use std::time::{Duration, Instant};
 
 use common::agent::{http_get, sample};
 use common::container::{self, ContainerSpec, Image, Mount};
-use common::kube::{gpu_node, Access, FakeApiServer};
+use common::control_plane::{self, AgentOnNode, ControlPlane};
 use common::kubelet::{response, FakeKubelet};
 use common::kustomize::{self, find};
 use serde_json::{json, Value};
 
-const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
-const POD: &str = "mlnode-agent-x7k2p";
 /// The agent listens on the port its ConfigMap names, in what would be the pod's own network
 /// namespace; here it is the host's, so the runs take turns.
 static PORT_9400: Mutex<()> = Mutex::new(());
@@ -109,8 +108,7 @@ impl Host {
 /// What the test puts on the node beside what the manifests ship.
 struct NodeSetup<'a> {
     host: &'a Host,
-    api: &'a FakeApiServer,
-    token: &'a str,
+    cluster: &'a Cluster,
     /// The NVIDIA container toolkit's injections, for a container that asks for GPUs.
     nvml_scenario: Option<&'a Path>,
     /// The Neuron driver's sysfs tree, under the container's /sys.
@@ -207,8 +205,8 @@ fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) ->
         container::atomic_volume(
             &dir,
             &[
-                ("token", setup.token.as_bytes()),
-                ("ca.crt", setup.api.ca_pem().as_bytes()),
+                ("token", setup.cluster.agent.token.as_bytes()),
+                ("ca.crt", setup.cluster.control_plane.ca_pem().as_bytes()),
                 ("namespace", namespace.as_bytes()),
             ],
         );
@@ -291,10 +289,10 @@ fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) ->
             "SSL_CERT_FILE".into(),
             "/etc/ssl/certs/ca-certificates.crt".into(),
         ),
-        ("HOSTNAME".into(), POD.into()),
+        ("HOSTNAME".into(), setup.cluster.agent.pod.clone()),
         ("HOME".into(), home.into()),
     ];
-    let port = setup.api.addr.port();
+    let port = setup.cluster.control_plane.port();
     for (k, v) in [
         ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
         ("KUBERNETES_SERVICE_PORT", port.to_string()),
@@ -318,8 +316,8 @@ fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) ->
             e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
         ) {
             (Some(v), _) => v.as_str().unwrap().to_string(),
-            (None, Some("spec.nodeName")) => NODE.into(),
-            (None, Some("metadata.name")) => POD.into(),
+            (None, Some("spec.nodeName")) => setup.cluster.agent.node.clone(),
+            (None, Some("metadata.name")) => setup.cluster.agent.pod.clone(),
             (None, Some("metadata.namespace")) => namespace.into(),
             other => panic!("env {name}: {other:?} not modelled"),
         };
@@ -382,21 +380,6 @@ fn prepare_mount_points(rootfs: &Path, mounts: &[Mount]) {
     }
 }
 
-/// The agent's own pod as the API server stores it: the rendered DaemonSet's template, bound to
-/// the node (the agent derives its models' host paths from it).
-fn own_pod(objects: &[Value]) -> Value {
-    let ds = kustomize::daemonset(objects);
-    let (metadata, spec) = pod_template(objects);
-    let mut metadata = metadata.clone();
-    metadata["name"] = json!(POD);
-    metadata["namespace"] = ds["metadata"]["namespace"].clone();
-    metadata["uid"] = json!("a9c1e0f2-0000-4000-8000-00000000a9c1");
-    let mut spec = spec.clone();
-    spec["nodeName"] = json!(NODE);
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
-           "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
-}
-
 /// A vLLM pod serving the base config's model from the node's model directory, with the model's
 /// readiness gate, mounting the directory read-only or not.
 fn gated_vllm_pod(uid: &str, name: &str, node: &str, read_only: bool) -> Value {
@@ -406,53 +389,76 @@ fn gated_vllm_pod(uid: &str, name: &str, node: &str, read_only: bool) -> Value {
     pod
 }
 
-/// A client of the fake API server holding the agent's token, as a process in its pod would.
-fn as_the_agent(api: &FakeApiServer, token: &str) -> kube::Client {
-    use base64::Engine;
-    let body: String = api
-        .ca_pem()
-        .lines()
-        .filter(|l| !l.starts_with("-----"))
-        .collect();
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .unwrap();
-    let mut config = kube::Config::new(format!("https://{}", api.addr).parse().unwrap());
-    config.root_cert = Some(vec![der]);
-    config.auth_info.token = Some(token.to_string().into());
-    kube::Client::try_from(config).unwrap()
+/// The agent's install on the real control plane (common::control_plane): the rendered objects
+/// in a namespace of their own, its Node, its pod bound there and that pod's token, and a
+/// namespace for the node's inference pods.
+struct Cluster {
+    control_plane: &'static ControlPlane,
+    agent: AgentOnNode,
+    inference: String,
 }
 
-/// The fake API server as the rendered install authorizes it.
-fn api_server(objects: &[Value], node: Value, token: &str) -> FakeApiServer {
-    let ds = kustomize::daemonset(objects);
-    let namespace = ds["metadata"]["namespace"].as_str().unwrap();
-    let sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
-        .as_str()
-        .unwrap();
-    let bound: Vec<&str> = objects
-        .iter()
-        .filter(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
-        .filter_map(|o| o["spec"]["policyName"].as_str())
-        .collect();
-    let policies = objects
-        .iter()
-        .filter(|o| {
-            o["kind"] == "ValidatingAdmissionPolicy"
-                && bound.contains(&o["metadata"]["name"].as_str().unwrap_or(""))
+impl Cluster {
+    /// `objects` installed, `node` registered with `taints`, the agent's pod on it.
+    fn start(objects: &[Value], node: Value, taints: Value) -> Result<Cluster, String> {
+        let control_plane = control_plane::shared()?;
+        let agent = AgentOnNode::start_on(control_plane, objects, &node);
+        control_plane.set_taints(&agent.node, taints);
+        let inference = control_plane.namespace("inference", json!({}));
+        Ok(Cluster {
+            control_plane,
+            agent,
+            inference,
         })
+    }
+
+    /// The installed objects: what the kubelet reads the pod's ConfigMaps from.
+    fn objects(&self) -> &[Value] {
+        &self.agent.install.objects
+    }
+
+    fn node(&self) -> Value {
+        self.control_plane.get(&["node", &self.agent.node])
+    }
+
+    fn condition(&self, kind: &str) -> Value {
+        conditions(&self.node())
+            .into_iter()
+            .find(|c| c["type"] == kind)
+            .unwrap_or(Value::Null)
+    }
+
+    /// `kind`'s condition on the inference pod `pod`.
+    fn pod_condition(&self, pod: &str, kind: &str) -> Value {
+        let pod = self.control_plane.get(&["pod", pod, "-n", &self.inference]);
+        conditions(&pod)
+            .into_iter()
+            .find(|c| c["type"] == kind)
+            .unwrap_or(Value::Null)
+    }
+
+    /// An inference pod on this node.
+    fn put_pod(&self, pod: &Value) {
+        self.control_plane.create_pod(&self.inference, pod);
+    }
+
+    /// Whether an Event of `reason` was created in the inference namespace.
+    fn has_event(&self, reason: &str) -> bool {
+        let events = self.control_plane.get(&[
+            "events",
+            "-n",
+            &self.inference,
+            &format!("--field-selector=reason={reason}"),
+        ]);
+        !events["items"].as_array().unwrap().is_empty()
+    }
+}
+
+fn conditions(object: &Value) -> Vec<Value> {
+    object["status"]["conditions"]
+        .as_array()
         .cloned()
-        .collect();
-    FakeApiServer::start_tls(
-        node,
-        Access {
-            token: token.into(),
-            username: format!("system:serviceaccount:{namespace}:{sa}"),
-            node_name: NODE.into(),
-            rbac: common::rbac::Rbac::for_service_account(objects, namespace, sa),
-            policies,
-        },
-    )
+        .unwrap_or_default()
 }
 
 struct Running {
@@ -571,12 +577,11 @@ fn kubelet_conditions(node: &Value) -> Vec<Value> {
 /// A GPU node with two H100s, the vLLM pod holding GPU 1, and the agent started from the GPU
 /// overlay with `components`.
 struct GpuNode {
-    api: FakeApiServer,
+    cluster: Cluster,
     agent: Running,
+    /// The Node as registered, before the agent started.
     node: Value,
     vllm_gpu: String,
-    /// The agent's service-account token.
-    token: String,
     _kubelet: FakeKubelet,
     _dirs: (Host, tempfile::TempDir),
 }
@@ -611,12 +616,20 @@ fn gpu_node_prepared(
     let host = Host::new();
     prepare(&host)?;
     let manifest = user_model(&host);
-    let token = format!("eyJhbGciOiJSUzI1NiJ9.{}", std::process::id());
-    let node = gpu_node(NODE);
-    let api = api_server(&objects, node.clone(), &token);
-    api.put_pod(own_pod(&objects));
-    for (uid, name, read_only) in [("g1", "vllm-gated", true), ("w1", "vllm-writable", false)] {
-        api.put_pod(gated_vllm_pod(uid, name, NODE, read_only));
+    let control_plane = control_plane::shared()?;
+    let name = control_plane.unique("ip-10-0-1-23.us-east-2.compute.internal");
+    let labels =
+        json!({"metadata": {"labels": {"node.kubernetes.io/instance-type": "p5.48xlarge"}}});
+    let cluster = Cluster::start(
+        &objects,
+        control_plane::node(&name, labels),
+        json!([
+            {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+    )?;
+    let node = cluster.node();
+    for (pod, read_only) in [("vllm-gated", true), ("vllm-writable", false)] {
+        cluster.put_pod(&gated_vllm_pod("", pod, &name, read_only));
     }
     // The kubelet's socket sits where the pod-resources hostPath volume points.
     let socket_dir = host.path("/var/lib/kubelet/pod-resources");
@@ -627,11 +640,19 @@ fn gpu_node_prepared(
     // names it.
     let mut pods = response(&[("vllm-0", "nvidia.com/gpu", &[vllm_gpu.as_str()])]);
     pods.pod_resources
-        .push(common::kubelet::dra_claim("dra-0", NODE, &["gpu-0"]));
+        .push(common::kubelet::dra_claim("dra-0", &name, &["gpu-0"]));
     let kubelet = FakeKubelet::serve_in(&socket_dir, pods);
-    let mut slice = common::kube::nvidia_resource_slice(NODE);
+    // The DRA driver's ResourceSlice, published as its kubelet plugin publishes it (the server
+    // names it from generateName).
+    let mut slice = common::kube::nvidia_resource_slice(&name);
     slice["spec"]["devices"][0]["attributes"]["uuid"]["string"] = gpus[0]["uuid"].clone();
-    api.put_resource_slice(slice);
+    for server_set in ["name", "resourceVersion", "ownerReferences"] {
+        slice["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove(server_set);
+    }
+    control_plane.create(&slice);
     let scenario = host.root.path().join("nvml-scenario.json");
     std::fs::write(
         &scenario,
@@ -641,24 +662,22 @@ fn gpu_node_prepared(
     let volumes = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let setup = NodeSetup {
         host: &host,
-        api: &api,
-        token: &token,
+        cluster: &cluster,
         nvml_scenario: Some(&scenario),
         neuron_sysfs: None,
         configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
     };
-    let spec = as_kubelet_would(&objects, &setup, volumes.path());
+    let spec = as_kubelet_would(cluster.objects(), &setup, volumes.path());
     assert_eq!(
         spec.uid, uid,
         "docs/security.md: the UID each variant runs as"
     );
     let agent = run(&spec, volumes.path());
     Ok(GpuNode {
-        api,
+        cluster,
         agent,
         node,
         vllm_gpu,
-        token,
         _kubelet: kubelet,
         _dirs: (host, volumes),
     })
@@ -688,17 +707,16 @@ fn the_charts_gpu_daemonset_with_the_startup_taint_runs_as_deployed() {
 
 fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
     let GpuNode {
-        api,
+        cluster,
         mut agent,
         node,
         vllm_gpu,
-        token,
         _kubelet,
         _dirs,
     } = gpu_node;
 
     agent.wait("own startup taint removed", Duration::from_secs(60), |_| {
-        api.node()["spec"]["taints"]
+        cluster.node()["spec"]["taints"]
             .as_array()
             .unwrap()
             .iter()
@@ -748,13 +766,13 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
     assert_eq!(sample(&metrics, "mlnode_gpu_count", &[]), Some(2.0));
 
     // Conditions written, the kubelet's and the foreign taint untouched.
-    let node_now = api.node();
-    assert_eq!(api.condition("ModelCacheVerified")["status"], "True");
+    let node_now = cluster.node();
+    assert_eq!(cluster.condition("ModelCacheVerified")["status"], "True");
     assert_eq!(
-        api.condition("AcceleratorHealthy")["status"],
+        cluster.condition("AcceleratorHealthy")["status"],
         "True",
         "{}",
-        api.condition("AcceleratorHealthy")
+        cluster.condition("AcceleratorHealthy")
     );
     assert_eq!(kubelet_conditions(&node_now), kubelet_conditions(&node));
     assert_eq!(
@@ -763,13 +781,13 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
     );
     // The model advertised on the node, through the component's RBAC and the policy's prefix.
     agent.wait("the model label", Duration::from_secs(30), |_| {
-        api.node()["metadata"]["labels"]["models.mlnode.dev/llama-3.1-8b"]
+        cluster.node()["metadata"]["labels"]["models.mlnode.dev/llama-3.1-8b"]
             == "0e9e39f249a16976918f6564b8830bc894c89659"
     });
     // The gated pod's condition, and the writable mount found: the model's path on the node is
     // derived from the agent's own hostPath mount (the base config sets none).
     agent.wait("the pod's readiness gate", Duration::from_secs(30), |_| {
-        api.pod_condition("inference", "vllm-gated", "mlnode.dev/ModelVerified")["status"] == "True"
+        cluster.pod_condition("vllm-gated", "mlnode.dev/ModelVerified")["status"] == "True"
     });
     agent.wait("the writable mount", Duration::from_secs(30), |a| {
         a.metrics().is_some_and(|m| {
@@ -781,10 +799,7 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
         })
     });
     agent.wait("the pod's Warning event", Duration::from_secs(30), |_| {
-        api.requests().iter().any(|r| {
-            r.path == "/api/v1/namespaces/inference/events"
-                && r.body["reason"] == "ModelCacheWritable"
-        })
+        cluster.has_event("ModelCacheWritable")
     });
     assert_eq!(
         sample(
@@ -794,28 +809,33 @@ fn runs_as_deployed_with_the_startup_taint(gpu_node: GpuNode) {
         ),
         None
     );
-    // Every request authenticated and allowed by the rendered RBAC and admission policy.
-    assert_eq!(api.denied(), Vec::<String>::new(), "{}", agent.log());
-    refused_pod_writes(&api, &token);
-    let requests = api.requests();
-    for (method, path) in [
-        ("PATCH", format!("/api/v1/nodes/{NODE}/status")),
-        ("PATCH", format!("/api/v1/nodes/{NODE}")),
-        ("GET", format!("/api/v1/nodes/{NODE}")),
+    // Every request authenticated and allowed by the rendered RBAC and admission policies, and
+    // the writes each component asks for among them.
+    let metrics = agent.metrics().unwrap();
+    assert_eq!(
+        control_plane::refused_requests(&metrics),
+        Vec::<String>::new(),
+        "{}",
+        agent.log()
+    );
+    for (verb, resource) in [
+        ("patch", "nodes/status"),
+        ("patch", "nodes"),
+        ("get", "nodes"),
+        ("watch", "pods"),
+        ("watch", "resourceslices"),
     ] {
         assert!(
-            requests
-                .iter()
-                .any(|r| r.method == method && r.path == path),
-            "no {method} {path}: {requests:#?}"
+            sample(
+                &metrics,
+                "mlnode_kube_requests_total",
+                &[("verb", verb), ("resource", resource), ("code", "200")]
+            )
+            .is_some(),
+            "no {verb} {resource} answered 200:\n{metrics}"
         );
     }
-    assert!(
-        requests
-            .iter()
-            .any(|r| r.path.starts_with("/api/v1/pods?") && r.path.contains("spec.nodeName")),
-        "the startup tracker watches its node's pods"
-    );
+    refused_pod_writes(&cluster);
 }
 
 /// components/kernel-log as deployed: the host's journal holds, from before the agent started, an
@@ -847,7 +867,7 @@ fn the_kernel_log_component_holds_the_node_on_an_xid_from_before_the_start() {
     let slot = common::journal::driver_slot(gpu["pci_bus_id"].as_str().unwrap());
     let line = format!("NVRM: Xid (PCI:{slot}): 119, pid=2211, name=vllm, Timeout after 6s of waiting for RPC response from GPU1 GSP!");
     let GpuNode {
-        api,
+        cluster,
         mut agent,
         _kubelet,
         _dirs,
@@ -865,9 +885,9 @@ fn the_kernel_log_component_holds_the_node_on_an_xid_from_before_the_start() {
     agent.wait(
         "AcceleratorHealthy False on the logged XID",
         Duration::from_secs(60),
-        |_| api.condition("AcceleratorHealthy")["reason"] == "FatalXID",
+        |_| cluster.condition("AcceleratorHealthy")["reason"] == "FatalXID",
     );
-    let message = api.condition("AcceleratorHealthy")["message"]
+    let message = cluster.condition("AcceleratorHealthy")["message"]
         .as_str()
         .unwrap()
         .to_string();
@@ -942,41 +962,51 @@ fn the_process_attribution_component_reads_the_hosts_processes_as_deployed() {
     );
 }
 
-/// What the rendered RBAC allows the agent's token but its admission policy refuses: the status
+/// What the rendered RBAC allows the agent's token but its admission policies refuse: the status
 /// of another node's pod, and a condition type not its own.
-fn refused_pod_writes(api: &FakeApiServer, token: &str) {
-    let other = "ip-10-0-9-99.us-east-2.compute.internal";
-    api.put_pod(gated_vllm_pod("o1", "vllm-elsewhere", other, true));
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let client = runtime.block_on(async { as_the_agent(api, token) });
-    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(client, "inference");
+fn refused_pod_writes(cluster: &Cluster) {
+    let control_plane = cluster.control_plane;
+    let other = control_plane.unique("ip-10-0-9-99.us-east-2.compute.internal");
+    control_plane.create(&control_plane::node(&other, json!({})));
+    cluster.put_pod(&gated_vllm_pod("", "vllm-elsewhere", &other, true));
     let write = |pod: &str, condition_type: &str| {
         let patch = json!({"status": {"conditions": [{"type": condition_type, "status": "True"}]}});
-        runtime.block_on(pods.patch_status(
-            pod,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Strategic(patch),
-        ))
+        let path = format!("/api/v1/namespaces/{}/pods/{pod}/status", cluster.inference);
+        control_plane.request_as(
+            &cluster.agent.token,
+            "PATCH",
+            &path,
+            "application/strategic-merge-patch+json",
+            &patch,
+        )
     };
-    let refusal = |result: Result<_, kube::Error>| match result {
-        Err(kube::Error::Api(status)) => (status.code, status.message),
-        other => panic!("not refused: {other:?}"),
-    };
-    let (code, message) = refusal(write("vllm-elsewhere", "mlnode.dev/ModelVerified"));
-    assert_eq!(code, 403);
-    assert!(
-        message.contains("pods bound to the node it runs on"),
-        "{message}"
-    );
-    let (code, message) = refusal(write("vllm-gated", "example.com/Healthy"));
-    assert_eq!(code, 403);
-    assert!(message.contains("own pod condition types"), "{message}");
-    assert!(
-        write("vllm-gated", "mlnode.dev/ModelVerified").is_ok(),
+    for (pod, condition_type, says) in [
+        (
+            "vllm-elsewhere",
+            "mlnode.dev/ModelVerified",
+            "pods bound to the node it runs on",
+        ),
+        (
+            "vllm-gated",
+            "example.com/Healthy",
+            "own pod condition types",
+        ),
+    ] {
+        let (code, answer) = write(pod, condition_type);
+        assert_eq!(code, 403, "{pod} {condition_type}: {answer}");
+        assert!(
+            answer["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(says),
+            "{answer}"
+        );
+    }
+    assert_eq!(
+        write("vllm-gated", "mlnode.dev/ModelVerified").0,
+        200,
         "its own type on its own node's pod"
     );
-    assert_eq!(api.denied().len(), 2, "{:#?}", api.denied());
 }
 
 /// components/non-root's documented cost, as deployed: UID 65532 cannot open the kubelet's
@@ -985,7 +1015,6 @@ fn refused_pod_writes(api: &FakeApiServer, token: &str) {
 fn the_non_root_component_runs_without_pod_labels_and_says_why() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
     let GpuNode {
-        api,
         mut agent,
         vllm_gpu,
         _kubelet,
@@ -1004,7 +1033,10 @@ fn the_non_root_component_runs_without_pod_labels_and_says_why() {
     });
     let metrics = agent.metrics().unwrap();
     assert!(!metrics.contains("pod=\"vllm-0\""), "{metrics}");
-    assert_eq!(api.denied(), Vec::<String>::new());
+    assert_eq!(
+        control_plane::refused_requests(&metrics),
+        Vec::<String>::new()
+    );
 }
 
 #[test]
@@ -1023,33 +1055,33 @@ fn the_charts_neuron_daemonset_runs_as_deployed_and_requires_the_driver() {
 fn neuron_runs_as_deployed(objects: Vec<Value>) {
     common::needs!(container::supported());
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
-    let mut node = gpu_node(NODE);
-    node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = json!("inf2.48xlarge");
-    node["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("us-east-2a");
-    node["spec"]["taints"] =
+    let control_plane = common::needs!(control_plane::shared());
+    let labels = json!({"metadata": {"labels": {
+        "node.kubernetes.io/instance-type": "inf2.48xlarge", "topology.kubernetes.io/zone": "us-east-2a"}}});
+    let taints =
         json!([{"key": "aws.amazon.com/neuron", "value": "present", "effect": "NoSchedule"}]);
     let tree = common::neuron::NeuronTree::new(common::neuron::INF2_48XLARGE);
     for (driver, expected) in [(Some(tree.root()), "True"), (None, "False")] {
         let host = Host::new();
         let manifest = user_model(&host);
         std::fs::create_dir_all(host.path("/var/lib/kubelet/pod-resources")).unwrap();
-        let token = "neuron-node-token";
-        let api = api_server(&objects, node.clone(), token);
+        let name = control_plane.unique("ip-10-0-2-40.us-east-2.compute.internal");
+        let node = control_plane::node(&name, labels.clone());
+        let cluster = common::needs!(Cluster::start(&objects, node, taints.clone()));
         let volumes = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let setup = NodeSetup {
             host: &host,
-            api: &api,
-            token,
+            cluster: &cluster,
             nvml_scenario: None,
             neuron_sysfs: driver,
             configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
         };
-        let spec = as_kubelet_would(&objects, &setup, volumes.path());
+        let spec = as_kubelet_would(cluster.objects(), &setup, volumes.path());
         let mut agent = run(&spec, volumes.path());
         agent.wait(
             "AcceleratorHealthy written",
             Duration::from_secs(60),
-            |_| api.condition("AcceleratorHealthy")["status"] == expected,
+            |_| cluster.condition("AcceleratorHealthy")["status"] == expected,
         );
         let metrics = agent.metrics().unwrap();
         let up = |c: &str| sample(&metrics, "mlnode_collector_up", &[("collector", c)]);
@@ -1060,7 +1092,7 @@ fn neuron_runs_as_deployed(objects: Vec<Value>) {
             "{}",
             agent.log()
         );
-        let healthy = api.condition("AcceleratorHealthy");
+        let healthy = cluster.condition("AcceleratorHealthy");
         match driver {
             Some(_) => {
                 assert_eq!(up("neuron"), Some(1.0), "{}", agent.log());
@@ -1099,11 +1131,12 @@ fn neuron_runs_as_deployed(objects: Vec<Value>) {
             }
         }
         assert_eq!(
-            api.node()["spec"]["taints"],
-            node["spec"]["taints"],
+            cluster.node()["spec"]["taints"],
+            taints,
             "no startup taint component: taints untouched"
         );
-        assert_eq!(api.denied(), Vec::<String>::new(), "{}", agent.log());
+        let refused = control_plane::refused_requests(&agent.metrics().unwrap());
+        assert_eq!(refused, Vec::<String>::new(), "{}", agent.log());
     }
 }
 
@@ -1112,7 +1145,8 @@ fn neuron_runs_as_deployed(objects: Vec<Value>) {
 /// pkg/prometheus/testdata), with Kubernetes discovery replaced by a static target carrying the
 /// `__meta_kubernetes_*` labels discovery would give the agent's pod. Only the interval is
 /// shortened, so the test need not wait 15 s per scrape.
-fn pod_monitor_job(monitor: &Value, pod_labels: &Value, namespace: &str, target: &str) -> String {
+fn pod_monitor_job(monitor: &Value, pod: (&str, &Value), namespace: &str, target: &str) -> String {
+    let (pod_name, pod_labels) = pod;
     let spec = &monitor["spec"];
     let endpoint = &spec["podMetricsEndpoints"][0];
     let port = endpoint["port"].as_str().unwrap();
@@ -1124,7 +1158,7 @@ fn pod_monitor_job(monitor: &Value, pod_labels: &Value, namespace: &str, target:
             "__meta_kubernetes_namespace".to_string(),
             namespace.to_string(),
         ),
-        ("__meta_kubernetes_pod_name".into(), POD.into()),
+        ("__meta_kubernetes_pod_name".into(), pod_name.into()),
         (
             "__meta_kubernetes_pod_container_name".into(),
             "agent".into(),
@@ -1179,12 +1213,14 @@ fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
     let objects = common::needs!(kustomize::render_with("overlays/gpu", &[]));
     let GpuNode {
+        cluster,
         mut agent,
         vllm_gpu,
         _kubelet,
         _dirs,
         ..
     } = common::needs!(gpu_node_with(&[], 0));
+    let pod = cluster.agent.pod.as_str();
     agent.wait("GPU series with pod labels", Duration::from_secs(30), |a| {
         a.metrics().is_some_and(|m| m.contains("pod=\"vllm-0\""))
     });
@@ -1193,13 +1229,18 @@ fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
     let namespace = kustomize::daemonset(&objects)["metadata"]["namespace"]
         .as_str()
         .unwrap();
-    let shipped = pod_monitor_job(monitor, &metadata["labels"], namespace, "127.0.0.1:9400");
+    let shipped = pod_monitor_job(
+        monitor,
+        (pod, &metadata["labels"]),
+        namespace,
+        "127.0.0.1:9400",
+    );
     let mut unhonoured = monitor.clone();
     unhonoured["metadata"]["name"] = json!("without-honor-labels");
     unhonoured["spec"]["podMetricsEndpoints"][0]["honorLabels"] = json!(false);
     let without = pod_monitor_job(
         &unhonoured,
-        &metadata["labels"],
+        (pod, &metadata["labels"]),
         namespace,
         "127.0.0.1:9400",
     );
@@ -1222,7 +1263,7 @@ fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
         prometheus.port,
         "mlnode_build_info{job=\"mlnode-system/mlnode-agent\"}",
     );
-    assert_eq!(own[0]["metric"]["pod"], POD);
+    assert_eq!(own[0]["metric"]["pod"], pod);
     // Without honorLabels the owner's labels are renamed and the join is empty.
     common::prometheus::wait_query(prometheus.port, "mlnode_gpu_utilization_ratio{job=\"mlnode-system/without-honor-labels\", exported_pod=\"vllm-0\"}");
     let none =

@@ -229,12 +229,8 @@ fn every_overlay_and_component_is_accepted_with_only_the_documented_exceptions()
 fn the_chart_installs_and_upgrades_through_every_values_combination() {
     let control_plane = needs!(control_plane::shared());
     control_plane.with_crds();
-    let namespace = control_plane.namespace(
-        "mlnode-helm",
-        json!({"pod-security.kubernetes.io/enforce": "privileged",
-            "pod-security.kubernetes.io/audit": "restricted",
-            "pod-security.kubernetes.io/warn": "restricted"}),
-    );
+    let namespace = control_plane.unique("mlnode-helm");
+    control_plane.create(&control_plane::readme_namespace(&namespace));
     let chart = common::helm::chart_dir();
     let values_dir = tempfile::tempdir().unwrap();
     for values in [

@@ -409,6 +409,15 @@ fn merge(into: &mut Value, from: Value) {
     }
 }
 
+/// A namespace for the agent labelled as README tells users to label it: Pod Security enforces
+/// `privileged` and audits and warns at `restricted`.
+pub fn readme_namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
+        "pod-security.kubernetes.io/enforce": "privileged",
+        "pod-security.kubernetes.io/audit": "restricted",
+        "pod-security.kubernetes.io/warn": "restricted"}}})
+}
+
 /// The kinds an install needs for the agent to be confined as in a cluster: its namespace,
 /// identity, RBAC, admission policies, configuration and DaemonSet (the monitoring objects need
 /// prometheus-operator's CRDs and confine nothing).
@@ -431,6 +440,8 @@ const CONFINING_KINDS: &[&str] = &[
 pub struct AgentOnNode {
     pub install: Install,
     pub node: String,
+    /// The agent's pod's name.
+    pub pod: String,
     pub token: String,
 }
 
@@ -439,11 +450,21 @@ impl AgentOnNode {
     /// Returns once RBAC and the admission policies are in force for the agent's token (both
     /// reach the server's authorizer and admission through informers).
     pub fn start(control_plane: &ControlPlane, objects: &[Value], node: &str) -> AgentOnNode {
+        AgentOnNode::start_on(control_plane, objects, &self::node(node, json!({})))
+    }
+
+    /// [`AgentOnNode::start`] on `node`, registered as given.
+    pub fn start_on(control_plane: &ControlPlane, objects: &[Value], node: &Value) -> AgentOnNode {
         let install = Install::new(control_plane, objects);
+        if install.of_kinds(&["Namespace"]).is_empty() {
+            // The chart's objects: Helm installs into a namespace the user made.
+            control_plane.create(&readme_namespace(&install.namespace));
+        }
         control_plane
             .apply(&install.of_kinds(CONFINING_KINDS))
             .unwrap_or_else(|refusal| panic!("the shipped objects were refused: {refusal}"));
-        control_plane.create(&self::node(node, json!({})));
+        control_plane.create(node);
+        let node = node["metadata"]["name"].as_str().unwrap();
         let daemonset = install
             .objects
             .iter()
@@ -456,6 +477,7 @@ impl AgentOnNode {
         let agent = AgentOnNode {
             install,
             node: node.to_string(),
+            pod: pod_name,
             token,
         };
         agent.await_policies(control_plane);
@@ -517,9 +539,17 @@ impl ControlPlane {
     /// nodes carry (replacing the `node.kubernetes.io/not-ready` taint admission put on the new
     /// node, as the node lifecycle controller removes it once the node is Ready).
     pub fn taint_gpu_node(&self, node: &str) {
-        let taints = json!({"spec": {"taints": [
-            {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
-            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}});
+        self.set_taints(
+            node,
+            json!([
+                {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+        );
+    }
+
+    /// `node`'s taints replaced by `taints`, as the admin.
+    pub fn set_taints(&self, node: &str, taints: Value) {
+        let patch = json!({"spec": {"taints": taints}});
         self.admin(
             &[
                 "patch",
@@ -527,10 +557,20 @@ impl ControlPlane {
                 node,
                 "--type=merge",
                 "-p",
-                &taints.to_string(),
+                &patch.to_string(),
             ],
             "",
         );
+    }
+
+    /// The CA that signed the server's certificate, as a pod's `ca.crt` holds it.
+    pub fn ca_pem(&self) -> String {
+        std::fs::read_to_string(&self.ca).unwrap()
+    }
+
+    /// The port the server listens on (127.0.0.1), as `KUBERNETES_SERVICE_PORT` names it.
+    pub fn port(&self) -> u16 {
+        self.server.rsplit(':').next().unwrap().parse().unwrap()
     }
 
     /// A namespace of this test's own, with `labels`, and its `default` service account (which the
@@ -657,4 +697,15 @@ impl ControlPlane {
             self.admin(&args, "");
         });
     }
+}
+
+/// The requests the agent's metrics (`mlnode_kube_requests_total`) say the API server refused or
+/// could not place: every series with a 4xx code and a count above zero.
+pub fn refused_requests(metrics: &str) -> Vec<String> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("mlnode_kube_requests_total{") && l.contains("code=\"4"))
+        .filter(|l| l.rsplit_once(' ').is_some_and(|(_, n)| n != "0"))
+        .map(str::to_string)
+        .collect()
 }

@@ -1,6 +1,5 @@
 //! Builders for model caches on disk, shared by the integration tests.
 
-pub mod admission;
 pub mod agent;
 pub mod container;
 pub mod control_plane;
@@ -13,7 +12,6 @@ pub mod neuron;
 pub mod nvml;
 pub mod pods;
 pub mod prometheus;
-pub mod rbac;
 pub mod rdma;
 pub mod wait;
 
