@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use common::control_plane::{self, AgentOnNode, ControlPlane};
+use common::control_plane::{self, condition, AgentOnNode, ControlPlane};
 use common::needs;
 use serde_json::{json, Value};
 
@@ -95,14 +95,6 @@ fn conditions(types: &[(&str, &str)]) -> Value {
     json!({"status": {"conditions": list}})
 }
 
-fn condition<'a>(node: &'a Value, kind: &str) -> Option<&'a Value> {
-    node["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == kind)
-}
-
 fn kubelets_ready_condition_refused(control_plane: &ControlPlane, agent: &AgentOnNode) {
     refused(
         node_status(
@@ -150,16 +142,10 @@ fn the_agent_writes_its_conditions_taint_and_labels_on_its_own_node() {
     )
     .unwrap();
     let node = control_plane.get(&["node", &agent.node]);
+    assert_eq!(condition(&node, "ModelCacheVerified")["status"], "True");
+    assert_eq!(condition(&node, "AcceleratorHealthy")["status"], "True");
     assert_eq!(
-        condition(&node, "ModelCacheVerified").unwrap()["status"],
-        "True"
-    );
-    assert_eq!(
-        condition(&node, "AcceleratorHealthy").unwrap()["status"],
-        "True"
-    );
-    assert_eq!(
-        condition(&node, "Ready").unwrap()["reason"],
+        condition(&node, "Ready")["reason"],
         "KubeletReady",
         "the kubelet's condition as it was"
     );
@@ -369,7 +355,7 @@ fn anyone_elses_writes_are_not_the_policys_business() {
         "",
     );
     assert_eq!(
-        condition(&control_plane.get(&["node", &agent.node]), "Ready").unwrap()["status"],
+        condition(&control_plane.get(&["node", &agent.node]), "Ready")["status"],
         "False"
     );
 }

@@ -422,19 +422,13 @@ impl Cluster {
     }
 
     fn condition(&self, kind: &str) -> Value {
-        conditions(&self.node())
-            .into_iter()
-            .find(|c| c["type"] == kind)
-            .unwrap_or(Value::Null)
+        control_plane::condition(&self.node(), kind)
     }
 
     /// `kind`'s condition on the inference pod `pod`.
     fn pod_condition(&self, pod: &str, kind: &str) -> Value {
         let pod = self.control_plane.get(&["pod", pod, "-n", &self.inference]);
-        conditions(&pod)
-            .into_iter()
-            .find(|c| c["type"] == kind)
-            .unwrap_or(Value::Null)
+        control_plane::condition(&pod, kind)
     }
 
     /// An inference pod on this node.
@@ -452,13 +446,6 @@ impl Cluster {
         ]);
         !events["items"].as_array().unwrap().is_empty()
     }
-}
-
-fn conditions(object: &Value) -> Vec<Value> {
-    object["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
 }
 
 struct Running {

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
-use common::control_plane::{self, AgentOnNode, ControlPlane};
+use common::control_plane::{self, condition, AgentOnNode, ControlPlane};
 use common::needs;
 use common::PlainModel;
 use serde_json::{json, Value};
@@ -47,16 +47,6 @@ fn run(control_plane: &ControlPlane, on: &AgentOnNode, dir: &Path, config: &str)
 
 fn wait_for(what: &str, check: impl Fn() -> Result<(), String>) {
     common::wait_until(what, Duration::from_secs(60), check);
-}
-
-fn condition(node: &Value, kind: &str) -> Value {
-    node["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == kind)
-        .cloned()
-        .unwrap_or(Value::Null)
 }
 
 #[test]
@@ -204,4 +194,124 @@ fn a_restart_trusts_the_record_its_predecessor_kept_in_the_condition() {
         Some(0.0),
         "no byte of the cache read again"
     );
+}
+
+/// The startup tracker on the real server: its node's pods watched through the server's field
+/// selector, a pod's Events (created as the kubelet creates them) listed by
+/// `involvedObject.uid` once it is Ready, and the phases computed from what the server stored.
+#[test]
+fn the_startup_tracker_follows_a_pod_through_the_real_server() {
+    let control_plane = needs!(control_plane::shared());
+    let on = agent_on_node(control_plane);
+    let model = PlainModel::new();
+    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let config = format!(
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n{}",
+        common::agent::model_config("llama", model.root(), &manifest)
+    );
+    let agent = run(control_plane, &on, dir.path(), &config);
+    let inference = control_plane.namespace("inference", json!({}));
+    let name = control_plane.unique("vllm");
+    let root = model.root().display().to_string();
+    // The pod as its ReplicaSet creates it, bound to the node; its times are the server's.
+    let mut pod = common::pods::vllm_pod("", &name, &root, &times(0.0, None));
+    pod["spec"]["nodeName"] = json!(on.node);
+    pod.as_object_mut().unwrap().remove("status");
+    let created = control_plane.create_pod(&inference, &pod);
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let at: f64 =
+        humantime::parse_rfc3339(created["metadata"]["creationTimestamp"].as_str().unwrap())
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+    // The kubelet's record of the start, every moment in the past by the time it is written.
+    common::wait_until(
+        "the pod's start in the past",
+        Duration::from_secs(10),
+        || {
+            (common::pods::unix_now() > at + 5.0)
+                .then_some(())
+                .ok_or_else(String::new)
+        },
+    );
+    let main = Some("spec.containers{vllm}");
+    for (reason, message, field_path, offset) in [
+        ("Scheduled", format!("Successfully assigned {inference}/{name} to {}", on.node), None, 1.0),
+        ("Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 1.5s (1.6s including waiting). Image size: 10234567890 bytes.".to_string(), main, 2.0),
+        ("Created", "Created container: vllm".to_string(), main, 3.0),
+        ("Started", "Started container vllm".to_string(), main, 3.0),
+    ] {
+        let mut event = common::pods::kubelet_event(&uid, &name, reason, &message, field_path, at + offset);
+        event["metadata"]["namespace"] = json!(inference);
+        event["metadata"]["name"] = json!(control_plane.unique(&name));
+        event["involvedObject"]["namespace"] = json!(inference);
+        event["involvedObject"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
+        event["source"]["host"] = json!(on.node);
+        event["reportingInstance"] = json!(on.node);
+        control_plane.create(&event);
+    }
+    let status =
+        common::pods::vllm_pod(&uid, &name, &root, &times(at, Some(at + 4.0)))["status"].clone();
+    control_plane.admin(
+        &[
+            "patch",
+            "pod",
+            &name,
+            "-n",
+            &inference,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &json!({ "status": status }).to_string(),
+        ],
+        "",
+    );
+
+    agent.wait_for("startup measured", Duration::from_secs(30), |m| {
+        sample(
+            m,
+            "mlnode_pod_startup_total_seconds_count",
+            &[("namespace", inference.as_str())],
+        ) == Some(1.0)
+    });
+    let metrics = agent.metrics();
+    let phase = |phase: &str| {
+        sample(
+            &metrics,
+            "mlnode_pod_startup_last_phase_seconds",
+            &[("pod", name.as_str()), ("phase", phase)],
+        )
+    };
+    assert_eq!(phase("scheduling"), Some(1.0), "{metrics}");
+    assert_eq!(phase("image_pull"), Some(1.5));
+    assert_eq!(phase("container_start"), Some(1.0));
+    assert_eq!(
+        control_plane::refused_requests(&metrics),
+        Vec::<String>::new(),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "mlnode_kube_requests_total",
+            &[("verb", "list"), ("resource", "events"), ("code", "200")]
+        ),
+        Some(1.0),
+        "one events list for the startup"
+    );
+}
+
+/// A pod created at `created` (unix seconds), scheduled a second later, its container started at
+/// +3 s and Ready at `ready`.
+fn times(created: f64, ready: Option<f64>) -> common::pods::PodTimes {
+    common::pods::PodTimes {
+        created,
+        scheduled: created + 1.0,
+        started: created + 3.0,
+        ready,
+        restart_count: 0,
+        last_finished: None,
+    }
 }

@@ -1641,7 +1641,8 @@ fn fabric_registration_holds_the_node_until_it_completes() {
 
 /// The agent with readiness against `api`, its NVML settings extended by `nvml` (lines indented by
 /// two spaces), and the fake library keeping its ledger and device files where the test reads them.
-fn start_watched(scenario: &Scenario, api: &common::kube::FakeApiServer, nvml: &str) -> Agent {
+/// The agent watching `node` (its release annotation) through the API server `kubeconfig` names.
+fn start_watched(scenario: &Scenario, kubeconfig: &Path, node: &str, nvml: &str) -> Agent {
     Agent::start_with_env(
         &format!(
             "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n{nvml}readiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
@@ -1652,7 +1653,8 @@ fn start_watched(scenario: &Scenario, api: &common::kube::FakeApiServer, nvml: &
             ("FAKE_NVML_SCENARIO", &scenario.path()),
             ("FAKE_NVML_LEDGER", &scenario.ledger_path()),
             ("FAKE_NVML_DEVICE_DIR", &scenario.device_dir()),
-            ("KUBECONFIG", &api.kubeconfig()),
+            ("KUBECONFIG", kubeconfig),
+            ("MLNODE_NODE_NAME", Path::new(node)),
         ],
     )
 }
@@ -1676,7 +1678,7 @@ fn held_files(pid: u32, dir: &Path) -> Vec<std::path::PathBuf> {
 fn the_agent_lets_go_of_nvml_for_a_reset_and_takes_it_back_after() {
     let mut scenario = Scenario::new(2);
     let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = start_watched(&scenario, &api, "");
+    let agent = start_watched(&scenario, &api.kubeconfig(), "test-node", "");
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     let devices = scenario.device_dir();
     assert_eq!(
@@ -1743,36 +1745,71 @@ fn the_agent_lets_go_of_nvml_for_a_reset_and_takes_it_back_after() {
 }
 
 /// An operator or a reset janitor asks through the node annotation `mlnode.dev/release-gpus`, seen
-/// through one watch of the node: every GPU is let go of (no device file held, NVML shut down), the
-/// gate says who asked (`GPUsReleased`), and NVML is taken back when the annotation is removed.
+/// through one watch of the node on the real API server (the agent's pod's token, the shipped
+/// RBAC): every GPU is let go of (no device file held, NVML shut down), the gate says who asked
+/// (`GPUsReleased`), and NVML is taken back when the annotation is removed.
 #[test]
 fn the_release_annotation_lets_go_of_every_gpu_until_it_is_removed() {
+    let control_plane = common::needs!(common::control_plane::shared());
+    let objects = common::needs!(common::kustomize::render_with("overlays/gpu", &[]));
+    let on = common::control_plane::AgentOnNode::start(
+        control_plane,
+        &objects,
+        &control_plane.unique("node"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = control_plane.token_kubeconfig(&on.token, dir.path());
     let scenario = Scenario::new(2);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = start_watched(&scenario, &api, "");
-    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    let agent = start_watched(&scenario, &kubeconfig, &on.node, "");
+    let condition = |what: &str, check: &dyn Fn(&Value) -> bool| {
+        common::wait_until(what, Duration::from_secs(30), || {
+            let node = control_plane.get(&["node", &on.node]);
+            let condition = common::control_plane::condition(&node, "AcceleratorHealthy");
+            if check(&condition) {
+                Ok(condition)
+            } else {
+                Err(format!(
+                    "AcceleratorHealthy is {condition}\n{}",
+                    agent.log()
+                ))
+            }
+        })
+    };
+    condition("healthy at start", &|c| c["status"] == "True");
     let devices = scenario.device_dir();
-    api.annotate_node("mlnode.dev/release-gpus", "janitor: reset GPU 1");
-    let condition = wait_condition(&agent, &api, "released", |c| c["reason"] == "GPUsReleased");
+    let annotation = "mlnode.dev/release-gpus=janitor: reset GPU 1";
+    control_plane.admin(&["annotate", "node", &on.node, annotation], "");
+    let released = condition("released", &|c| c["reason"] == "GPUsReleased");
     assert!(
-        condition["message"].as_str().unwrap().contains(
+        released["message"].as_str().unwrap().contains(
             "the node's mlnode.dev/release-gpus annotation (\"janitor: reset GPU 1\") asks for a release of GPU-00000000-1111-2222-3333-444444444440 (0000:07:00.0), GPU-00000001-1111-2222-3333-444444444441 (0000:17:00.0)"
         ),
-        "{condition}"
+        "{released}"
     );
     assert!(
         held_files(agent.pid(), &devices).is_empty(),
         "no device file held"
     );
     assert_eq!(scenario.ledger()["initialized"], 0);
+    let metrics = agent.metrics();
     assert!(
-        api.requests()
-            .iter()
-            .any(|r| r.path.starts_with("/api/v1/nodes?") && r.path.contains("watch=true")),
-        "one watch of the node"
+        sample(
+            &metrics,
+            "mlnode_kube_requests_total",
+            &[("verb", "watch"), ("resource", "nodes"), ("code", "200")]
+        )
+        .is_some(),
+        "one watch of the node: {metrics}"
     );
-    api.unannotate_node("mlnode.dev/release-gpus");
-    wait_condition(&agent, &api, "taken back", |c| c["status"] == "True");
+    assert_eq!(
+        common::control_plane::refused_requests(&metrics),
+        Vec::<String>::new()
+    );
+    control_plane.admin(
+        &["annotate", "node", &on.node, "mlnode.dev/release-gpus-"],
+        "",
+    );
+    condition("taken back", &|c| c["status"] == "True");
     agent.wait_for("read again", Duration::from_secs(20), |m| {
         sample(
             m,
@@ -1791,7 +1828,12 @@ fn the_release_annotation_lets_go_of_every_gpu_until_it_is_removed() {
 fn a_release_is_bounded_by_its_timeout() {
     let mut scenario = Scenario::new(1);
     let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = start_watched(&scenario, &api, "  release_timeout: 5s\n");
+    let agent = start_watched(
+        &scenario,
+        &api.kubeconfig(),
+        "test-node",
+        "  release_timeout: 5s\n",
+    );
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     scenario.set(0, "recovery_action", json!(1));
     let released = |c: &Value| {
@@ -1833,7 +1875,7 @@ fn a_release_is_bounded_by_its_timeout() {
 fn a_gpu_unbound_and_bound_again_is_followed_without_a_restart() {
     let mut scenario = Scenario::new(2);
     let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = start_watched(&scenario, &api, "");
+    let agent = start_watched(&scenario, &api.kubeconfig(), "test-node", "");
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     let bdf = "0000:17:00.0";
     scenario.set(1, "bound", json!(false));

@@ -1,7 +1,9 @@
-//! The readiness controller in the agent binary against an in-process fake API server: the exact
-//! requests (paths, content types, bodies), kubelet's conditions untouched, heartbeat skipping, the
-//! startup taint removed beside a foreign one and retried when the list changes under it, and an
-//! API server that is down at start.
+//! The readiness controller in the agent binary against the real kube-apiserver
+//! (common::control_plane), as its DaemonSet runs it (the shipped RBAC and admission policies, its
+//! pod's bound token), through the proxy that records what it sends and pushes back on demand
+//! (common::api_proxy): the exact requests (paths, content types, bodies), kubelet's conditions
+//! untouched, heartbeat skipping, the startup taint removed beside a foreign one and retried when
+//! another writer changes the list under it, and an API server that is down at start.
 
 use crate::common;
 
@@ -10,27 +12,77 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
-use common::kube::{gpu_node, FakeApiServer, Recorded};
+use common::api_proxy::ApiProxy;
+use common::control_plane::{self, AgentOnNode, ControlPlane};
+use common::kube::Recorded;
 use common::PlainModel;
-use serde_json::json;
+use serde_json::{json, Value};
 
-const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
+/// A node on the real server with the agent's install (the startup taint's component among it),
+/// the agent's pod on it, and the proxy the agent talks through.
+struct Node {
+    control_plane: &'static ControlPlane,
+    on: AgentOnNode,
+    api: ApiProxy,
+}
 
-fn start(api: &FakeApiServer, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
+impl Node {
+    fn new() -> Result<Node, String> {
+        let control_plane = control_plane::shared()?;
+        let objects =
+            common::kustomize::render_with("overlays/gpu", &["components/startup-taint"])?;
+        let on = AgentOnNode::start(control_plane, &objects, &control_plane.unique("node"));
+        control_plane.taint_gpu_node(&on.node);
+        let api = ApiProxy::start(control_plane, &on.token);
+        Ok(Node {
+            control_plane,
+            on,
+            api,
+        })
+    }
+
+    fn node(&self) -> Value {
+        self.control_plane.get(&["node", &self.on.node])
+    }
+
+    fn condition(&self, kind: &str) -> Value {
+        control_plane::condition(&self.node(), kind)
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.api.requests()
+    }
+
+    fn node_path(&self) -> String {
+        format!("/api/v1/nodes/{}", self.on.node)
+    }
+
+    /// The node's taints as the admin (another writer) sets them.
+    fn set_taints(&self, taints: Value) {
+        self.control_plane.set_taints(&self.on.node, taints);
+    }
+
+    fn tainted(&self) -> bool {
+        self.node()["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "mlnode.dev/not-ready")
+    }
+}
+
+const NVIDIA_TAINT: fn() -> Value =
+    || json!({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"});
+
+fn start(node: &Node, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
     let readiness =
         "  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n";
-    start_with(api, readiness, model.root(), manifest, extra)
+    start_with(node, readiness, model.root(), manifest, extra)
 }
 
 /// The agent with the readiness settings `readiness` (indented lines of its section) and the
-/// model `llama` at `root`, against `api`.
-fn start_with(
-    api: &FakeApiServer,
-    readiness: &str,
-    root: &Path,
-    manifest: &Path,
-    extra: &str,
-) -> Agent {
+/// model `llama` at `root`, against `node`'s server through its proxy.
+fn start_with(node: &Node, readiness: &str, root: &Path, manifest: &Path, extra: &str) -> Agent {
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n{readiness}{extra}{}",
         common::agent::model_config("llama", root, manifest)
@@ -39,8 +91,8 @@ fn start_with(
     Agent::start_with_env(
         &config,
         &[
-            ("KUBECONFIG", &api.kubeconfig()),
-            ("MLNODE_NODE_NAME", Path::new(NODE)),
+            ("KUBECONFIG", &node.api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(&node.on.node)),
         ],
     )
 }
@@ -75,25 +127,26 @@ fn wait_rounds(agent: &Agent, n: f64) {
     });
 }
 
-fn patches<'a>(requests: &'a [Recorded], path_suffix: &str) -> Vec<&'a Recorded> {
+/// The PATCHes of `path` (its query aside).
+fn patches<'a>(requests: &'a [Recorded], path: &str) -> Vec<&'a Recorded> {
     requests
         .iter()
-        .filter(|r| r.method == "PATCH" && r.path.ends_with(path_suffix))
+        .filter(|r| r.method == "PATCH" && r.path.split('?').next() == Some(path))
         .collect()
 }
 
 #[test]
 fn conditions_and_taint_are_written_exactly_and_only_ours() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let kubelet_before: Vec<_> = api.node()["status"]["conditions"]
+    let kubelet_before: Vec<_> = node.node()["status"]["conditions"]
         .as_array()
         .unwrap()
         .clone();
-    let agent = start(&api, &model, &manifest, "");
+    let agent = start(&node, &model, &manifest, "");
     wait_until("taint removed", Duration::from_secs(20), || {
-        api.node()["spec"]["taints"]
+        node.node()["spec"]["taints"]
             .as_array()
             .unwrap()
             .iter()
@@ -101,14 +154,14 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
     });
     // The event follows the patch: wait for it too before reading the record.
     wait_until("taint event", Duration::from_secs(10), || {
-        api.requests()
+        node.requests()
             .iter()
             .any(|r| r.method == "POST" && r.body["reason"] == "StartupTaintRemoved")
     });
-    let requests = api.requests();
+    let requests = node.requests();
 
     // Conditions: a strategic-merge patch of nodes/<name>/status with only the agent's types.
-    let status_patches = patches(&requests, &format!("/api/v1/nodes/{NODE}/status"));
+    let status_patches = patches(&requests, &format!("{}/status", node.node_path()));
     assert!(!status_patches.is_empty());
     for patch in &status_patches {
         assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
@@ -131,26 +184,26 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
             patch.body
         );
     }
-    let verified = api.condition("ModelCacheVerified");
+    let verified = node.condition("ModelCacheVerified");
     assert_eq!(
         (verified["status"].as_str(), verified["reason"].as_str()),
         (Some("True"), Some("AllModelCachesVerified"))
     );
-    assert_eq!(api.condition("AcceleratorHealthy")["status"], "True");
+    assert_eq!(node.condition("AcceleratorHealthy")["status"], "True");
     // kubelet's conditions are exactly as they were.
-    let kubelet_after: Vec<_> = api.node()["status"]["conditions"]
+    let kubelet_after: Vec<_> = node.node()["status"]["conditions"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|c| {
-            !c["type"].as_str().unwrap().starts_with(['M', 'A']) || c["type"] == "MemoryPressure"
+            !["ModelCacheVerified", "AcceleratorHealthy"].contains(&c["type"].as_str().unwrap())
         })
         .cloned()
         .collect();
     assert_eq!(kubelet_after, kubelet_before);
 
     // The taint: a JSON patch that tests the list it read and keeps the other taint.
-    let taint_patches = patches(&requests, &format!("/api/v1/nodes/{NODE}"));
+    let taint_patches = patches(&requests, &node.node_path());
     assert_eq!(taint_patches.len(), 1, "{taint_patches:#?}");
     assert_eq!(taint_patches[0].content_type, "application/json-patch+json");
     assert_eq!(
@@ -163,17 +216,20 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
         ])
     );
     assert_eq!(
-        api.node()["spec"]["taints"],
+        node.node()["spec"]["taints"],
         json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
     );
 
     // Node events, as node-problem-detector posts them.
     let events: Vec<&Recorded> = requests.iter().filter(|r| r.method == "POST").collect();
-    assert!(events
-        .iter()
-        .all(|e| e.path == "/api/v1/namespaces/default/events"
-            && e.body["involvedObject"]["kind"] == "Node"
-            && e.body["involvedObject"]["name"] == NODE));
+    assert!(
+        events
+            .iter()
+            .all(|e| e.path == "/api/v1/namespaces/default/events"
+                && e.body["involvedObject"]["kind"] == "Node"
+                && e.body["involvedObject"]["name"] == node.on.node.as_str()),
+        "{events:#?}"
+    );
     let reasons: Vec<&str> = events
         .iter()
         .map(|e| e.body["reason"].as_str().unwrap())
@@ -186,18 +242,15 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
     // Bootstrap-only: corrupting the cache flips the condition but never re-adds the taint.
     std::fs::write(model.path("config.json"), b"{\"model_type\": \"evil\"}").unwrap();
     wait_until("condition False", Duration::from_secs(10), || {
-        api.condition("ModelCacheVerified")["status"] == "False"
+        node.condition("ModelCacheVerified")["status"] == "False"
     });
-    assert!(api.condition("ModelCacheVerified")["message"]
+    assert!(node.condition("ModelCacheVerified")["message"]
         .as_str()
         .unwrap()
         .contains("config.json"));
     // Rounds after the failure: none puts the taint back.
     wait_rounds(&agent, 3.0);
-    assert_eq!(
-        patches(&api.requests(), &format!("/api/v1/nodes/{NODE}")).len(),
-        1
-    );
+    assert_eq!(patches(&node.requests(), &node.node_path()).len(), 1);
     let metrics = agent.metrics();
     assert_eq!(
         sample(
@@ -219,18 +272,19 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
 
 #[test]
 fn unchanged_conditions_are_skipped_until_the_heartbeat() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let agent = start(&api, &model, &manifest, "");
+    let agent = start(&node, &model, &manifest, "");
     wait_until("verified", Duration::from_secs(20), || {
-        api.condition("ModelCacheVerified")["status"] == "True"
+        node.condition("ModelCacheVerified")["status"] == "True"
     });
-    let written_at = patches(&api.requests(), "/status").len();
+    let written_at = patches(&node.requests(), &format!("{}/status", node.node_path())).len();
     let started = Instant::now();
     wait_rounds(&agent, 12.0);
     let took = started.elapsed();
-    let written = patches(&api.requests(), "/status").len() - written_at;
+    let written =
+        patches(&node.requests(), &format!("{}/status", node.node_path())).len() - written_at;
     // 12 rounds at 200 ms, a 1 s heartbeat: a write a second (2 or 3 when the rounds keep time),
     // not one a round.
     let heartbeats = took.as_secs() as usize + 1;
@@ -249,7 +303,7 @@ fn unchanged_conditions_are_skipped_until_the_heartbeat() {
             >= 3.0,
         "rounds with nothing to write are skipped, not written"
     );
-    let heartbeat = api.condition("ModelCacheVerified");
+    let heartbeat = node.condition("ModelCacheVerified");
     assert_ne!(
         heartbeat["lastHeartbeatTime"], heartbeat["lastTransitionTime"],
         "a heartbeat does not move the transition time"
@@ -258,27 +312,35 @@ fn unchanged_conditions_are_skipped_until_the_heartbeat() {
 
 #[test]
 fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
-    let api = FakeApiServer::start(gpu_node(NODE));
-    api.state
-        .race_next_taint_patch
-        .store(true, Ordering::Relaxed);
+    let node = common::needs!(Node::new());
+    // Another controller adds a taint between the agent's read of the node and its write.
+    let (control_plane, name) = (node.control_plane, node.on.node.clone());
+    let path = node.node_path();
+    node.api.before_next(
+        move |method, target| method == "PATCH" && target.split('?').next() == Some(path.as_str()),
+        move || {
+            let taints = json!([{"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}, NVIDIA_TAINT(),
+                {"key": "example.com/maintenance", "effect": "NoExecute"}]);
+            control_plane.set_taints(&name, taints);
+        },
+    );
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let _agent = start(&api, &model, &manifest, "");
+    let _agent = start(&node, &model, &manifest, "");
     wait_until("taint removed", Duration::from_secs(20), || {
-        api.node()["spec"]["taints"]
+        node.node()["spec"]["taints"]
             .as_array()
             .unwrap()
             .iter()
             .all(|t| t["key"] != "mlnode.dev/not-ready")
     });
-    let taint_patches = patches(&api.requests(), &format!("/api/v1/nodes/{NODE}")).len();
+    let taint_patches = patches(&node.requests(), &node.node_path()).len();
     assert_eq!(
         taint_patches, 2,
         "the first failed its test and was retried after a fresh read"
     );
     assert_eq!(
-        api.node()["spec"]["taints"],
+        node.node()["spec"]["taints"],
         json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}, {"key": "example.com/maintenance", "effect": "NoExecute"}]),
         "the taint added between our read and our write survives"
     );
@@ -286,11 +348,11 @@ fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
 
 #[test]
 fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
-    let api = FakeApiServer::start(gpu_node(NODE));
-    api.state.down.store(true, Ordering::Relaxed);
+    let node = common::needs!(Node::new());
+    node.api.state.down.store(true, Ordering::Relaxed);
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let agent = start(&api, &model, &manifest, "");
+    let agent = start(&node, &model, &manifest, "");
     agent.wait_for("errors counted", Duration::from_secs(20), |m| {
         sample(
             m,
@@ -311,13 +373,16 @@ fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
         "failing syncs: the collector is not up"
     );
     assert!(
-        api.requests().iter().all(|r| r.method == "GET"),
+        node.requests().iter().all(|r| r.method == "GET"),
         "nothing written while down"
     );
-    assert_eq!(api.condition("ModelCacheVerified"), serde_json::Value::Null);
-    api.state.down.store(false, Ordering::Relaxed);
+    assert_eq!(
+        node.condition("ModelCacheVerified"),
+        serde_json::Value::Null
+    );
+    node.api.state.down.store(false, Ordering::Relaxed);
     wait_until("written after recovery", Duration::from_secs(10), || {
-        api.condition("ModelCacheVerified")["status"] == "True"
+        node.condition("ModelCacheVerified")["status"] == "True"
     });
     agent.wait_for("up again", Duration::from_secs(10), |m| up(m) == Some(1.0));
     assert_eq!(
@@ -329,17 +394,11 @@ fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
 
 #[test]
 fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let agent = start(&api, &model, &manifest, "  taint_mode: continuous\n");
-    let tainted = || {
-        api.node()["spec"]["taints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|t| t["key"] == "mlnode.dev/not-ready")
-    };
+    let agent = start(&node, &model, &manifest, "  taint_mode: continuous\n");
+    let tainted = || node.tainted();
     wait_until("taint removed", Duration::from_secs(20), || !tainted());
     let original = model.files["config.json"].clone();
     std::fs::write(model.path("config.json"), b"{\"model_type\": \"evil\"}").unwrap();
@@ -362,7 +421,7 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
     };
     assert!(last_incremental("failed").contains(r#""priority":"idle""#));
     assert!(last_incremental("verified").contains(r#""priority":"normal""#));
-    let nvidia = api.node()["spec"]["taints"]
+    let nvidia = node.node()["spec"]["taints"]
         .as_array()
         .unwrap()
         .iter()
@@ -373,12 +432,11 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
     // Someone else puts the taint back while the cache is healthy: the agent reads the node at
     // its next write (the heartbeat, 1 s here) and takes it off again...
     let set_ours = |present: bool| {
-        let mut node = api.state.node.lock().unwrap();
-        let taints = node["spec"]["taints"].as_array_mut().unwrap();
-        taints.retain(|t| t["key"] != "mlnode.dev/not-ready");
+        let mut taints = vec![NVIDIA_TAINT()];
         if present {
-            taints.push(serde_json::json!({"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}));
+            taints.push(json!({"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}));
         }
+        node.set_taints(json!(taints));
     };
     set_ours(true);
     wait_until(
@@ -406,25 +464,25 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
 /// True within seconds, because the controller waits on the models' state as well as its clock.
 #[test]
 fn a_verdict_is_written_when_the_verification_ends_not_a_round_later() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let later = tempfile::tempdir().unwrap();
     let root = later.path().join("llama");
     let _agent = start_with(
-        &api,
+        &node,
         "  interval: 1h\n  heartbeat: 1h\n",
         &root,
         &manifest,
         "",
     );
     wait_until("the first round", Duration::from_secs(20), || {
-        api.condition("ModelCacheVerified")["status"] == "False"
+        node.condition("ModelCacheVerified")["status"] == "False"
     });
     std::fs::rename(model.root(), &root).unwrap();
     wait_until(
         "the verdict, long before the next round",
         Duration::from_secs(30),
-        || api.condition("ModelCacheVerified")["status"] == "True",
+        || node.condition("ModelCacheVerified")["status"] == "True",
     );
 }

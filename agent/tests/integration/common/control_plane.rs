@@ -147,6 +147,18 @@ fn remove_stale_runs(runs: &Path) {
 }
 
 impl ControlPlane {
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The CA that signed the server's certificate, DER-encoded, as a client's roots take it.
+    pub fn ca_der(&self) -> Vec<u8> {
+        ureq::tls::Certificate::from_pem(self.ca_pem().as_bytes())
+            .unwrap()
+            .der()
+            .to_vec()
+    }
+
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
@@ -708,4 +720,16 @@ pub fn refused_requests(metrics: &str) -> Vec<String> {
         .filter(|l| l.rsplit_once(' ').is_some_and(|(_, n)| n != "0"))
         .map(str::to_string)
         .collect()
+}
+
+/// The condition of type `kind` in an object's (a Node's, a Pod's) status; Null where there is
+/// none.
+pub fn condition(object: &Value, kind: &str) -> Value {
+    object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == kind)
+        .cloned()
+        .unwrap_or(Value::Null)
 }

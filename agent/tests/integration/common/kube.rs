@@ -8,7 +8,6 @@
 //! no answer at all, a watch ended by the server, or ended with 410 Gone; a watch resumed from a
 //! resourceVersion gets what came after it first, as the watch cache replays it.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,9 +51,6 @@ pub struct ApiState {
     pub throttle: Mutex<Option<u64>>,
     /// Answer nothing: every request (watches too) hangs, as behind a dead connection.
     pub stall: AtomicBool,
-    /// Before applying the next JSON patch of the node, add a foreign taint, as another controller
-    /// writing between the agent's read and its write would.
-    pub race_next_taint_patch: AtomicBool,
     /// Pods (as listed), ResourceSlices and Events (as stored).
     pub pods: Mutex<Vec<Value>>,
     pub slices: Mutex<Vec<Value>>,
@@ -70,6 +66,18 @@ pub struct ApiState {
     pub refuse_pod_status: Mutex<Vec<String>>,
 }
 
+/// A request's method as the record names it.
+pub fn method_name(method: &axum::http::Method) -> &'static str {
+    match *method {
+        axum::http::Method::GET => "GET",
+        axum::http::Method::POST => "POST",
+        axum::http::Method::PATCH => "PATCH",
+        axum::http::Method::PUT => "PUT",
+        axum::http::Method::DELETE => "DELETE",
+        _ => "OTHER",
+    }
+}
+
 /// What API Priority and Fairness answers a request it rejects (kube-apiserver,
 /// `staging/src/k8s.io/apiserver/pkg/server/filters/priority-and-fairness.go` calls
 /// `tooManyRequests` of `maxinflight.go`, kubernetes/kubernetes 04791b49): status 429, `Retry-After`
@@ -77,7 +85,7 @@ pub struct ApiState {
 /// and priority level. Before any handler, as the filter runs before the handler chain; recorded.
 /// While the server is "down", a 503 Status as an API server behind its load balancer answers;
 /// while it stalls, no answer at all.
-async fn push_back(
+pub async fn push_back(
     State(state): State<Arc<ApiState>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -88,12 +96,7 @@ async fn push_back(
     if !stalled && throttle.is_none() && !down {
         return next.run(request).await;
     }
-    let method = match *request.method() {
-        axum::http::Method::GET => "GET",
-        axum::http::Method::PATCH => "PATCH",
-        axum::http::Method::POST => "POST",
-        _ => "OTHER",
-    };
+    let method = method_name(request.method());
     let path = match request.uri().query() {
         Some(query) => format!("{}?{query}", request.uri().path()),
         None => request.uri().path().to_string(),
@@ -132,10 +135,44 @@ async fn push_back(
         .unwrap()
 }
 
-pub struct FakeApiServer {
-    pub state: Arc<ApiState>,
+/// An HTTP server on 127.0.0.1 with a runtime of its own, and a kubeconfig that points at it.
+pub struct Loopback {
     dir: tempfile::TempDir,
     _runtime: tokio::runtime::Runtime,
+}
+
+impl Loopback {
+    /// Serves the router `app` builds (inside the runtime), the kubeconfig holding `token`.
+    pub fn serve(token: &str, app: impl FnOnce() -> axum::Router) -> Loopback {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = {
+            let _inside = runtime.enter();
+            app()
+        };
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: loopback\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: loopback\n  context:\n    cluster: loopback\n    user: agent\ncurrent-context: loopback\nusers:\n- name: agent\n  user:\n    token: {token}\n"
+        );
+        std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
+        Loopback {
+            dir,
+            _runtime: runtime,
+        }
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+}
+
+pub struct FakeApiServer {
+    pub state: Arc<ApiState>,
+    loopback: Loopback,
 }
 
 /// A GPU node just joined: kubelet's conditions, the startup taint, and the GPU taint beside it.
@@ -425,13 +462,6 @@ async fn patch_node(
         Err(refused) => return *refused,
     };
     let mut node = state.node.lock().unwrap();
-    if state.race_next_taint_patch.swap(false, Ordering::Relaxed) {
-        node["spec"]["taints"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"key": "example.com/maintenance", "effect": "NoExecute"}));
-        bump(&mut node);
-    }
     let mut updated = node.clone();
     if merge {
         json_patch::merge(&mut updated, &patch);
@@ -813,47 +843,18 @@ impl FakeApiServer {
             .with_state(state)
     }
 
-    /// A runtime, a loopback listener and the app serving `state`.
-    fn bind(
-        state: ApiState,
-    ) -> (
-        Arc<ApiState>,
-        tokio::runtime::Runtime,
-        tokio::net::TcpListener,
-        SocketAddr,
-        axum::Router,
-    ) {
-        let state = Arc::new(state);
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = FakeApiServer::router(state.clone());
-        (state, runtime, listener, addr, app)
-    }
-
     /// Plain HTTP, no authentication: a kubeconfig (see [`FakeApiServer::kubeconfig`]) points at it.
     pub fn start(node: Value) -> FakeApiServer {
-        let (state, runtime, listener, addr, app) = FakeApiServer::bind(ApiState {
+        let state = Arc::new(ApiState {
             node: Mutex::new(node),
             ..ApiState::default()
         });
-        runtime.spawn(async move { axum::serve(listener, app).await });
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: agent\ncurrent-context: fake\nusers:\n- name: agent\n  user:\n    token: fake-token\n"
-        );
-        std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
-        FakeApiServer {
-            state,
-            dir,
-            _runtime: runtime,
-        }
+        let loopback = Loopback::serve("fake-token", || FakeApiServer::router(state.clone()));
+        FakeApiServer { state, loopback }
     }
 
     pub fn kubeconfig(&self) -> PathBuf {
-        self.dir.path().join("kubeconfig")
+        self.loopback.kubeconfig()
     }
 
     pub fn requests(&self) -> Vec<Recorded> {

@@ -1,6 +1,7 @@
 //! Builders for model caches on disk, shared by the integration tests.
 
 pub mod agent;
+pub mod api_proxy;
 pub mod container;
 pub mod control_plane;
 pub mod helm;

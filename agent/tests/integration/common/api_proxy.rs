@@ -1,0 +1,147 @@
+//! A small proxy in front of the real API server (common::control_plane), for what the real server
+//! cannot be made to do on demand: API Priority and Fairness' 429, a 503 storm, a stall (the same
+//! push-back the fake API server gives, common::kube), another writer acting between two of the
+//! agent's requests. Everything else
+//! is the real server's: each request is forwarded as the agent sent it, its own token
+//! authenticating it there, and answered with the server's answer, watches streamed. Every request
+//! is recorded (method, path, content type, body), for tests that assert what the agent sends.
+//! The agent reaches it over plain HTTP on loopback; it reaches the server over TLS.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::control_plane::ControlPlane;
+use super::kube::{method_name, push_back, ApiState, Loopback, Recorded};
+
+pub struct ApiProxy {
+    /// The push-back switches and the record, as the fake API server keeps them.
+    pub state: Arc<ApiState>,
+    before: Arc<std::sync::Mutex<Option<Hook>>>,
+    loopback: Loopback,
+}
+
+/// Something done on the real server before the next request the predicate picks is forwarded.
+type Hook = (
+    Box<dyn Fn(&str, &str) -> bool + Send>,
+    Box<dyn FnOnce() + Send>,
+);
+
+struct Forward {
+    state: Arc<ApiState>,
+    server: kube::Client,
+    before: Arc<std::sync::Mutex<Option<Hook>>>,
+}
+
+impl ApiProxy {
+    /// A proxy to `control_plane` and a kubeconfig for it holding `token`.
+    pub fn start(control_plane: &ControlPlane, token: &str) -> ApiProxy {
+        let state = Arc::new(ApiState::default());
+        let before = Arc::new(std::sync::Mutex::new(None));
+        let mut config = kube::Config::new(control_plane.server().parse().unwrap());
+        config.root_cert = Some(vec![control_plane.ca_der()]);
+        let loopback = Loopback::serve(token, || {
+            let forward = Arc::new(Forward {
+                state: state.clone(),
+                server: kube::Client::try_from(config).unwrap(),
+                before: before.clone(),
+            });
+            axum::Router::new()
+                .fallback(forward_request)
+                .with_state(forward)
+                .layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    push_back,
+                ))
+        });
+        ApiProxy {
+            state,
+            before,
+            loopback,
+        }
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.loopback.kubeconfig()
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.requests.lock().unwrap().clone()
+    }
+
+    /// Runs `action` (against the real server) just before forwarding the next request whose
+    /// method and path `picks`: another writer racing the agent's read and write.
+    pub fn before_next(
+        &self,
+        picks: impl Fn(&str, &str) -> bool + Send + 'static,
+        action: impl FnOnce() + Send + 'static,
+    ) {
+        *self.before.lock().unwrap() = Some((Box::new(picks), Box::new(action)));
+    }
+}
+
+async fn forward_request(
+    State(forward): State<Arc<Forward>>,
+    request: axum::extract::Request,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let body: Bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let content_type = parts
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    forward.state.requests.lock().unwrap().push(Recorded {
+        method: method_name(&parts.method),
+        // As the server reads it: an empty query is none.
+        path: path.trim_end_matches('?').to_string(),
+        content_type,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        at: std::time::Instant::now(),
+    });
+    let method = method_name(&parts.method);
+    let hook = {
+        let mut before = forward.before.lock().unwrap();
+        match before.as_ref() {
+            Some((picks, _)) if picks(method, &path) => before.take(),
+            _ => None,
+        }
+    };
+    if let Some((_, action)) = hook {
+        tokio::task::spawn_blocking(action).await.unwrap();
+    }
+    let mut upstream = axum::http::Request::builder()
+        .method(parts.method.clone())
+        .uri(path);
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::HOST && name != axum::http::header::CONTENT_LENGTH {
+            upstream = upstream.header(name, value);
+        }
+    }
+    let upstream = upstream
+        .body(kube::client::Body::from(body.to_vec()))
+        .unwrap();
+    match forward.server.send(upstream).await {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            Response::from_parts(parts, axum::body::Body::new(body))
+        }
+        Err(e) => (
+            axum::http::StatusCode::BAD_GATEWAY,
+            format!("the API server did not answer the proxy: {e}"),
+        )
+            .into_response(),
+    }
+}
