@@ -17,8 +17,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::agent::{http_get, sample};
+use common::cluster_node::{gpu_taints, ClusterNode};
 use common::container::{self, ContainerSpec, Image, Mount};
-use common::control_plane::{self, AgentOnNode, ControlPlane};
+use common::control_plane;
 use common::kubelet::{response, FakeKubelet};
 use common::kustomize::{self, find};
 use serde_json::{json, Value};
@@ -108,7 +109,7 @@ impl Host {
 /// What the test puts on the node beside what the manifests ship.
 struct NodeSetup<'a> {
     host: &'a Host,
-    cluster: &'a Cluster,
+    cluster: &'a ClusterNode,
     /// The NVIDIA container toolkit's injections, for a container that asks for GPUs.
     nvml_scenario: Option<&'a Path>,
     /// The Neuron driver's sysfs tree, under the container's /sys.
@@ -205,7 +206,7 @@ fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) ->
         container::atomic_volume(
             &dir,
             &[
-                ("token", setup.cluster.agent.token.as_bytes()),
+                ("token", setup.cluster.on.token.as_bytes()),
                 ("ca.crt", setup.cluster.control_plane.ca_pem().as_bytes()),
                 ("namespace", namespace.as_bytes()),
             ],
@@ -289,7 +290,7 @@ fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) ->
             "SSL_CERT_FILE".into(),
             "/etc/ssl/certs/ca-certificates.crt".into(),
         ),
-        ("HOSTNAME".into(), setup.cluster.agent.pod.clone()),
+        ("HOSTNAME".into(), setup.cluster.on.pod.clone()),
         ("HOME".into(), home.into()),
     ];
     let port = setup.cluster.control_plane.port();
@@ -316,8 +317,8 @@ fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) ->
             e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
         ) {
             (Some(v), _) => v.as_str().unwrap().to_string(),
-            (None, Some("spec.nodeName")) => setup.cluster.agent.node.clone(),
-            (None, Some("metadata.name")) => setup.cluster.agent.pod.clone(),
+            (None, Some("spec.nodeName")) => setup.cluster.on.node.clone(),
+            (None, Some("metadata.name")) => setup.cluster.on.pod.clone(),
             (None, Some("metadata.namespace")) => namespace.into(),
             other => panic!("env {name}: {other:?} not modelled"),
         };
@@ -387,65 +388,6 @@ fn gated_vllm_pod(uid: &str, name: &str, node: &str, read_only: bool) -> Value {
     let mut pod = common::pods::gated_vllm_pod(uid, name, node, "/var/lib/models", annotations);
     pod["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = json!(read_only);
     pod
-}
-
-/// The agent's install on the real control plane (common::control_plane): the rendered objects
-/// in a namespace of their own, its Node, its pod bound there and that pod's token, and a
-/// namespace for the node's inference pods.
-struct Cluster {
-    control_plane: &'static ControlPlane,
-    agent: AgentOnNode,
-    inference: String,
-}
-
-impl Cluster {
-    /// `objects` installed, `node` registered with `taints`, the agent's pod on it.
-    fn start(objects: &[Value], node: Value, taints: Value) -> Result<Cluster, String> {
-        let control_plane = control_plane::shared()?;
-        let agent = AgentOnNode::start_on(control_plane, objects, &node);
-        control_plane.set_taints(&agent.node, taints);
-        let inference = control_plane.namespace("inference", json!({}));
-        Ok(Cluster {
-            control_plane,
-            agent,
-            inference,
-        })
-    }
-
-    /// The installed objects: what the kubelet reads the pod's ConfigMaps from.
-    fn objects(&self) -> &[Value] {
-        &self.agent.install.objects
-    }
-
-    fn node(&self) -> Value {
-        self.control_plane.get(&["node", &self.agent.node])
-    }
-
-    fn condition(&self, kind: &str) -> Value {
-        control_plane::condition(&self.node(), kind)
-    }
-
-    /// `kind`'s condition on the inference pod `pod`.
-    fn pod_condition(&self, pod: &str, kind: &str) -> Value {
-        let pod = self.control_plane.get(&["pod", pod, "-n", &self.inference]);
-        control_plane::condition(&pod, kind)
-    }
-
-    /// An inference pod on this node.
-    fn put_pod(&self, pod: &Value) {
-        self.control_plane.create_pod(&self.inference, pod);
-    }
-
-    /// Whether an Event of `reason` was created in the inference namespace.
-    fn has_event(&self, reason: &str) -> bool {
-        let events = self.control_plane.get(&[
-            "events",
-            "-n",
-            &self.inference,
-            &format!("--field-selector=reason={reason}"),
-        ]);
-        !events["items"].as_array().unwrap().is_empty()
-    }
 }
 
 struct Running {
@@ -564,7 +506,7 @@ fn kubelet_conditions(node: &Value) -> Vec<Value> {
 /// A GPU node with two H100s, the vLLM pod holding GPU 1, and the agent started from the GPU
 /// overlay with `components`.
 struct GpuNode {
-    cluster: Cluster,
+    cluster: ClusterNode,
     agent: Running,
     /// The Node as registered, before the agent started.
     node: Value,
@@ -607,13 +549,12 @@ fn gpu_node_prepared(
     let name = control_plane.unique("ip-10-0-1-23.us-east-2.compute.internal");
     let labels =
         json!({"metadata": {"labels": {"node.kubernetes.io/instance-type": "p5.48xlarge"}}});
-    let cluster = Cluster::start(
+    let cluster = ClusterNode::start(
+        control_plane,
         &objects,
         control_plane::node(&name, labels),
-        json!([
-            {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
-            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
-    )?;
+        gpu_taints(),
+    );
     let node = cluster.node();
     for (pod, read_only) in [("vllm-gated", true), ("vllm-writable", false)] {
         cluster.put_pod(&gated_vllm_pod("", pod, &name, read_only));
@@ -654,7 +595,7 @@ fn gpu_node_prepared(
         neuron_sysfs: None,
         configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
     };
-    let spec = as_kubelet_would(cluster.objects(), &setup, volumes.path());
+    let spec = as_kubelet_would(&cluster.on.install.objects, &setup, volumes.path());
     assert_eq!(
         spec.uid, uid,
         "docs/security.md: the UID each variant runs as"
@@ -951,16 +892,16 @@ fn the_process_attribution_component_reads_the_hosts_processes_as_deployed() {
 
 /// What the rendered RBAC allows the agent's token but its admission policies refuse: the status
 /// of another node's pod, and a condition type not its own.
-fn refused_pod_writes(cluster: &Cluster) {
+fn refused_pod_writes(cluster: &ClusterNode) {
     let control_plane = cluster.control_plane;
     let other = control_plane.unique("ip-10-0-9-99.us-east-2.compute.internal");
     control_plane.create(&control_plane::node(&other, json!({})));
     cluster.put_pod(&gated_vllm_pod("", "vllm-elsewhere", &other, true));
     let write = |pod: &str, condition_type: &str| {
         let patch = json!({"status": {"conditions": [{"type": condition_type, "status": "True"}]}});
-        let path = format!("/api/v1/namespaces/{}/pods/{pod}/status", cluster.inference);
+        let path = cluster.pod_status_path(pod);
         control_plane.request_as(
-            &cluster.agent.token,
+            &cluster.on.token,
             "PATCH",
             &path,
             "application/strategic-merge-patch+json",
@@ -1054,7 +995,7 @@ fn neuron_runs_as_deployed(objects: Vec<Value>) {
         std::fs::create_dir_all(host.path("/var/lib/kubelet/pod-resources")).unwrap();
         let name = control_plane.unique("ip-10-0-2-40.us-east-2.compute.internal");
         let node = control_plane::node(&name, labels.clone());
-        let cluster = common::needs!(Cluster::start(&objects, node, taints.clone()));
+        let cluster = ClusterNode::start(control_plane, &objects, node, taints.clone());
         let volumes = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let setup = NodeSetup {
             host: &host,
@@ -1063,7 +1004,7 @@ fn neuron_runs_as_deployed(objects: Vec<Value>) {
             neuron_sysfs: driver,
             configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
         };
-        let spec = as_kubelet_would(cluster.objects(), &setup, volumes.path());
+        let spec = as_kubelet_would(&cluster.on.install.objects, &setup, volumes.path());
         let mut agent = run(&spec, volumes.path());
         agent.wait(
             "AcceleratorHealthy written",
@@ -1207,7 +1148,7 @@ fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
         _dirs,
         ..
     } = common::needs!(gpu_node_with(&[], 0));
-    let pod = cluster.agent.pod.as_str();
+    let pod = cluster.on.pod.as_str();
     agent.wait("GPU series with pod labels", Duration::from_secs(30), |a| {
         a.metrics().is_some_and(|m| m.contains("pod=\"vllm-0\""))
     });

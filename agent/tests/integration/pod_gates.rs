@@ -1,24 +1,25 @@
-//! Per-workload model trust in the agent binary against the fake API server: each pod that lists
-//! the `mlnode.dev/ModelVerified` readiness gate gets its own model's verdict (the exact
-//! `pods/status` patch, only the agent's condition), a corrupted file takes it False and a repair
-//! back, the node's `models.mlnode.dev/` label follows, and a pod mounting the cache writable gets
-//! a Warning event and a series.
+//! Per-workload model trust in the agent binary against the real kube-apiserver
+//! (common::control_plane), through the recording proxy (common::api_proxy), with the shipped RBAC
+//! and admission policies and its pod's token: each pod that lists the `mlnode.dev/ModelVerified`
+//! readiness gate gets its own model's verdict (the exact `pods/status` patch, only the agent's
+//! condition), a corrupted file takes it False and a repair back, the node's `models.mlnode.dev/`
+//! label follows, a pod whose status another policy refuses or that vanishes leaves the others
+//! alone, and a pod mounting the cache writable gets a Warning event and a series.
 
 use crate::common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
-use common::kube::{gpu_node, FakeApiServer};
-use common::pods::{gated_vllm_pod, NODE};
+use common::cluster_node::ClusterNode;
+use common::pods::gated_vllm_pod;
 use common::PlainModel;
 use serde_json::{json, Value};
 
 const GATE: &str = "mlnode.dev/ModelVerified";
 
-fn gated(uid: &str, name: &str, node: &str, annotations: Value, host_path: &str) -> Value {
-    gated_vllm_pod(uid, name, node, host_path, annotations)
+fn gated(name: &str, node: &str, annotations: Value, host_path: &str) -> Value {
+    gated_vllm_pod("", name, node, host_path, annotations)
 }
 
 fn wait_until(what: &str, check: impl Fn() -> bool) {
@@ -27,68 +28,108 @@ fn wait_until(what: &str, check: impl Fn() -> bool) {
     })
 }
 
-fn status_patches(api: &FakeApiServer, pod: &str) -> Vec<common::kube::Recorded> {
-    let path = format!("/api/v1/namespaces/inference/pods/{pod}/status");
-    api.requests()
+/// The GPU node with the model-labels component, whose RBAC the labels need.
+fn cluster_node() -> Result<ClusterNode, String> {
+    ClusterNode::gpu(&["components/model-labels"])
+}
+
+fn status_patches(node: &ClusterNode, pod: &str) -> Vec<common::kube::Recorded> {
+    let path = node.pod_status_path(pod);
+    node.requests()
         .into_iter()
-        .filter(|r| r.method == "PATCH" && r.path == path)
+        .filter(|r| r.method == "PATCH" && r.path.split('?').next() == Some(path.as_str()))
         .collect()
 }
 
-fn start(api: &FakeApiServer, model: &PlainModel, manifest: &Path) -> Agent {
+/// A ValidatingAdmissionPolicy of another controller that refuses every write to `pod`'s status,
+/// in force before this returns (a dry run of such a write is refused).
+fn refuse_status_writes(node: &ClusterNode, pod: &str) {
+    let name = format!("pod-guard.{}", node.inference);
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": node.inference}},
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/status"]}]},
+            "validations": [{"expression": format!("object.metadata.name != '{pod}'"),
+                "message": format!("pods \"{pod}\" is protected by pod-guard.example.com")}]}});
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}});
+    node.control_plane.apply(&[policy, binding]).unwrap();
+    let probe =
+        json!({"status": {"conditions": [{"type": "example.com/Probe", "status": "True"}]}});
+    common::wait_until("the pod guard in force", Duration::from_secs(30), || {
+        let output = node.control_plane.kubectl(
+            &[
+                "patch",
+                "pod",
+                pod,
+                "-n",
+                &node.inference,
+                "--subresource=status",
+                "--type=strategic",
+                "--dry-run=server",
+                "-p",
+                &probe.to_string(),
+            ],
+            "",
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        stderr
+            .contains("pod-guard.example.com")
+            .then_some(())
+            .ok_or(stderr)
+    });
+}
+
+fn start(node: &ClusterNode, model: &PlainModel, manifest: &std::path::Path) -> Agent {
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1h\n  model_labels: true\n{}    host_path: /var/lib/models/llama\n",
         common::agent::model_config("llama", model.root(), manifest)
     );
-    Agent::start_with_env(
-        &config,
-        &[
-            ("KUBECONFIG", &api.kubeconfig()),
-            ("MLNODE_NODE_NAME", Path::new(NODE)),
-        ],
-    )
+    node.start_agent(&config)
 }
 
 #[test]
 fn each_pod_follows_its_own_models_verification() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(cluster_node());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let llama = json!({"mlnode.dev/model": "llama"});
-    api.put_pod(gated(
-        "u0",
+    node.put_pod(&gated(
         "vllm-0",
-        NODE,
+        node.name(),
         llama.clone(),
         "/var/lib/models",
     ));
-    api.put_pod(gated(
-        "u1",
+    node.put_pod(&gated(
         "vllm-1",
-        NODE,
+        node.name(),
         json!({"mlnode.dev/model": "qwen"}),
         "/var/lib/models",
     ));
-    api.put_pod(gated(
-        "u2",
+    node.put_pod(&gated(
         "vllm-2",
-        NODE,
+        node.name(),
         json!({"mlnode.dev/model": "llama", "mlnode.dev/model-revision": "v2"}),
         "/var/lib/models",
     ));
-    let mut ungated = gated("u3", "vllm-3", NODE, llama.clone(), "/var/lib/models");
+    let mut ungated = gated("vllm-3", node.name(), llama.clone(), "/var/lib/models");
     ungated["spec"]["readinessGates"] = json!([]);
-    api.put_pod(ungated);
-    api.put_pod(gated(
-        "u4",
+    node.put_pod(&ungated);
+    node.put_pod(&gated(
         "vllm-4",
         "ip-10-0-9-99.us-east-2.compute.internal",
         llama.clone(),
         "/var/lib/models",
     ));
-    let agent = start(&api, &model, &manifest);
+    let agent = start(&node, &model, &manifest);
 
-    let condition = |pod: &str| api.pod_condition("inference", pod, GATE);
+    let condition = |pod: &str| node.pod_condition(pod, GATE);
     wait_until("vllm-0's gate True", || {
         condition("vllm-0")["status"] == "True"
     });
@@ -119,9 +160,11 @@ fn each_pod_follows_its_own_models_verification() {
         condition("vllm-3").is_null(),
         "a pod without the gate is not written"
     );
-    assert!(status_patches(&api, "vllm-3").is_empty() && status_patches(&api, "vllm-4").is_empty());
+    assert!(
+        status_patches(&node, "vllm-3").is_empty() && status_patches(&node, "vllm-4").is_empty()
+    );
     // The kubelet's conditions are untouched: the patch carries the agent's condition only.
-    for patch in status_patches(&api, "vllm-0") {
+    for patch in status_patches(&node, "vllm-0") {
         assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
         let conditions = patch.body["status"]["conditions"].as_array().unwrap();
         assert_eq!(conditions.len(), 1, "{:#}", patch.body);
@@ -132,7 +175,7 @@ fn each_pod_follows_its_own_models_verification() {
             "nothing but status"
         );
     }
-    let kubelets = api.pod("inference", "vllm-0")["status"]["conditions"]
+    let kubelets = node.pod("vllm-0")["status"]["conditions"]
         .as_array()
         .unwrap()
         .iter()
@@ -140,13 +183,13 @@ fn each_pod_follows_its_own_models_verification() {
         .count();
     assert_eq!(kubelets, 4);
     wait_until("the node's model label", || {
-        api.node()["metadata"]["labels"]["models.mlnode.dev/llama"] == "v1"
+        node.node()["metadata"]["labels"]["models.mlnode.dev/llama"] == "v1"
     });
     let gate_series = |m: &str, pod: &str| {
         sample(
             m,
             "mlnode_pod_model_gate",
-            &[("namespace", "inference"), ("pod", pod)],
+            &[("namespace", node.inference.as_str()), ("pod", pod)],
         )
     };
     let metrics = agent.metrics();
@@ -182,7 +225,7 @@ fn each_pod_follows_its_own_models_verification() {
         condition("vllm-0")
     );
     wait_until("the label removed", || {
-        api.node()["metadata"]["labels"]
+        node.node()["metadata"]["labels"]
             .get("models.mlnode.dev/llama")
             .is_none()
     });
@@ -192,16 +235,16 @@ fn each_pod_follows_its_own_models_verification() {
         condition("vllm-0")["status"] == "True"
     });
     wait_until("the label back", || {
-        api.node()["metadata"]["labels"]["models.mlnode.dev/llama"] == "v1"
+        node.node()["metadata"]["labels"]["models.mlnode.dev/llama"] == "v1"
     });
     assert_eq!(
-        api.node()["metadata"]["labels"]["kubernetes.io/hostname"],
-        NODE,
+        node.node()["metadata"]["labels"]["kubernetes.io/hostname"],
+        node.name(),
         "others kept"
     );
 
     // A deleted pod's series goes with it.
-    api.delete_pod("u1");
+    node.delete_pod("vllm-1");
     common::wait_until(
         "vllm-1's series gone",
         Duration::from_secs(20),
@@ -217,29 +260,21 @@ fn each_pod_follows_its_own_models_verification() {
 /// pod and the node's own conditions are written as ever.
 #[test]
 fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(cluster_node());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let llama = json!({"mlnode.dev/model": "llama"});
-    for (uid, name) in [
-        ("u0", "vllm-0"),
-        ("u1", "vllm-refused"),
-        ("u2", "vllm-vanished"),
-    ] {
-        api.put_pod(gated(uid, name, NODE, llama.clone(), "/var/lib/models"));
+    for name in ["vllm-0", "vllm-refused", "vllm-vanished"] {
+        node.put_pod(&gated(name, node.name(), llama.clone(), "/var/lib/models"));
     }
-    api.state
-        .refuse_pod_status
-        .lock()
-        .unwrap()
-        .push("vllm-refused".into());
-    let agent = start(&api, &model, &manifest);
-    let condition = |pod: &str| api.pod_condition("inference", pod, GATE);
+    refuse_status_writes(&node, "vllm-refused");
+    let agent = start(&node, &model, &manifest);
+    let condition = |pod: &str| node.pod_condition(pod, GATE);
     wait_until("the gates True", || {
         condition("vllm-0")["status"] == "True" && condition("vllm-vanished")["status"] == "True"
     });
     wait_until("the node's condition", || {
-        api.condition("ModelCacheVerified")["status"] == "True"
+        node.condition("ModelCacheVerified")["status"] == "True"
     });
     let errors = |a: &Agent| {
         sample(
@@ -250,22 +285,40 @@ fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
         .unwrap_or(0.0)
     };
     wait_until("the refusal counted", || errors(&agent) >= 2.0);
-    // Deleted, and the watch not yet told; then a verdict changes: the write to it finds no pod.
-    api.forget_pod("u2");
-    let vanished_before = status_patches(&api, "vllm-vanished").len();
+    // A verdict changes, and the pod is deleted just before the agent's write reaches the server
+    // (its watch not yet told): the write finds no pod.
+    let (control_plane, inference) = (node.control_plane, node.inference.clone());
+    let vanished = node.pod_status_path("vllm-vanished");
+    node.api.before_next(
+        move |method, path| method == "PATCH" && path.split('?').next() == Some(vanished.as_str()),
+        move || {
+            control_plane.admin(
+                &[
+                    "delete",
+                    "pod",
+                    "vllm-vanished",
+                    "-n",
+                    &inference,
+                    "--wait=false",
+                ],
+                "",
+            );
+        },
+    );
+    let vanished_before = status_patches(&node, "vllm-vanished").len();
     std::fs::write(model.path("config.json"), b"{}").unwrap();
     wait_until("vllm-0's gate False", || {
         condition("vllm-0")["status"] == "False"
     });
     wait_until("the vanished pod tried", || {
-        status_patches(&api, "vllm-vanished").len() > vanished_before
+        status_patches(&node, "vllm-vanished").len() > vanished_before
     });
     wait_until("the node's condition False", || {
-        api.condition("ModelCacheVerified")["status"] == "False"
+        node.condition("ModelCacheVerified")["status"] == "False"
     });
     // The refused pod is retried with its own backoff: every refused write is counted once, and the
     // vanished pod's 404 not at all.
-    let refused = status_patches(&api, "vllm-refused").len() as f64;
+    let refused = status_patches(&node, "vllm-refused").len() as f64;
     let counted = errors(&agent);
     assert!(
         counted <= refused && counted >= refused - 1.0,
@@ -295,31 +348,30 @@ fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
 
 #[test]
 fn a_pod_mounting_the_cache_writable_is_warned_once_and_counted() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(cluster_node());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let mut writable = gated("u0", "vllm-0", NODE, json!({}), "/var/lib/models");
+    let mut writable = gated("vllm-0", node.name(), json!({}), "/var/lib/models");
     writable["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = json!(false);
-    api.put_pod(writable);
+    node.put_pod(&writable);
     // Read-only, and another directory: neither is warned about.
-    api.put_pod(gated(
-        "u1",
+    node.put_pod(&gated(
         "vllm-1",
-        NODE,
+        node.name(),
         json!({"mlnode.dev/model": "llama"}),
         "/var/lib/models",
     ));
-    let mut elsewhere = gated("u2", "vllm-2", NODE, json!({}), "/var/lib/other");
+    let mut elsewhere = gated("vllm-2", node.name(), json!({}), "/var/lib/other");
     elsewhere["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = json!(false);
-    api.put_pod(elsewhere);
-    let agent = start(&api, &model, &manifest);
+    node.put_pod(&elsewhere);
+    let agent = start(&node, &model, &manifest);
     let writable_series = |pod: &str| {
         sample(
             &agent.metrics(),
             "mlnode_model_cache_writable_mounts",
             &[
                 ("model_name", "llama"),
-                ("namespace", "inference"),
+                ("namespace", node.inference.as_str()),
                 ("pod", pod),
             ],
         )
@@ -330,15 +382,15 @@ fn a_pod_mounting_the_cache_writable_is_warned_once_and_counted() {
     assert_eq!(writable_series("vllm-1"), None);
     assert_eq!(writable_series("vllm-2"), None);
     wait_until("the Warning event", || {
-        api.requests()
+        node.requests()
             .iter()
             .any(|r| r.body["reason"] == "ModelCacheWritable")
     });
     // Rounds later, still one event.
     wait_until("the gate of the pod naming no model", || {
-        api.pod_condition("inference", "vllm-0", GATE)["reason"] == "ModelNotNamed"
+        node.pod_condition("vllm-0", GATE)["reason"] == "ModelNotNamed"
     });
-    let events: Vec<Value> = api
+    let events: Vec<Value> = node
         .requests()
         .into_iter()
         .filter(|r| r.method == "POST" && r.body["reason"] == "ModelCacheWritable")
@@ -347,10 +399,11 @@ fn a_pod_mounting_the_cache_writable_is_warned_once_and_counted() {
     assert_eq!(events.len(), 1, "{events:#?}");
     let event = &events[0];
     assert_eq!(event["type"], "Warning");
-    assert_eq!(event["metadata"]["namespace"], "inference");
+    assert_eq!(event["metadata"]["namespace"], node.inference.as_str());
+    let uid = node.pod("vllm-0")["metadata"]["uid"].clone();
     assert_eq!(
         event["involvedObject"],
-        json!({"kind": "Pod", "apiVersion": "v1", "namespace": "inference", "name": "vllm-0", "uid": "u0"})
+        json!({"kind": "Pod", "apiVersion": "v1", "namespace": node.inference, "name": "vllm-0", "uid": uid})
     );
     assert!(
         event["message"]
@@ -359,7 +412,7 @@ fn a_pod_mounting_the_cache_writable_is_warned_once_and_counted() {
             .contains("container vllm mounts the cache of model llama writable"),
         "{event}"
     );
-    api.delete_pod("u0");
+    node.delete_pod("vllm-0");
     common::wait_until(
         "its series gone",
         Duration::from_secs(20),
@@ -396,23 +449,18 @@ fn the_example_deployment_is_gated_on_its_model_and_prefers_its_node() {
     let revision = template["metadata"]["annotations"]["mlnode.dev/model-revision"]
         .as_str()
         .unwrap();
-    let pod = common::pods::gated_example_pod("e1", "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", NODE);
-    let api = FakeApiServer::start(gpu_node(NODE));
-    api.put_pod(pod);
+    let node = common::needs!(cluster_node());
+    let pod = common::pods::gated_example_pod("", "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", node.name());
+    node.put_pod(&pod);
+    let labels_before = node.node()["metadata"]["labels"].clone();
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json(revision, true));
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  model_labels: true\n{}    host_path: /var/lib/models/llama-3.1-8b\n",
         common::agent::model_config("llama-3.1-8b", model.root(), &manifest)
     );
-    let agent = Agent::start_with_env(
-        &config,
-        &[
-            ("KUBECONFIG", &api.kubeconfig()),
-            ("MLNODE_NODE_NAME", Path::new(NODE)),
-        ],
-    );
-    let condition = || api.pod_condition("inference", "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", GATE);
+    let agent = node.start_agent(&config);
+    let condition = || node.pod_condition("vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", GATE);
     wait_until("the example pod's gate True", || {
         condition()["status"] == "True"
     });
@@ -420,10 +468,10 @@ fn the_example_deployment_is_gated_on_its_model_and_prefers_its_node() {
     let preference = &template["spec"]["affinity"]["nodeAffinity"]
         ["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"];
     wait_until("the node preferred", || {
-        matches(preference, &api.node()["metadata"]["labels"])
+        matches(preference, &node.node()["metadata"]["labels"])
     });
     assert!(
-        !matches(preference, &gpu_node(NODE)["metadata"]["labels"]),
+        !matches(preference, &labels_before),
         "not before the agent labels it"
     );
     assert_eq!(

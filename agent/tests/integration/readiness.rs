@@ -12,69 +12,24 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent};
-use common::api_proxy::ApiProxy;
-use common::control_plane::{self, AgentOnNode, ControlPlane};
+use common::cluster_node::ClusterNode;
 use common::kube::Recorded;
 use common::PlainModel;
 use serde_json::{json, Value};
 
-/// A node on the real server with the agent's install (the startup taint's component among it),
-/// the agent's pod on it, and the proxy the agent talks through.
-struct Node {
-    control_plane: &'static ControlPlane,
-    on: AgentOnNode,
-    api: ApiProxy,
+fn tainted(node: &ClusterNode) -> bool {
+    node.node()["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["key"] == "mlnode.dev/not-ready")
 }
 
-impl Node {
-    fn new() -> Result<Node, String> {
-        let control_plane = control_plane::shared()?;
-        let objects =
-            common::kustomize::render_with("overlays/gpu", &["components/startup-taint"])?;
-        let on = AgentOnNode::start(control_plane, &objects, &control_plane.unique("node"));
-        control_plane.taint_gpu_node(&on.node);
-        let api = ApiProxy::start(control_plane, &on.token);
-        Ok(Node {
-            control_plane,
-            on,
-            api,
-        })
-    }
-
-    fn node(&self) -> Value {
-        self.control_plane.get(&["node", &self.on.node])
-    }
-
-    fn condition(&self, kind: &str) -> Value {
-        control_plane::condition(&self.node(), kind)
-    }
-
-    fn requests(&self) -> Vec<Recorded> {
-        self.api.requests()
-    }
-
-    fn node_path(&self) -> String {
-        format!("/api/v1/nodes/{}", self.on.node)
-    }
-
-    /// The node's taints as the admin (another writer) sets them.
-    fn set_taints(&self, taints: Value) {
-        self.control_plane.set_taints(&self.on.node, taints);
-    }
-
-    fn tainted(&self) -> bool {
-        self.node()["spec"]["taints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|t| t["key"] == "mlnode.dev/not-ready")
-    }
+fn nvidia_taint() -> Value {
+    json!({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"})
 }
 
-const NVIDIA_TAINT: fn() -> Value =
-    || json!({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"});
-
-fn start(node: &Node, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
+fn start(node: &ClusterNode, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
     let readiness =
         "  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n";
     start_with(node, readiness, model.root(), manifest, extra)
@@ -82,19 +37,18 @@ fn start(node: &Node, model: &PlainModel, manifest: &Path, extra: &str) -> Agent
 
 /// The agent with the readiness settings `readiness` (indented lines of its section) and the
 /// model `llama` at `root`, against `node`'s server through its proxy.
-fn start_with(node: &Node, readiness: &str, root: &Path, manifest: &Path, extra: &str) -> Agent {
+fn start_with(
+    node: &ClusterNode,
+    readiness: &str,
+    root: &Path,
+    manifest: &Path,
+    extra: &str,
+) -> Agent {
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n{readiness}{extra}{}",
         common::agent::model_config("llama", root, manifest)
     );
-    // MLNODE_NODE_NAME overrides the harness's node_name: the agent acts on the node it runs on.
-    Agent::start_with_env(
-        &config,
-        &[
-            ("KUBECONFIG", &node.api.kubeconfig()),
-            ("MLNODE_NODE_NAME", Path::new(&node.on.node)),
-        ],
-    )
+    node.start_agent(&config)
 }
 
 fn wait_until(what: &str, limit: Duration, check: impl Fn() -> bool) {
@@ -137,7 +91,7 @@ fn patches<'a>(requests: &'a [Recorded], path: &str) -> Vec<&'a Recorded> {
 
 #[test]
 fn conditions_and_taint_are_written_exactly_and_only_ours() {
-    let node = common::needs!(Node::new());
+    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let kubelet_before: Vec<_> = node.node()["status"]["conditions"]
@@ -161,7 +115,7 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
     let requests = node.requests();
 
     // Conditions: a strategic-merge patch of nodes/<name>/status with only the agent's types.
-    let status_patches = patches(&requests, &format!("{}/status", node.node_path()));
+    let status_patches = patches(&requests, &format!("{}/status", node.path()));
     assert!(!status_patches.is_empty());
     for patch in &status_patches {
         assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
@@ -203,7 +157,7 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
     assert_eq!(kubelet_after, kubelet_before);
 
     // The taint: a JSON patch that tests the list it read and keeps the other taint.
-    let taint_patches = patches(&requests, &node.node_path());
+    let taint_patches = patches(&requests, &node.path());
     assert_eq!(taint_patches.len(), 1, "{taint_patches:#?}");
     assert_eq!(taint_patches[0].content_type, "application/json-patch+json");
     assert_eq!(
@@ -250,7 +204,7 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
         .contains("config.json"));
     // Rounds after the failure: none puts the taint back.
     wait_rounds(&agent, 3.0);
-    assert_eq!(patches(&node.requests(), &node.node_path()).len(), 1);
+    assert_eq!(patches(&node.requests(), &node.path()).len(), 1);
     let metrics = agent.metrics();
     assert_eq!(
         sample(
@@ -272,19 +226,18 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
 
 #[test]
 fn unchanged_conditions_are_skipped_until_the_heartbeat() {
-    let node = common::needs!(Node::new());
+    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let agent = start(&node, &model, &manifest, "");
     wait_until("verified", Duration::from_secs(20), || {
         node.condition("ModelCacheVerified")["status"] == "True"
     });
-    let written_at = patches(&node.requests(), &format!("{}/status", node.node_path())).len();
+    let written_at = patches(&node.requests(), &format!("{}/status", node.path())).len();
     let started = Instant::now();
     wait_rounds(&agent, 12.0);
     let took = started.elapsed();
-    let written =
-        patches(&node.requests(), &format!("{}/status", node.node_path())).len() - written_at;
+    let written = patches(&node.requests(), &format!("{}/status", node.path())).len() - written_at;
     // 12 rounds at 200 ms, a 1 s heartbeat: a write a second (2 or 3 when the rounds keep time),
     // not one a round.
     let heartbeats = took.as_secs() as usize + 1;
@@ -312,14 +265,14 @@ fn unchanged_conditions_are_skipped_until_the_heartbeat() {
 
 #[test]
 fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
-    let node = common::needs!(Node::new());
+    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
     // Another controller adds a taint between the agent's read of the node and its write.
     let (control_plane, name) = (node.control_plane, node.on.node.clone());
-    let path = node.node_path();
+    let path = node.path();
     node.api.before_next(
         move |method, target| method == "PATCH" && target.split('?').next() == Some(path.as_str()),
         move || {
-            let taints = json!([{"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}, NVIDIA_TAINT(),
+            let taints = json!([{"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}, nvidia_taint(),
                 {"key": "example.com/maintenance", "effect": "NoExecute"}]);
             control_plane.set_taints(&name, taints);
         },
@@ -334,7 +287,7 @@ fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
             .iter()
             .all(|t| t["key"] != "mlnode.dev/not-ready")
     });
-    let taint_patches = patches(&node.requests(), &node.node_path()).len();
+    let taint_patches = patches(&node.requests(), &node.path()).len();
     assert_eq!(
         taint_patches, 2,
         "the first failed its test and was retried after a fresh read"
@@ -348,7 +301,7 @@ fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
 
 #[test]
 fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
-    let node = common::needs!(Node::new());
+    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
     node.api.state.down.store(true, Ordering::Relaxed);
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
@@ -394,11 +347,11 @@ fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
 
 #[test]
 fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
-    let node = common::needs!(Node::new());
+    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let agent = start(&node, &model, &manifest, "  taint_mode: continuous\n");
-    let tainted = || node.tainted();
+    let tainted = || tainted(&node);
     wait_until("taint removed", Duration::from_secs(20), || !tainted());
     let original = model.files["config.json"].clone();
     std::fs::write(model.path("config.json"), b"{\"model_type\": \"evil\"}").unwrap();
@@ -432,7 +385,7 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
     // Someone else puts the taint back while the cache is healthy: the agent reads the node at
     // its next write (the heartbeat, 1 s here) and takes it off again...
     let set_ours = |present: bool| {
-        let mut taints = vec![NVIDIA_TAINT()];
+        let mut taints = vec![nvidia_taint()];
         if present {
             taints.push(json!({"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}));
         }
@@ -464,7 +417,7 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
 /// True within seconds, because the controller waits on the models' state as well as its clock.
 #[test]
 fn a_verdict_is_written_when_the_verification_ends_not_a_round_later() {
-    let node = common::needs!(Node::new());
+    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let later = tempfile::tempdir().unwrap();

@@ -61,9 +61,6 @@ pub struct ApiState {
     /// replays what came after it.
     pub history: Mutex<Vec<Value>>,
     pub resource_version: std::sync::atomic::AtomicU64,
-    /// Pods (by name) whose status writes are refused with a 403, as a webhook of another
-    /// controller (or a stricter policy) would refuse them.
-    pub refuse_pod_status: Mutex<Vec<String>>,
 }
 
 /// A request's method as the record names it.
@@ -547,10 +544,6 @@ async fn patch_pod_status(
         Ok(patch) => patch,
         Err(refused) => return *refused,
     };
-    if state.refuse_pod_status.lock().unwrap().contains(&name) {
-        let message = format!("admission webhook \"pod-guard.example.com\" denied the request: pods \"{name}\" is protected");
-        return status(403, "Forbidden", &message);
-    }
     let mut pods = state.pods.lock().unwrap();
     let Some(pod) = pods.iter_mut().find(|p| {
         p["metadata"]["namespace"] == namespace.as_str() && p["metadata"]["name"] == name.as_str()
@@ -764,14 +757,6 @@ impl FakeApiServer {
     }
 
     /// Deletes a pod without telling the watches yet, as a deletion the watch has not delivered.
-    pub fn forget_pod(&self, uid: &str) {
-        self.state
-            .pods
-            .lock()
-            .unwrap()
-            .retain(|p| p["metadata"]["uid"] != uid);
-    }
-
     pub fn delete_pod(&self, uid: &str) {
         let mut pods = self.state.pods.lock().unwrap();
         if let Some(i) = pods.iter().position(|p| p["metadata"]["uid"] == uid) {

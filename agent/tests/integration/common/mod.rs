@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod api_proxy;
+pub mod cluster_node;
 pub mod container;
 pub mod control_plane;
 pub mod helm;
