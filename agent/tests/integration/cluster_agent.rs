@@ -2,8 +2,8 @@
 //! DaemonSet runs it: the shipped RBAC and admission policies installed, its token bound to its
 //! pod on its node. What it writes lands (node conditions, the repair engines' condition, the
 //! startup taint removed beside a foreign one, model labels, pods' gates, the node's Event), no
-//! request of its own is refused, and the restart record it keeps in its condition survives the
-//! real server's round trip.
+//! request of its own is refused; the startup tracker follows a pod through the server's field
+//! selector and its Events.
 
 use crate::common;
 
@@ -132,67 +132,6 @@ fn the_agents_verdicts_land_on_its_node_and_pods_and_nothing_it_sends_is_refused
         )
         .is_some(),
         "{metrics}"
-    );
-}
-
-/// The record a verified agent keeps in `ModelCacheVerified`'s message goes through the real
-/// server unchanged (its size, its characters), and the next agent of the boot trusts it: no byte
-/// of the cache read again.
-#[test]
-fn a_restart_trusts_the_record_its_predecessor_kept_in_the_condition() {
-    let control_plane = needs!(control_plane::shared());
-    let on = agent_on_node(control_plane);
-    let model = PlainModel::new();
-    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let boot_id = dir.path().join("boot_id");
-    std::fs::write(&boot_id, "3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f\n").unwrap();
-    let config = format!(
-        "start_jitter: 0s\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nverify:\n  restart_jitter: 0s\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1h\n  boot_id_file: {:?}\n{}",
-        boot_id.display().to_string(),
-        common::agent::model_config("llama", model.root(), &manifest)
-    );
-    crate::restart::wait_until_settled(model.root());
-    let mut first = run(control_plane, &on, dir.path(), &config);
-    let record = common::wait_until(
-        "a complete record on the node",
-        Duration::from_secs(60),
-        || {
-            let message = condition(
-                &control_plane.get(&["node", &on.node]),
-                "ModelCacheVerified",
-            )["message"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            (message.contains(
-                "[mlnode-agent: boot 3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f; verified llama=",
-            ) && !message.contains("0000000000000000"))
-            .then_some(message.clone())
-            .ok_or(format!("{message}\nagent log:\n{}", first.log()))
-        },
-    );
-    assert_eq!(first.terminate().0, Some(0));
-    let stored = condition(
-        &control_plane.get(&["node", &on.node]),
-        "ModelCacheVerified",
-    )["message"]
-        .clone();
-    assert_eq!(stored, json!(record), "the record as it was written");
-
-    let second = run(control_plane, &on, dir.path(), &config);
-    let body = common::wait_until("a verdict on /readyz", Duration::from_secs(60), || {
-        let (status, body) = second.get("/readyz");
-        (status == 200).then_some(body.clone()).ok_or(body)
-    });
-    assert!(body.contains("unchanged since"), "{body}");
-    assert_eq!(
-        sample(
-            &second.metrics(),
-            "mlnode_model_cache_hashed_bytes_total",
-            &[("model_name", "llama")]
-        ),
-        Some(0.0),
-        "no byte of the cache read again"
     );
 }
 

@@ -1,6 +1,7 @@
 //! A restarted agent and what a previous agent of the same boot verified (issue 38,
-//! docs/cache-verification.md "Restarts"): the record kept in `ModelCacheVerified`'s message on
-//! the fake API server, real files on disk, the agent binary run twice. An unchanged cache is
+//! docs/cache-verification.md "Restarts"): the record kept in `ModelCacheVerified`'s message on a
+//! real kube-apiserver (through the recording proxy, common::cluster_node), real files on disk, the
+//! agent binary run twice. An unchanged cache is
 //! verified again without a byte read and no gate leaves True; anything that changed while the
 //! agent was down is hashed and found.
 
@@ -12,30 +13,29 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::agent::{sample, Agent};
-use common::kube::{gpu_node, FakeApiServer};
+use common::cluster_node::ClusterNode;
 use common::PlainModel;
 use serde_json::{json, Value};
 
-const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
 const BOOT: &str = "3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f";
 
-/// A node with its API server and its boot id.
+/// A node of the real cluster and its boot id.
 struct Node {
-    api: FakeApiServer,
+    api: ClusterNode,
     _boot: tempfile::TempDir,
     boot_id: PathBuf,
 }
 
 impl Node {
-    fn new() -> Node {
+    fn new() -> Result<Node, String> {
         let boot = tempfile::tempdir().unwrap();
         let boot_id = boot.path().join("boot_id");
         std::fs::write(&boot_id, format!("{BOOT}\n")).unwrap();
-        Node {
-            api: FakeApiServer::start(gpu_node(NODE)),
+        Ok(Node {
+            api: ClusterNode::gpu(&[])?,
             _boot: boot,
             boot_id,
-        }
+        })
     }
 
     /// The agent verifying `llama` at `root`, with `verify` added to its verify section. No start
@@ -46,13 +46,7 @@ impl Node {
             self.boot_id.display().to_string(),
             common::agent::model_config("llama", root, manifest)
         );
-        Agent::start_with_env(
-            &config,
-            &[
-                ("KUBECONFIG", &self.api.kubeconfig()),
-                ("MLNODE_NODE_NAME", Path::new(NODE)),
-            ],
-        )
+        self.api.start_agent(&config)
     }
 
     fn cache_condition(&self) -> Value {
@@ -90,7 +84,9 @@ impl Node {
     fn cache_writes_since(&self, mark: usize) -> Vec<Value> {
         self.api.requests()[mark..]
             .iter()
-            .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+            .filter(|r| {
+                r.method == "PATCH" && r.path.split('?').next().unwrap().ends_with("/status")
+            })
             .flat_map(|r| {
                 r.body["status"]["conditions"]
                     .as_array()
@@ -105,7 +101,7 @@ impl Node {
 /// Until every file under `root` last changed more than the racy window (2 s) ago: a file changed
 /// later than that before its hash is never trusted unchanged at a restart
 /// (`mlnode_verify::fingerprint`), so a test of trust starts from files older than that.
-pub(crate) fn wait_until_settled(root: &Path) {
+fn wait_until_settled(root: &Path) {
     let newest = walkdir::WalkDir::new(root)
         .into_iter()
         .filter_map(Result::ok)
@@ -166,21 +162,18 @@ fn verified_then_stopped(node: &Node, model: &PlainModel, manifest: &Path) {
 
 #[test]
 fn an_unchanged_cache_is_verified_at_restart_without_a_read_and_every_gate_stays_true() {
-    let node = Node::new();
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     // A pod serving the model, gated on it.
-    node.api.put_pod(common::pods::gated_vllm_pod(
-        "u0",
+    node.api.put_pod(&common::pods::gated_vllm_pod(
+        "",
         "vllm-0",
-        NODE,
+        node.api.name(),
         "/var/lib/models",
         json!({"mlnode.dev/model": "llama"}),
     ));
-    let gate = || {
-        node.api
-            .pod_condition("inference", "vllm-0", "mlnode.dev/ModelVerified")
-    };
+    let gate = || node.api.pod_condition("vllm-0", "mlnode.dev/ModelVerified");
     wait_until_settled(model.root());
     let mut first = node.agent(model.root(), &manifest, "");
     ready(&first);
@@ -255,7 +248,7 @@ enum Expect {
 /// Runs a first agent, stops it, changes the cache with `change`, starts a second agent and checks
 /// that exactly the changed file was hashed again and judged as `expect` says.
 fn restart_after(change: impl FnOnce(&PlainModel), expect: Expect) {
-    let node = Node::new();
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     verified_then_stopped(&node, &model, &manifest);
@@ -345,7 +338,7 @@ fn a_write_whose_mtime_was_set_back_is_hashed_and_found() {
 
 #[test]
 fn a_new_boot_a_changed_manifest_and_a_foreign_record_are_hashed_whole() {
-    let node = Node::new();
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let all: f64 = model.files.values().map(|b| b.len() as f64).sum();
@@ -376,7 +369,15 @@ fn a_new_boot_a_changed_manifest_and_a_foreign_record_are_hashed_whole() {
     let cut = message.rfind(':').unwrap();
     let mut garbled = condition.clone();
     garbled["message"] = json!(format!("{}:not-hex]", &message[..cut]));
-    node.api.write_condition_as("mlnode-agent", garbled);
+    // Written as an agent writes it: its own token, a strategic-merge patch of its condition.
+    let written = node.api.control_plane.request_as(
+        &node.api.on.token,
+        "PATCH",
+        &format!("{}/status", node.api.path()),
+        "application/strategic-merge-patch+json",
+        &json!({"status": {"conditions": [garbled]}}),
+    );
+    assert_eq!(written.0, 200, "{}", written.1);
     let agent = node.agent(model.root(), &manifest, "");
     assert!(ready(&agent).starts_with("llama: verified"));
     assert_eq!(hashed(&agent), all);
@@ -396,7 +397,7 @@ fn a_new_boot_a_changed_manifest_and_a_foreign_record_are_hashed_whole() {
 
 #[test]
 fn with_trust_off_a_restart_hashes_as_before() {
-    let node = Node::new();
+    let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     verified_then_stopped(&node, &model, &manifest);
@@ -415,7 +416,7 @@ fn with_trust_off_a_restart_hashes_as_before() {
 /// restart looks at.
 #[test]
 fn an_unchanged_hub_cache_is_trusted_and_a_rewritten_blob_is_not() {
-    let node = Node::new();
+    let node = common::needs!(Node::new());
     let cache = common::HfCache::new();
     let (_dir, manifest) = common::write_temp(&cache.manifest_json(common::COMMIT));
     wait_until_settled(cache.hub.path());
