@@ -90,7 +90,7 @@ if [ ! -x "$control_plane" ] || [ "$(cat "$control_plane_stamp" 2>/dev/null)" !=
     for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         ldflags+=" -X $package.gitVersion=$kubernetes -X $package.gitMajor=1 -X $package.gitMinor=$(echo "$kubernetes" | cut -d. -f2) -X $package.gitTreeState=clean"
     done
-    (cd tests/control-plane && go build -trimpath -ldflags="$ldflags" -o "$control_plane" .) || { echo "scripts/test.sh: the control plane (tests/control-plane) did not build" >&2; exit 1; }
+    (cd tests/control-plane && go build -trimpath -buildvcs=false -ldflags="$ldflags" -o "$control_plane" .) || { echo "scripts/test.sh: the control plane (tests/control-plane) did not build" >&2; exit 1; }
     echo "$control_plane_sources" >"$control_plane_stamp"
     echo "scripts/test.sh: built the control plane (kube-apiserver and etcd) in $(( $(date +%s) - started )) s"
 fi

@@ -138,6 +138,7 @@ fn the_agent_writes_its_conditions_taint_and_labels_on_its_own_node() {
         conditions(&[
             ("ModelCacheVerified", "True"),
             ("AcceleratorHealthy", "True"),
+            ("FabricHealthy", "True"),
         ]),
     )
     .unwrap();
@@ -235,6 +236,16 @@ fn every_write_it_must_never_make_is_refused_with_the_policys_message() {
         ),
         "own condition types",
         "the repair engines' condition without components/repair-condition",
+    );
+    refused(
+        node_status(
+            control_plane,
+            &agent,
+            &agent.node,
+            conditions(&[("NetworkingReady", "False")]),
+        ),
+        "own condition types",
+        "the repair engines' networking condition without components/repair-condition",
     );
     refused(
         node_status(
@@ -360,8 +371,9 @@ fn anyone_elses_writes_are_not_the_policys_business() {
     );
 }
 
-/// components/repair-condition lets the agent write `AcceleratedHardwareReady` too, and sets the
-/// setting that makes it; the kubelet's conditions stay denied.
+/// components/repair-condition lets the agent write the repair engines' `AcceleratedHardwareReady`
+/// and `NetworkingReady` too, and sets the setting that makes it; the kubelet's conditions stay
+/// denied.
 #[test]
 fn the_repair_condition_component_allows_exactly_that_type_more() {
     let control_plane = needs!(control_plane::shared());
@@ -370,7 +382,10 @@ fn the_repair_condition_component_allows_exactly_that_type_more() {
         control_plane,
         &agent,
         &agent.node,
-        conditions(&[("AcceleratedHardwareReady", "False")]),
+        conditions(&[
+            ("AcceleratedHardwareReady", "False"),
+            ("NetworkingReady", "False"),
+        ]),
     )
     .unwrap();
     kubelets_ready_condition_refused(control_plane, &agent);

@@ -1392,13 +1392,13 @@ fn start_with_readiness(scenario: &Scenario) -> (Agent, common::kube::FakeApiSer
 
 /// The agent with the GPU collector and readiness against `api`, reading its boot id from `boot_id`.
 fn start_against(scenario: &Scenario, api: &common::kube::FakeApiServer, boot_id: &Path) -> Agent {
-    start_configured(scenario, api, boot_id, "")
+    start_configured(scenario, (&api.kubeconfig(), "test-node"), boot_id, "")
 }
 
 /// [`start_against`], with more `readiness` settings (YAML lines indented by two spaces).
 fn start_configured(
     scenario: &Scenario,
-    api: &common::kube::FakeApiServer,
+    (kubeconfig, node): (&Path, &str),
     boot_id: &Path,
     readiness: &str,
 ) -> Agent {
@@ -1413,7 +1413,8 @@ fn start_configured(
         ),
         &[
             ("FAKE_NVML_SCENARIO", &scenario.path()),
-            ("KUBECONFIG", &api.kubeconfig()),
+            ("KUBECONFIG", kubeconfig),
+            ("MLNODE_NODE_NAME", Path::new(node)),
         ],
     )
 }
@@ -1929,7 +1930,7 @@ fn repeated_xids_beyond_their_threshold_hold_the_node() {
     let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
     let agent = start_configured(
         &scenario,
-        &api,
+        (&api.kubeconfig(), "test-node"),
         Path::new("/proc/sys/kernel/random/boot_id"),
         "  xid_thresholds: {13: {count: 3, window: 1h}}\n",
     );
@@ -2176,7 +2177,7 @@ fn the_repair_condition_hands_a_faulty_gpu_to_the_repair_engines() {
     let mut scenario = Scenario::new(2);
     let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
     let boot_id = Path::new("/proc/sys/kernel/random/boot_id");
-    let agent = start_configured(&scenario, &api, boot_id, REPAIR);
+    let agent = start_configured(&scenario, (&api.kubeconfig(), "test-node"), boot_id, REPAIR);
     let repair = |what, check: &dyn Fn(&Value) -> bool| {
         wait_condition_of("AcceleratedHardwareReady", &agent, &api, what, check)
     };
@@ -2228,30 +2229,55 @@ fn the_repair_condition_hands_a_faulty_gpu_to_the_repair_engines() {
 /// Where another writer owns `AcceleratedHardwareReady` (eks-node-monitoring-agent, whose ready
 /// reason and message are those of its cmd/eks-node-monitoring-agent/main.go), the agent never takes
 /// it over: it says why in the log and a Node event, exports the refusal, and keeps writing its own
-/// conditions; the other writer's condition is left exactly as it was.
+/// conditions; the other writer's condition is left exactly as it was. On the real server, so the
+/// owner is found in the managed fields the server itself records for that writer's patch.
 #[test]
 fn a_repair_condition_another_writer_owns_is_never_taken_over() {
     let mut scenario = Scenario::new(2);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let node = common::needs!(common::cluster_node::ClusterNode::gpu(&[
+        "components/repair-condition"
+    ]));
     let theirs = json!({"type": "AcceleratedHardwareReady", "status": "True", "reason": "NvidiaGPUIsReady",
         "message": "Monitoring for the Nvidia GPU system is active",
         "lastHeartbeatTime": "2026-11-30T03:58:00Z", "lastTransitionTime": "2026-11-30T03:51:00Z"});
-    api.write_condition_as("eks-node-monitoring-agent", theirs.clone());
+    node.control_plane.admin(
+        &[
+            "patch",
+            "node",
+            node.name(),
+            "--subresource=status",
+            "--type=strategic",
+            "--field-manager=eks-node-monitoring-agent",
+            "-p",
+            &json!({"status": {"conditions": [theirs]}}).to_string(),
+        ],
+        "",
+    );
     let boot_id = Path::new("/proc/sys/kernel/random/boot_id");
-    let agent = start_configured(&scenario, &api, boot_id, REPAIR);
-    agent.wait_for("the refusal", Duration::from_secs(20), |m| {
+    let agent = start_configured(
+        &scenario,
+        (&node.api.kubeconfig(), node.name()),
+        boot_id,
+        REPAIR,
+    );
+    agent.wait_for("the refusal", Duration::from_secs(30), |m| {
         sample(m, "mlnode_readiness_repair_condition_refused", &[]) == Some(1.0)
     });
     scenario.set(1, "recovery_action", json!(1));
-    wait_condition(&agent, &api, "reset required", |c| {
-        c["reason"] == "GPUResetRequired"
+    common::wait_until("reset required", Duration::from_secs(30), || {
+        let condition = node.condition("AcceleratorHealthy");
+        (condition["reason"] == "GPUResetRequired")
+            .then_some(())
+            .ok_or(format!("{condition}\n{}", agent.log()))
     });
     wait_rounds_of_readiness(&agent, 2.0);
-    assert_eq!(api.condition("AcceleratedHardwareReady"), theirs);
-    let requests = api.requests();
+    assert_eq!(node.condition("AcceleratedHardwareReady"), theirs);
+    let requests = node.requests();
     assert!(
-        !requests.iter().any(|r| r.path.ends_with("/status")
-            && r.body.to_string().contains("AcceleratedHardwareReady")),
+        !requests
+            .iter()
+            .any(|r| r.path.split('?').next().unwrap().ends_with("/status")
+                && r.body.to_string().contains("AcceleratedHardwareReady")),
         "never written"
     );
     let refusal = requests

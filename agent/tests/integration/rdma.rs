@@ -8,6 +8,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
+use common::cluster_node::ClusterNode;
 use common::rdma::{Tree, EFA_PORT_STATS};
 use mlnode_agent::rdma::settings::DEFAULT_COUNTERS;
 
@@ -281,22 +282,18 @@ struct Judged {
 }
 
 /// The agent with the RDMA collector on `tree` (32 EFA devices expected), a verified model, and
-/// the readiness controller against `api` with the startup taint and `readiness` (more lines of
-/// its section).
-fn start_judged(tree: &Tree, api: &common::kube::FakeApiServer, readiness: &str) -> Judged {
+/// the readiness controller on `node` (the real server, through the proxy) with the startup taint
+/// and `readiness` (more lines of its section).
+fn start_judged(tree: &Tree, node: &ClusterNode, readiness: &str) -> Judged {
     let model = common::PlainModel::new();
     let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let agent = Agent::start_with_env(
+    let agent = node.start_agent(
         &format!(
             "nvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n  expected_efa_devices: 32\nreadiness:\n  enabled: true\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n{readiness}{}",
             tree.class().display().to_string(),
             tree.pci_devices().display().to_string(),
             common::agent::model_config("llama", model.root(), &manifest)
         ),
-        &[
-            ("KUBECONFIG", &api.kubeconfig()),
-            ("MLNODE_NODE_NAME", std::path::Path::new(common::pods::NODE)),
-        ],
     );
     Judged {
         agent,
@@ -315,13 +312,16 @@ fn p5_missing_one() -> Tree {
 
 const REPAIR: &str = "  repair_condition: AcceleratedHardwareReady\n";
 
+/// The components the repair condition and the startup taint need (their RBAC and policy).
+const WITH_REPAIR: &[&str] = &["components/startup-taint", "components/repair-condition"];
+
 /// With `readiness.repair_condition`, the fabric's verdict is also `NetworkingReady`, the
 /// condition eks-node-monitoring-agent writes and the repair engines act on; the accelerators'
 /// repair condition stays True.
 #[test]
 fn the_repair_condition_hands_a_faulty_fabric_to_the_repair_engines() {
     let tree = p5_missing_one();
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+    let api = common::needs!(ClusterNode::gpu(WITH_REPAIR));
     let _judged = start_judged(&tree, &api, REPAIR);
     common::wait_until(
         "NetworkingReady False",
@@ -345,11 +345,23 @@ fn the_repair_condition_hands_a_faulty_fabric_to_the_repair_engines() {
 #[test]
 fn a_networking_condition_another_writer_owns_is_never_taken_over() {
     let tree = p5_missing_one();
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+    let api = common::needs!(ClusterNode::gpu(WITH_REPAIR));
     let theirs = serde_json::json!({"type": "NetworkingReady", "status": "True", "reason": "NetworkingIsReady",
         "message": "Monitoring for the Networking system is active",
         "lastHeartbeatTime": "2026-11-30T03:58:00Z", "lastTransitionTime": "2026-11-30T03:51:00Z"});
-    api.write_condition_as("eks-node-monitoring-agent", theirs.clone());
+    api.control_plane.admin(
+        &[
+            "patch",
+            "node",
+            api.name(),
+            "--subresource=status",
+            "--type=strategic",
+            "--field-manager=eks-node-monitoring-agent",
+            "-p",
+            &serde_json::json!({"status": {"conditions": [theirs]}}).to_string(),
+        ],
+        "",
+    );
     let judged = start_judged(&tree, &api, REPAIR);
     let agent = &judged.agent;
     common::wait_until(
@@ -370,7 +382,8 @@ fn a_networking_condition_another_writer_owns_is_never_taken_over() {
     assert!(
         !api.requests()
             .iter()
-            .any(|r| r.path.ends_with("/status") && r.body.to_string().contains("NetworkingReady")),
+            .any(|r| r.path.split('?').next().unwrap().ends_with("/status")
+                && r.body.to_string().contains("NetworkingReady")),
         "never written"
     );
     let said: Vec<String> = agent
@@ -394,7 +407,7 @@ fn a_networking_condition_another_writer_owns_is_never_taken_over() {
 fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
     let tree = p5_missing_one();
     tree.infiniband("mlx5_0", "0000:c1:00.0", "1: DOWN", "3: Disabled", 0);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node(common::pods::NODE));
+    let api = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
     let judged = start_judged(&tree, &api, "");
     let agent = &judged.agent;
     common::wait_until("FabricHealthy False", Duration::from_secs(20), || match api
@@ -402,7 +415,11 @@ fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
         .as_str()
     {
         Some("False") => Ok(()),
-        _ => Err(api.condition("FabricHealthy").to_string()),
+        _ => Err(format!(
+            "{}\n{}",
+            api.condition("FabricHealthy"),
+            agent.log()
+        )),
     });
     let fabric = api.condition("FabricHealthy");
     let message = fabric["message"].as_str().unwrap();

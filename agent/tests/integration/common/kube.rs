@@ -873,18 +873,6 @@ impl FakeApiServer {
             .unwrap_or_default()
     }
 
-    /// Another controller writes `condition` into the node's status under its own field manager, as
-    /// eks-node-monitoring-agent's status patches do.
-    pub fn write_condition_as(&self, manager: &str, condition: Value) {
-        let mut node = self.state.node.lock().unwrap();
-        let conditions = node["status"]["conditions"].as_array_mut().unwrap();
-        conditions.retain(|c| c["type"] != condition["type"]);
-        let kind = condition["type"].clone();
-        conditions.push(condition);
-        manage_conditions(&mut node, manager, &[kind]);
-        bump(&mut node);
-    }
-
     /// Sets an annotation on the node, as `kubectl annotate --overwrite` does.
     pub fn annotate_node(&self, key: &str, value: &str) {
         let mut node = self.state.node.lock().unwrap();
