@@ -4,10 +4,11 @@
 
 use crate::common;
 
-use std::path::Path;
+use serde_json::json;
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
+use common::agent::sample;
+use common::cluster_node::ClusterNode;
 use common::kube::{gpu_node, FakeApiServer};
 use common::pods::{kubelet_event, vllm_pod, PodTimes, NODE};
 use common::PlainModel;
@@ -200,40 +201,51 @@ fn clock_skew_makes_a_phase_unknown_and_not_ready_is_no_startup() {
 
 #[test]
 fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let node = common::needs!(ClusterNode::gpu(&[]));
     let model = PlainModel::new();
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let now = common::pods::unix_now().floor();
     let root = model.root().display().to_string();
+    // The pods as their ReplicaSet creates them, bound to the node; their times are the server's.
+    let create = |name: &str| {
+        let mut pod = vllm_pod("", name, &root, &times(None));
+        pod["spec"]["nodeName"] = json!(node.name());
+        pod.as_object_mut().unwrap().remove("status");
+        node.put_pod(&pod)
+    };
+    let created = create("vllm-llama-0");
+    // A second pod that is deleted before it is ever Ready.
+    create("vllm-llama-1");
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let at = unix(&created["metadata"]["creationTimestamp"]);
     let t = PodTimes {
-        created: now - 40.0,
-        scheduled: now - 38.0,
-        started: now - 3.0,
+        created: at,
+        scheduled: at + 2.0,
+        started: at + 4.0,
         ready: None,
         restart_count: 0,
         last_finished: None,
     };
-    api.put_pod(vllm_pod("uid-1", "vllm-llama-0", &root, &t));
-    api.add_event(kubelet_event("uid-1", "vllm-llama-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 20.5s (20.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), now - 15.0));
-    // A second pod that is deleted before it is ever Ready.
-    api.put_pod(vllm_pod(
-        "uid-2",
-        "vllm-llama-1",
-        &root,
-        &PodTimes { ready: None, ..t },
-    ));
+    // The kubelet's record of the start, each moment in the past by the time it is written.
+    common::wait_until(
+        "the pod's start in the past",
+        Duration::from_secs(10),
+        || {
+            (common::pods::unix_now() > t.started + 1.0)
+                .then_some(())
+                .ok_or_else(String::new)
+        },
+    );
+    let mut pulled = kubelet_event(&uid, "vllm-llama-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 1.5s (1.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), at + 3.0);
+    pulled["metadata"]["namespace"] = json!(node.inference);
+    pulled["involvedObject"]["namespace"] = json!(node.inference);
+    node.control_plane.create(&pulled);
+    set_status(&node, "vllm-llama-0", &root, &t);
 
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n{}",
         common::agent::model_config("llama", model.root(), &manifest)
     );
-    let agent = Agent::start_with_env(
-        &config,
-        &[
-            ("KUBECONFIG", &api.kubeconfig()),
-            ("MLNODE_NODE_NAME", Path::new(NODE)),
-        ],
-    );
+    let agent = node.start_agent(&config);
     agent.wait_for("cache verified", Duration::from_secs(20), |m| {
         sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
     });
@@ -276,22 +288,19 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
             "the agent never counted the weight opens"
         );
     };
-    api.delete_pod("uid-2");
-    api.put_pod(vllm_pod(
-        "uid-1",
-        "vllm-llama-0",
-        &root,
-        &PodTimes {
-            ready: Some(common::pods::unix_now().ceil() + 1.0),
-            ..t
-        },
-    ));
+    node.delete_pod("vllm-llama-1");
+    let ready = PodTimes {
+        ready: Some(common::pods::unix_now().ceil() + 1.0),
+        ..t
+    };
+    set_status(&node, "vllm-llama-0", &root, &ready);
 
-    agent.wait_for("startup measured", Duration::from_secs(10), |m| {
+    let inference = node.inference.as_str();
+    agent.wait_for("startup measured", Duration::from_secs(20), |m| {
         sample(
             m,
             "mlnode_pod_startup_total_seconds_count",
-            &[("model_name", "llama"), ("namespace", "inference")],
+            &[("model_name", "llama"), ("namespace", inference)],
         ) == Some(1.0)
     });
     let m = agent.metrics();
@@ -303,8 +312,8 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
         )
     };
     assert_eq!(last("scheduling"), Some(2.0));
-    assert_eq!(last("image_pull"), Some(20.5));
-    assert_eq!(last("container_start"), Some(12.0));
+    assert_eq!(last("image_pull"), Some(1.5));
+    assert_eq!(last("container_start"), Some(1.0));
     // From the container's start (t.started) to the last open, whenever the machine got to it.
     let load = last("model_load").expect("model load seen from the weight opens");
     let (earliest, latest) = (opening - t.started - 1.0, opened - t.started + 1.0);
@@ -317,7 +326,7 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
         sample(
             &m,
             "mlnode_image_pull_bytes_count",
-            &[("namespace", "inference")]
+            &[("namespace", inference)]
         ),
         Some(1.0)
     );
@@ -332,32 +341,33 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     );
 
     // One events list for the startup, and no polling.
-    let lists = |api: &FakeApiServer| {
-        api.requests()
+    let events = format!("/api/v1/namespaces/{inference}/events?");
+    let lists = || {
+        node.requests()
             .iter()
-            .filter(|r| r.path.starts_with("/api/v1/namespaces/inference/events?"))
+            .filter(|r| r.path.starts_with(&events))
             .count()
     };
-    assert_eq!(lists(&api), 1);
+    assert_eq!(lists(), 1);
     // A 410 Gone makes the watcher list again; the startup is not reported twice.
-    let pod_lists = |api: &FakeApiServer| {
-        api.requests()
+    let pod_lists = || {
+        node.requests()
             .iter()
             .filter(|r| r.path.starts_with("/api/v1/pods?") && !r.path.contains("watch="))
             .count()
     };
-    let watches = |api: &FakeApiServer| {
-        api.requests()
+    let watches = || {
+        node.requests()
             .iter()
             .filter(|r| r.path.starts_with("/api/v1/pods?") && r.path.contains("watch="))
             .count()
     };
-    let (lists_before, watches_before) = (pod_lists(&api), watches(&api));
-    api.expire_watches();
-    common::kube::wait(|| pod_lists(&api) > lists_before, Duration::from_secs(10));
+    let (lists_before, watches_before) = (pod_lists(), watches());
+    node.api.expire_watches();
+    common::kube::wait(|| pod_lists() > lists_before, Duration::from_secs(10));
     // The watcher asks for its next watch only once the tracker has taken every listed pod.
-    common::kube::wait(|| watches(&api) > watches_before, Duration::from_secs(10));
-    assert_eq!(lists(&api), 1);
+    common::kube::wait(|| watches() > watches_before, Duration::from_secs(10));
+    assert_eq!(lists(), 1);
     assert_eq!(
         sample(
             &agent.metrics(),
@@ -367,10 +377,38 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
         Some(1.0)
     );
     assert!(
-        api.requests()
+        node.requests()
             .iter()
             .all(|r| r.path.contains("spec.nodeName%3D") || !r.path.starts_with("/api/v1/pods")),
         "only this node's pods"
+    );
+}
+
+/// The unix time of an RFC 3339 timestamp the server wrote.
+fn unix(timestamp: &serde_json::Value) -> f64 {
+    humantime::parse_rfc3339(timestamp.as_str().unwrap())
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The pod's status as the kubelet writes it for `t`.
+fn set_status(node: &ClusterNode, name: &str, root: &str, t: &PodTimes) {
+    let status = vllm_pod("", name, root, t)["status"].clone();
+    node.control_plane.admin(
+        &[
+            "patch",
+            "pod",
+            name,
+            "-n",
+            &node.inference,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &json!({ "status": status }).to_string(),
+        ],
+        "",
     );
 }
 

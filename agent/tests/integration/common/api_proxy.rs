@@ -1,7 +1,7 @@
 //! A small proxy in front of the real API server (common::control_plane), for what the real server
 //! cannot be made to do on demand: API Priority and Fairness' 429, a 503 storm, a stall (the same
-//! push-back the fake API server gives, common::kube), another writer acting between two of the
-//! agent's requests. Everything else
+//! push-back the fake API server gives, common::kube), a watch ended with 410 Gone at a chosen
+//! moment, another writer acting between two of the agent's requests. Everything else
 //! is the real server's: each request is forwarded as the agent sent it, its own token
 //! authenticating it there, and answered with the server's answer, watches streamed. Every request
 //! is recorded (method, path, content type, body), for tests that assert what the agent sends.
@@ -13,14 +13,16 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::control_plane::ControlPlane;
-use super::kube::{method_name, push_back, ApiState, Loopback, Recorded};
+use super::kube::{expired, method_name, push_back, ApiState, Loopback, Recorded};
 
 pub struct ApiProxy {
     /// The push-back switches and the record, as the fake API server keeps them.
     pub state: Arc<ApiState>,
+    cut: tokio::sync::broadcast::Sender<()>,
     before: Arc<std::sync::Mutex<Option<Hook>>>,
     loopback: Loopback,
 }
@@ -34,6 +36,7 @@ type Hook = (
 struct Forward {
     state: Arc<ApiState>,
     server: kube::Client,
+    cut: tokio::sync::broadcast::Sender<()>,
     before: Arc<std::sync::Mutex<Option<Hook>>>,
 }
 
@@ -42,12 +45,14 @@ impl ApiProxy {
     pub fn start(control_plane: &ControlPlane, token: &str) -> ApiProxy {
         let state = Arc::new(ApiState::default());
         let before = Arc::new(std::sync::Mutex::new(None));
+        let (cut, _) = tokio::sync::broadcast::channel(4);
         let mut config = kube::Config::new(control_plane.server().parse().unwrap());
         config.root_cert = Some(vec![control_plane.ca_der()]);
         let loopback = Loopback::serve(token, || {
             let forward = Arc::new(Forward {
                 state: state.clone(),
                 server: kube::Client::try_from(config).unwrap(),
+                cut: cut.clone(),
                 before: before.clone(),
             });
             axum::Router::new()
@@ -60,6 +65,7 @@ impl ApiProxy {
         });
         ApiProxy {
             state,
+            cut,
             before,
             loopback,
         }
@@ -71,6 +77,11 @@ impl ApiProxy {
 
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.requests.lock().unwrap().clone()
+    }
+
+    /// Ends every watch streaming now with 410 Gone: the client must list again.
+    pub fn expire_watches(&self) {
+        let _ = self.cut.send(());
     }
 
     /// Runs `action` (against the real server) just before forwarding the next request whose
@@ -124,7 +135,7 @@ async fn forward_request(
     }
     let mut upstream = axum::http::Request::builder()
         .method(parts.method.clone())
-        .uri(path);
+        .uri(path.as_str());
     for (name, value) in &parts.headers {
         if name != axum::http::header::HOST && name != axum::http::header::CONTENT_LENGTH {
             upstream = upstream.header(name, value);
@@ -136,7 +147,23 @@ async fn forward_request(
     match forward.server.send(upstream).await {
         Ok(response) => {
             let (parts, body) = response.into_parts();
-            Response::from_parts(parts, axum::body::Body::new(body))
+            let body = axum::body::Body::new(body);
+            if !(path.contains("watch=true") || path.contains("watch=1")) {
+                return Response::from_parts(parts, body);
+            }
+            // A watch: streamed until expired, then the server's 410 event.
+            let mut cut = forward.cut.subscribe();
+            let tail = Arc::new(std::sync::Mutex::new(None::<Bytes>));
+            let cut_tail = tail.clone();
+            let stop = async move {
+                if cut.recv().await.is_ok() {
+                    *cut_tail.lock().unwrap() = Some(Bytes::from(format!("{}\n", expired())));
+                }
+            };
+            let last =
+                futures_util::stream::iter(std::iter::from_fn(move || tail.lock().unwrap().take()));
+            let stream = body.into_data_stream().take_until(stop).chain(last.map(Ok));
+            Response::from_parts(parts, axum::body::Body::from_stream(stream))
         }
         Err(e) => (
             axum::http::StatusCode::BAD_GATEWAY,

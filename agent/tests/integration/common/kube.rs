@@ -228,6 +228,13 @@ pub fn nvidia_resource_slice(node: &str) -> Value {
     serde_json::from_str(&fixture.replace("gpu-node-1", node)).unwrap()
 }
 
+/// The watch event an API server ends a watch with when its resourceVersion has been compacted
+/// away (410 Gone): the client must list again.
+pub fn expired() -> Value {
+    json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "too old resource version: 1 (1001)", "reason": "Expired", "code": 410}})
+}
+
 /// Not a watch event: the fake's word to its own watch streams to end.
 const END_OF_WATCH: &str = "fake-api-server:end";
 
@@ -756,7 +763,8 @@ impl FakeApiServer {
         self.send(json!({"type": kind, "object": pod}));
     }
 
-    /// Deletes a pod without telling the watches yet, as a deletion the watch has not delivered.
+    /// Deletes a pod and tells the watches.
+    #[allow(dead_code)] // the startup_churn bench replaces pods; no test does on the fake now
     pub fn delete_pod(&self, uid: &str) {
         let mut pods = self.state.pods.lock().unwrap();
         if let Some(i) = pods.iter().position(|p| p["metadata"]["uid"] == uid) {
@@ -783,8 +791,7 @@ impl FakeApiServer {
     /// Ends the watches with 410 Gone, as an API server does when the watch's resourceVersion has
     /// been compacted away: the client must list again.
     pub fn expire_watches(&self) {
-        self.send(json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "too old resource version: 1 (1001)", "reason": "Expired", "code": 410}}));
+        self.send(expired());
     }
 
     fn send(&self, line: Value) {
