@@ -1,4 +1,5 @@
-//! What the agent costs the API server, against the fake one: in the steady state the node's
+//! What the agent costs the API server, against the real one (common::control_plane) through the
+//! recording proxy that pushes back on demand (common::api_proxy): in the steady state the node's
 //! conditions are written once a heartbeat and a gated pod only when its verdict changes; a
 //! restart writes nothing the node and its pods already show; and when the server pushes back
 //! (API Priority and Fairness' 429 with `Retry-After`, 503, a watch ended or expired, no answer at
@@ -7,13 +8,13 @@
 
 use crate::common;
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent, EXIT_BOUND};
-use common::kube::{gpu_node, FakeApiServer, Recorded};
-use common::pods::{gated_vllm_pod, NODE};
+use common::cluster_node::ClusterNode;
+use common::kube::Recorded;
+use common::pods::gated_vllm_pod;
 use common::PlainModel;
 use serde_json::json;
 
@@ -22,30 +23,30 @@ const SHARD: &str = "model-00001-of-00002.safetensors";
 
 /// A node with one gated pod serving `llama`, and its model.
 struct Node {
-    api: FakeApiServer,
+    cluster: ClusterNode,
     model: PlainModel,
     _manifest_dir: tempfile::TempDir,
     manifest: std::path::PathBuf,
 }
 
 impl Node {
-    fn new() -> Node {
-        let api = FakeApiServer::start(gpu_node(NODE));
-        api.put_pod(gated_vllm_pod(
-            "u0",
+    fn new() -> Result<Node, String> {
+        let cluster = ClusterNode::gpu(&[])?;
+        cluster.put_pod(&gated_vllm_pod(
+            "",
             "vllm-0",
-            NODE,
+            cluster.name(),
             "/var/lib/models",
             json!({"mlnode.dev/model": "llama"}),
         ));
         let model = PlainModel::new();
         let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-        Node {
-            api,
+        Ok(Node {
+            cluster,
             model,
             _manifest_dir: dir,
             manifest,
-        }
+        })
     }
 
     /// The agent with readiness rounds every 200 ms, the node's heartbeat every `heartbeat`, and
@@ -55,26 +56,20 @@ impl Node {
             "start_jitter: 0s\n{extra}nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: {heartbeat}\n{}    host_path: /var/lib/models/llama\n",
             common::agent::model_config("llama", self.model.root(), &self.manifest)
         );
-        Agent::start_with_env(
-            &config,
-            &[
-                ("KUBECONFIG", &self.api.kubeconfig()),
-                ("MLNODE_NODE_NAME", Path::new(NODE)),
-            ],
-        )
+        self.cluster.start_agent(&config)
     }
 
     /// A node whose agent (as [`Node::agent`] starts it) has verified the model and set the
     /// pod's gate True.
-    fn serving(heartbeat: &str, extra: &str) -> (Node, Agent) {
-        let node = Node::new();
+    fn serving(heartbeat: &str, extra: &str) -> Result<(Node, Agent), String> {
+        let node = Node::new()?;
         let agent = node.agent(heartbeat, extra);
         node.wait_for_gate("True");
-        (node, agent)
+        Ok((node, agent))
     }
 
     fn gate(&self) -> String {
-        self.api.pod_condition("inference", "vllm-0", GATE)["status"]
+        self.cluster.pod_condition("vllm-0", GATE)["status"]
             .as_str()
             .unwrap_or_default()
             .to_string()
@@ -97,7 +92,7 @@ impl Node {
             &format!("the node's ModelCacheVerified {status}"),
             Duration::from_secs(20),
             || {
-                let c = self.api.condition("ModelCacheVerified");
+                let c = self.cluster.condition("ModelCacheVerified");
                 (c["status"] == status).then_some(()).ok_or(c.to_string())
             },
         );
@@ -105,10 +100,10 @@ impl Node {
 
     /// A second gated pod serving `llama`, `vllm-1`.
     fn add_new_pod(&self) {
-        self.api.put_pod(gated_vllm_pod(
-            "u1",
+        self.cluster.put_pod(&gated_vllm_pod(
+            "",
             "vllm-1",
-            NODE,
+            self.cluster.name(),
             "/var/lib/models",
             json!({"mlnode.dev/model": "llama"}),
         ));
@@ -119,7 +114,7 @@ impl Node {
             &format!("vllm-1's gate {status}"),
             Duration::from_secs(20),
             || {
-                let c = self.api.pod_condition("inference", "vllm-1", GATE);
+                let c = self.cluster.pod_condition("vllm-1", GATE);
                 (c["status"] == status).then_some(()).ok_or(c.to_string())
             },
         );
@@ -133,7 +128,7 @@ impl Node {
 
     /// The requests since `mark` (an index into the server's record).
     fn since(&self, mark: usize) -> Vec<Recorded> {
-        self.api.requests().split_off(mark)
+        self.cluster.requests().split_off(mark)
     }
 }
 
@@ -178,7 +173,7 @@ fn pod_reads(requests: &[Recorded]) -> (Vec<&Recorded>, Vec<&Recorded>) {
 
 #[test]
 fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
-    let (node, agent) = Node::serving("1s", "");
+    let (node, agent) = common::needs!(Node::serving("1s", ""));
     // The round that wrote the node's verdict sent its events too: one round later, only the
     // steady state is left.
     node.wait_for_node_verdict("True");
@@ -195,13 +190,17 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
         &skipped,
         rounds + 1.0,
     );
-    let mark = node.api.requests().len();
+    let mark = node.cluster.requests().len();
     // Four heartbeats of the node: the pod's verdict has not changed, so it is not written again.
     common::wait_until("four heartbeats", Duration::from_secs(20), || {
-        let n = count(&node.since(mark), "PATCH", &format!("/nodes/{NODE}/status"));
+        let n = count(
+            &node.since(mark),
+            "PATCH",
+            &format!("/nodes/{}/status", node.cluster.name()),
+        );
         (n >= 4).then_some(()).ok_or(n.to_string())
     });
-    let requests = node.api.requests();
+    let requests = node.cluster.requests();
     let steady = node.since(mark);
     assert_eq!(
         count(&steady, "PATCH", "/pods/vllm-0/status"),
@@ -232,12 +231,12 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
     );
 
     // Scrapes cost the API server nothing.
-    let before = node.api.requests().len();
-    let heartbeats_before = count(&node.api.requests(), "PATCH", "/status");
+    let before = node.cluster.requests().len();
+    let heartbeats_before = count(&node.cluster.requests(), "PATCH", "/status");
     for _ in 0..20 {
         agent.metrics();
     }
-    let after = node.api.requests();
+    let after = node.cluster.requests();
     assert_eq!(
         after.len() - before,
         count(&after, "PATCH", "/status") - heartbeats_before,
@@ -252,7 +251,7 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
     assert_eq!(counted(&agent, "list", "pods", "200"), 1.0);
     assert_eq!(counted(&agent, "get", "nodes", "200"), 1.0);
     let written = counted(&agent, "patch", "nodes/status", "200");
-    let seen = count(&node.api.requests(), "PATCH", "/status") - pod_status;
+    let seen = count(&node.cluster.requests(), "PATCH", "/status") - pod_status;
     assert!(
         written >= 5.0 && (seen as f64 - written).abs() <= 1.0,
         "agent counted {written}, server saw {seen}"
@@ -261,7 +260,7 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
 
 #[test]
 fn a_restart_writes_nothing_the_node_and_its_pods_already_show() {
-    let (node, mut first) = Node::serving("1h", "");
+    let (node, mut first) = common::needs!(Node::serving("1h", ""));
     wait_for_sample(
         &first,
         "mlnode_node_condition_updates_total",
@@ -270,7 +269,7 @@ fn a_restart_writes_nothing_the_node_and_its_pods_already_show() {
     );
     assert_eq!(first.terminate().0, Some(0));
 
-    let mark = node.api.requests().len();
+    let mark = node.cluster.requests().len();
     let second = node.agent("1h", "");
     wait_for_sample(
         &second,
@@ -296,7 +295,10 @@ fn a_restart_writes_nothing_the_node_and_its_pods_already_show() {
         count(&since, "PATCH", "/status") <= 1,
         "at most one node status write: {writes:?}"
     );
-    assert_eq!(count(&since, "GET", &format!("/nodes/{NODE}")), 1);
+    assert_eq!(
+        count(&since, "GET", &format!("/nodes/{}", node.cluster.name())),
+        1
+    );
     assert_eq!(node.gate(), "True");
 }
 
@@ -305,9 +307,9 @@ const BURST: Duration = Duration::from_millis(500);
 
 #[test]
 fn a_429_holds_every_request_for_its_retry_after_and_the_latest_verdict_lands_after() {
-    let (node, agent) = Node::serving("1s", "");
-    *node.api.state.throttle.lock().unwrap() = Some(2);
-    let mark = node.api.requests().len();
+    let (node, agent) = common::needs!(Node::serving("1s", ""));
+    *node.cluster.api.state.throttle.lock().unwrap() = Some(2);
+    let mark = node.cluster.requests().len();
     let throttled_at = Instant::now();
     // The model fails while the server refuses: the verdict must reach the node and the pod later.
     node.corrupt();
@@ -322,7 +324,7 @@ fn a_429_holds_every_request_for_its_retry_after_and_the_latest_verdict_lands_af
     let scrape = Instant::now();
     assert!(counted(&agent, "patch", "nodes/status", "429") >= 1.0);
     assert!(scrape.elapsed() < Duration::from_secs(1));
-    *node.api.state.throttle.lock().unwrap() = None;
+    *node.cluster.api.state.throttle.lock().unwrap() = None;
     let throttled = node.since(mark);
     let bursts = bursts(&throttled);
     for pair in bursts.windows(2) {
@@ -366,15 +368,18 @@ fn bursts(requests: &[Recorded]) -> Vec<(Instant, Instant)> {
 
 #[test]
 fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
-    let (node, agent) = Node::serving("1s", "");
-    node.api.state.down.store(true, Ordering::Relaxed);
-    let mark = node.api.requests().len();
+    let (node, agent) = common::needs!(Node::serving("1s", ""));
+    node.cluster.api.state.down.store(true, Ordering::Relaxed);
+    let mark = node.cluster.requests().len();
     // The readiness controller's attempts: the refused write, then reads of the node (after a
     // failure it reads what the node shows before writing again).
     let attempts = || -> Vec<Instant> {
         node.since(mark)
             .iter()
-            .filter(|r| r.path.starts_with(&format!("/api/v1/nodes/{NODE}")))
+            .filter(|r| {
+                r.path
+                    .starts_with(&format!("/api/v1/nodes/{}", node.cluster.name()))
+            })
             .map(|r| r.at)
             .collect()
     };
@@ -396,7 +401,8 @@ fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
         counted(&agent, "patch", "nodes/status", "503") + counted(&agent, "get", "nodes", "503")
             >= 4.0
     );
-    node.api
+    node.cluster
+        .api
         .state
         .down
         .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -407,9 +413,15 @@ fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
 
 #[test]
 fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
-    let (node, _agent) = Node::serving("1h", "");
-    let mark = node.api.requests().len();
-    node.api.end_watches();
+    let (node, _agent) = common::needs!(Node::serving("1h", ""));
+    common::wait_until("the pods watched", Duration::from_secs(20), || {
+        let requests = node.cluster.requests();
+        (!pod_reads(&requests).1.is_empty())
+            .then_some(())
+            .ok_or_else(String::new)
+    });
+    let mark = node.cluster.requests().len();
+    node.cluster.api.end_watches();
     common::wait_until("the watch resumed", Duration::from_secs(20), || {
         let since = node.since(mark);
         let (_, watches) = pod_reads(&since);
@@ -430,8 +442,8 @@ fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
         watches[0]
     );
 
-    let mark = node.api.requests().len();
-    node.api.expire_watches();
+    let mark = node.cluster.requests().len();
+    node.cluster.api.expire_watches();
     common::wait_until("listed again", Duration::from_secs(20), || {
         let since = node.since(mark);
         let (lists, watches) = pod_reads(&since);
@@ -454,8 +466,8 @@ fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
 
 #[test]
 fn a_server_that_never_answers_times_out_and_holds_up_neither_metrics_nor_sigterm() {
-    let (node, agent) = Node::serving("1s", "api_request_timeout: 1s\n");
-    node.api.state.stall.store(true, Ordering::Relaxed);
+    let (node, agent) = common::needs!(Node::serving("1s", "api_request_timeout: 1s\n"));
+    node.cluster.api.state.stall.store(true, Ordering::Relaxed);
     wait_for_requests(&agent, "patch", "nodes/status", "<timeout>", 1.0);
     answers_and_exits_at_once(agent);
 }
@@ -473,8 +485,8 @@ fn answers_and_exits_at_once(mut agent: Agent) {
 
 #[test]
 fn sigterm_is_not_held_up_by_a_long_retry_after() {
-    let (node, agent) = Node::serving("1s", "");
-    *node.api.state.throttle.lock().unwrap() = Some(300);
+    let (node, agent) = common::needs!(Node::serving("1s", ""));
+    *node.cluster.api.state.throttle.lock().unwrap() = Some(300);
     // Whichever request came first was refused, and holds every other for 300 s.
     wait_for_sample(
         &agent,
@@ -488,17 +500,17 @@ fn sigterm_is_not_held_up_by_a_long_retry_after() {
 /// Ends the pods' watch while every request is refused, until `times` renewals were, then lets
 /// requests through again.
 fn refuse_watch_renewals(node: &Node, agent: &Agent, times: f64) {
-    *node.api.state.throttle.lock().unwrap() = Some(1);
-    node.api.end_watches();
+    *node.cluster.api.state.throttle.lock().unwrap() = Some(1);
+    node.cluster.api.end_watches();
     wait_for_requests(agent, "watch", "pods", "429", times);
-    *node.api.state.throttle.lock().unwrap() = None;
+    *node.cluster.api.state.throttle.lock().unwrap() = None;
 }
 
 /// A watch that failed (its renewal refused) and resumed with nothing to tell sends nothing: the
 /// gates must not wait for it. A verdict that changes meanwhile reaches the pods last seen.
 #[test]
 fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
-    let (node, agent) = Node::serving("1h", "");
+    let (node, agent) = common::needs!(Node::serving("1h", ""));
     refuse_watch_renewals(&node, &agent, 1.0);
     node.corrupt();
     node.wait_for_gate("False");
@@ -509,8 +521,8 @@ fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
 /// a pod's gate write (a new pod, no back-off of its own) finds the server back.
 #[test]
 fn the_server_answering_again_ends_every_loops_back_off() {
-    let (node, agent) = Node::serving("1h", "");
-    node.api.state.down.store(true, Ordering::Relaxed);
+    let (node, agent) = common::needs!(Node::serving("1h", ""));
+    node.cluster.api.state.down.store(true, Ordering::Relaxed);
     node.corrupt();
     // Long enough for the node's back-off to reach 8 s steps (1, 2, 4 s waits first).
     wait_for_sample(
@@ -519,10 +531,10 @@ fn the_server_answering_again_ends_every_loops_back_off() {
         &[("result", "error")],
         4.0,
     );
-    node.api.state.down.store(false, Ordering::Relaxed);
+    node.cluster.api.state.down.store(false, Ordering::Relaxed);
     node.add_new_pod();
     let answered = common::wait_until("the new pod's gate", Duration::from_secs(20), || {
-        let c = node.api.pod_condition("inference", "vllm-1", GATE);
+        let c = node.cluster.pod_condition("vllm-1", GATE);
         (c["status"] == "False")
             .then(Instant::now)
             .ok_or(c.to_string())
@@ -540,7 +552,7 @@ fn the_server_answering_again_ends_every_loops_back_off() {
 /// then, not a back-off later.
 #[test]
 fn a_refused_watch_resumes_when_the_server_answers_again() {
-    let (node, agent) = Node::serving("1h", "");
+    let (node, agent) = common::needs!(Node::serving("1h", ""));
     // Four refused renewals: the watch's next wait is 6 s or more.
     refuse_watch_renewals(&node, &agent, 4.0);
     node.add_new_pod();

@@ -570,17 +570,9 @@ fn gpu_node_prepared(
     pods.pod_resources
         .push(common::kubelet::dra_claim("dra-0", &name, &["gpu-0"]));
     let kubelet = FakeKubelet::serve_in(&socket_dir, pods);
-    // The DRA driver's ResourceSlice, published as its kubelet plugin publishes it (the server
-    // names it from generateName).
     let mut slice = common::kube::nvidia_resource_slice(&name);
     slice["spec"]["devices"][0]["attributes"]["uuid"]["string"] = gpus[0]["uuid"].clone();
-    for server_set in ["name", "resourceVersion", "ownerReferences"] {
-        slice["metadata"]
-            .as_object_mut()
-            .unwrap()
-            .remove(server_set);
-    }
-    control_plane.create(&slice);
+    cluster.put_resource_slice(slice);
     let scenario = host.root.path().join("nvml-scenario.json");
     std::fs::write(
         &scenario,

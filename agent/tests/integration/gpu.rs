@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::agent::{sample, Agent, EXIT_BOUND};
+use common::cluster_node::{gpu_taints, ClusterNode};
 use common::nvml::{fake_nvml, Scenario};
 use serde_json::{json, Value};
 
@@ -799,12 +800,13 @@ fn pod_labels_from_the_kubelet_on_the_assigned_gpu_only() {
     );
     // An API server is configured, but the kubelet reports no DRA device: nothing asks it for
     // ResourceSlices.
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let agent = Agent::start_with_env(
         &config,
         &[
             ("FAKE_NVML_SCENARIO", &scenario.path()),
             ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(api.name())),
         ],
     );
     agent.wait_for("pod labels", Duration::from_secs(20), |m| {
@@ -848,14 +850,14 @@ fn gpus_allocated_through_dra_are_named_by_the_drivers_resource_slices() {
             {"uuid": "MIG-11111111-2222-3333-4444-555555555555", "gpu_instance_id": 7, "compute_instance_id": 0, "profile": "1g.10gb",
              "memory": {"total": 10_737_418_240u64, "used": 1u64 << 30, "free": 9_663_676_416u64, "reserved": 0}}]}),
     );
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let kubelet =
         common::kubelet::FakeKubelet::serve(fake_kubelet::api::ListPodResourcesResponse {
             pod_resources: vec![
-                common::kubelet::dra_claim("vllm-0", "test-node", &["gpu-0"]),
-                common::kubelet::dra_claim("vllm-small-0", "test-node", &["gpu-1-mig-1g10gb-19-0"]),
+                common::kubelet::dra_claim("vllm-0", api.name(), &["gpu-0"]),
+                common::kubelet::dra_claim("vllm-small-0", api.name(), &["gpu-1-mig-1g10gb-19-0"]),
             ],
         });
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
     let extra = format!(
         "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
         kubelet.socket().display().to_string()
@@ -869,6 +871,7 @@ fn gpus_allocated_through_dra_are_named_by_the_drivers_resource_slices() {
         &[
             ("FAKE_NVML_SCENARIO", &scenario.path()),
             ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(api.name())),
         ],
     );
     // The kubelet's first DRA device starts a watch of this node's slices; the driver has published
@@ -890,14 +893,14 @@ fn gpus_allocated_through_dra_are_named_by_the_drivers_resource_slices() {
     assert!(
         slice_requests.iter().all(
             |p| p.starts_with("/apis/resource.k8s.io/v1/resourceslices?")
-                && p.contains("fieldSelector=spec.nodeName%3Dtest-node")
+                && p.contains(&format!("fieldSelector=spec.nodeName%3D{}", api.name()))
         ),
         "{slice_requests:#?}"
     );
     assert!(!agent.metrics().contains("pod=\""));
 
     // The driver publishes its slice; the watch delivers it and the next List is named.
-    api.put_resource_slice(common::kube::nvidia_resource_slice("test-node"));
+    api.put_resource_slice(common::kube::nvidia_resource_slice(api.name()));
     agent.wait_for(
         "DRA-allocated GPUs labelled",
         Duration::from_secs(20),
@@ -1384,15 +1387,15 @@ fn hashing_yields_on_a_node_whose_pods_hold_gpus() {
 
 /// An agent with the GPU collector and the readiness controller against the fake API server: the
 /// node's `AcceleratorHealthy` condition, as the API server holds it.
-fn start_with_readiness(scenario: &Scenario) -> (Agent, common::kube::FakeApiServer) {
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+fn start_with_readiness(scenario: &Scenario) -> Result<(Agent, ClusterNode), String> {
+    let api = ClusterNode::gpu(&[])?;
     let agent = start_against(scenario, &api, Path::new("/proc/sys/kernel/random/boot_id"));
-    (agent, api)
+    Ok((agent, api))
 }
 
 /// The agent with the GPU collector and readiness against `api`, reading its boot id from `boot_id`.
-fn start_against(scenario: &Scenario, api: &common::kube::FakeApiServer, boot_id: &Path) -> Agent {
-    start_configured(scenario, (&api.kubeconfig(), "test-node"), boot_id, "")
+fn start_against(scenario: &Scenario, api: &ClusterNode, boot_id: &Path) -> Agent {
+    start_configured(scenario, (&api.kubeconfig(), api.name()), boot_id, "")
 }
 
 /// [`start_against`], with more `readiness` settings (YAML lines indented by two spaces).
@@ -1421,7 +1424,7 @@ fn start_configured(
 
 fn wait_condition(
     agent: &Agent,
-    api: &common::kube::FakeApiServer,
+    api: &ClusterNode,
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
@@ -1431,7 +1434,7 @@ fn wait_condition(
 fn wait_condition_of(
     kind: &str,
     agent: &Agent,
-    api: &common::kube::FakeApiServer,
+    api: &ClusterNode,
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
@@ -1453,7 +1456,7 @@ fn wait_condition_of(
 #[test]
 fn accelerator_health_follows_the_drivers_recovery_action_and_nvidias_catalog() {
     let mut scenario = Scenario::new(4);
-    let (agent, api) = start_with_readiness(&scenario);
+    let (agent, api) = common::needs!(start_with_readiness(&scenario));
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     assert_eq!(
         sample(
@@ -1530,7 +1533,7 @@ fn without_the_recovery_action_the_catalog_decides_and_it_is_said_once() {
             .remove("recovery_action");
     }
     scenario.write();
-    let (agent, api) = start_with_readiness(&scenario);
+    let (agent, api) = common::needs!(start_with_readiness(&scenario));
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     assert!(!agent.metrics().contains("mlnode_gpu_recovery_action"));
     scenario.set(1, "xid_events", json!([79]));
@@ -1574,7 +1577,7 @@ fn fabric_registration_holds_the_node_until_it_completes() {
         "fabric",
         json!({"state": 1, "status": 0, "max_version": 2}),
     );
-    let (agent, api) = start_with_readiness(&scenario);
+    let (agent, api) = common::needs!(start_with_readiness(&scenario));
     let condition = wait_condition(&agent, &api, "not started", |c| {
         c["reason"] == "FabricNotReady"
     });
@@ -1678,8 +1681,8 @@ fn held_files(pid: u32, dir: &Path) -> Vec<std::path::PathBuf> {
 #[test]
 fn the_agent_lets_go_of_nvml_for_a_reset_and_takes_it_back_after() {
     let mut scenario = Scenario::new(2);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = start_watched(&scenario, &api.kubeconfig(), "test-node", "");
+    let api = common::needs!(ClusterNode::gpu(&[]));
+    let agent = start_watched(&scenario, &api.kubeconfig(), api.name(), "");
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     let devices = scenario.device_dir();
     assert_eq!(
@@ -1828,11 +1831,11 @@ fn the_release_annotation_lets_go_of_every_gpu_until_it_is_removed() {
 #[test]
 fn a_release_is_bounded_by_its_timeout() {
     let mut scenario = Scenario::new(1);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let agent = start_watched(
         &scenario,
         &api.kubeconfig(),
-        "test-node",
+        api.name(),
         "  release_timeout: 5s\n",
     );
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
@@ -1875,8 +1878,8 @@ fn a_release_is_bounded_by_its_timeout() {
 #[test]
 fn a_gpu_unbound_and_bound_again_is_followed_without_a_restart() {
     let mut scenario = Scenario::new(2);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let agent = start_watched(&scenario, &api.kubeconfig(), "test-node", "");
+    let api = common::needs!(ClusterNode::gpu(&[]));
+    let agent = start_watched(&scenario, &api.kubeconfig(), api.name(), "");
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     let bdf = "0000:17:00.0";
     scenario.set(1, "bound", json!(false));
@@ -1927,10 +1930,10 @@ fn a_gpu_unbound_and_bound_again_is_followed_without_a_restart() {
 #[test]
 fn repeated_xids_beyond_their_threshold_hold_the_node() {
     let mut scenario = Scenario::new(2);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let agent = start_configured(
         &scenario,
-        (&api.kubeconfig(), "test-node"),
+        (&api.kubeconfig(), api.name()),
         Path::new("/proc/sys/kernel/random/boot_id"),
         "  xid_thresholds: {13: {count: 3, window: 1h}}\n",
     );
@@ -1969,7 +1972,7 @@ fn repeated_xids_beyond_their_threshold_hold_the_node() {
 #[test]
 fn memory_that_cannot_heal_holds_the_node() {
     let mut scenario = Scenario::new(2);
-    let (agent, api) = start_with_readiness(&scenario);
+    let (agent, api) = common::needs!(start_with_readiness(&scenario));
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     scenario.set(
         0,
@@ -2009,7 +2012,7 @@ fn memory_that_cannot_heal_holds_the_node() {
 #[test]
 fn an_nvlink_link_lost_or_retraining_holds_the_node() {
     let mut scenario = Scenario::new(2);
-    let (agent, api) = start_with_readiness(&scenario);
+    let (agent, api) = common::needs!(start_with_readiness(&scenario));
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     let mut nvlink = scenario.value["devices"][1]["nvlink"].clone();
     nvlink["links"][5] = json!(false);
@@ -2057,7 +2060,7 @@ fn an_nvlink_link_lost_or_retraining_holds_the_node() {
 #[test]
 fn a_gpu_on_the_bus_that_nvml_does_not_list_is_missed_by_name() {
     let scenario = Scenario::new(2);
-    let (agent, api) = start_with_readiness(&scenario);
+    let (agent, api) = common::needs!(start_with_readiness(&scenario));
     wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
     assert_eq!(
         sample(&agent.metrics(), "mlnode_gpu_pci_devices", &[]),
@@ -2095,7 +2098,7 @@ fn a_gpu_on_the_bus_that_nvml_does_not_list_is_missed_by_name() {
 #[test]
 fn a_held_fault_outlives_an_agent_restart_until_the_node_reboots_or_an_operator_clears_it() {
     let mut scenario = Scenario::new(2);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let boot = tempfile::tempdir().unwrap();
     let boot_id = boot.path().join("boot_id");
     std::fs::write(&boot_id, "3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f\n").unwrap();
@@ -2175,15 +2178,19 @@ const REPAIR: &str = "  repair_condition: AcceleratedHardwareReady\n";
 #[test]
 fn the_repair_condition_hands_a_faulty_gpu_to_the_repair_engines() {
     let mut scenario = Scenario::new(2);
-    let api = common::kube::FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&["components/repair-condition"]));
     let boot_id = Path::new("/proc/sys/kernel/random/boot_id");
-    let agent = start_configured(&scenario, (&api.kubeconfig(), "test-node"), boot_id, REPAIR);
+    let agent = start_configured(&scenario, (&api.kubeconfig(), api.name()), boot_id, REPAIR);
     let repair = |what, check: &dyn Fn(&Value) -> bool| {
         wait_condition_of("AcceleratedHardwareReady", &agent, &api, what, check)
     };
     let healthy = repair("healthy at start", &|c| c["status"] == "True");
     assert_eq!(healthy["reason"], "AcceleratorsHealthy");
-    let owner = api.node()["metadata"]["managedFields"]
+    // The field managers as the server records them (kubectl hides them unless asked).
+    let node = api
+        .control_plane
+        .get(&["node", api.name(), "--show-managed-fields"]);
+    let owner = node["metadata"]["managedFields"]
         .as_array()
         .unwrap()
         .iter()
@@ -2300,9 +2307,11 @@ fn a_repair_condition_another_writer_owns_is_never_taken_over() {
 #[test]
 fn the_nodes_instance_type_label_says_how_many_gpus_it_has() {
     let scenario = Scenario::new(7);
-    let mut node = common::kube::gpu_node("test-node");
-    node["metadata"]["labels"]["karpenter.k8s.aws/instance-gpu-count"] = json!("8");
-    let api = common::kube::FakeApiServer::start(node);
+    let control_plane = common::needs!(common::control_plane::shared());
+    let objects = common::needs!(common::kustomize::render_with("overlays/gpu", &[]));
+    let labels = json!({"metadata": {"labels": {"karpenter.k8s.aws/instance-gpu-count": "8"}}});
+    let node = common::control_plane::node(&control_plane.unique("node"), labels);
+    let api = ClusterNode::start(control_plane, &objects, node, gpu_taints());
     let agent = Agent::start_with_env(
         &format!(
             "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nreadiness:\n  enabled: true\n  interval: 200ms\n",
@@ -2312,6 +2321,7 @@ fn the_nodes_instance_type_label_says_how_many_gpus_it_has() {
         &[
             ("FAKE_NVML_SCENARIO", &scenario.path()),
             ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(api.name())),
         ],
     );
     let condition = wait_condition(&agent, &api, "one GPU short", |c| {

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::agent::{sample, Agent};
+use common::cluster_node::ClusterNode;
 use common::journal::{driver_slot as slot, kernel, Compression, Entry};
-use common::kube::FakeApiServer;
 use common::nvml::{fake_nvml, Scenario};
 
 const SXID: &str = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)";
@@ -27,12 +27,12 @@ fn machine_dir(root: &Path) -> PathBuf {
     journal_dirs(root)[0].join("4f1c2d3e4b5a69788796a5b4c3d2e1f0")
 }
 
-fn start(scenario: &Scenario, api: &FakeApiServer, root: &Path) -> Agent {
+fn start(scenario: &Scenario, api: &ClusterNode, root: &Path) -> Agent {
     start_with(scenario, api, root, "")
 }
 
 /// [`start`], with more `kernel_log` settings (YAML lines indented by two spaces).
-fn start_with(scenario: &Scenario, api: &FakeApiServer, root: &Path, kernel_log: &str) -> Agent {
+fn start_with(scenario: &Scenario, api: &ClusterNode, root: &Path, kernel_log: &str) -> Agent {
     let [var, run] = journal_dirs(root);
     Agent::start_with_env(
         &format!(
@@ -43,6 +43,7 @@ fn start_with(scenario: &Scenario, api: &FakeApiServer, root: &Path, kernel_log:
         &[
             ("FAKE_NVML_SCENARIO", &scenario.path()),
             ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(api.name())),
         ],
     )
 }
@@ -119,7 +120,7 @@ fn an_xid_logged_before_the_agent_started_holds_the_node_at_start() {
     assert_eq!(seen.len(), 4, "{seen:?}");
     assert!(seen[0].contains("python3") && !seen.iter().any(|l| l.contains("quoted")));
 
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let agent = start(&scenario, &api, root.path());
     wait_until("AcceleratorHealthy False", || {
         let condition = api.condition("AcceleratorHealthy");
@@ -180,7 +181,7 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         .unwrap()
         .to_string();
     let root = tempfile::tempdir().unwrap();
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let mut agent = start(&scenario, &api, root.path());
     wait_until("the missing journal said", || {
         match agent.log().contains("cannot read the node's kernel log") {
@@ -437,7 +438,7 @@ fn compressed_dirty_and_truncated_files_are_read_and_what_cannot_be_is_skipped()
     );
 }
 
-fn healthy(api: &FakeApiServer) -> Result<(), String> {
+fn healthy(api: &ClusterNode) -> Result<(), String> {
     let condition = api.condition("AcceleratorHealthy");
     match condition["status"].as_str() {
         Some("True") => Ok(()),
@@ -456,7 +457,7 @@ fn without_libsystemd_the_agent_serves_and_says_why_once() {
         "system.journal",
         &[kernel(SXID, 5)]
     ));
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let missing = root.path().join("lib/libsystemd.so.0");
     let agent = start_with(
         &scenario,
@@ -521,7 +522,7 @@ fn a_file_with_an_unknown_incompatible_flag_is_counted_and_named_and_the_rest_re
         newer.display().to_string()
     );
 
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let agent = start(&scenario, &api, root.path());
     let sxids = ("mlnode_nvswitch_sxid_errors_total", [("sxid", "12028")]);
     wait_for_sample(&agent, sxids.0, &sxids.1, 1.0);
@@ -579,7 +580,7 @@ fn every_xid_of_the_boot_is_counted_once_whichever_source_saw_it() {
         "system.journal",
         &[kernel(&xid13, 600)]
     ));
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
+    let api = common::needs!(ClusterNode::gpu(&[]));
     let mut agent = start(&scenario, &api, root.path());
     wait_for_sample(&agent, xids, &counted, 1.0);
     wait_until("AcceleratorHealthy True", || healthy(&api));

@@ -1,7 +1,7 @@
 //! A small proxy in front of the real API server (common::control_plane), for what the real server
 //! cannot be made to do on demand: API Priority and Fairness' 429, a 503 storm, a stall (the same
-//! push-back the fake API server gives, common::kube), a watch ended with 410 Gone at a chosen
-//! moment, another writer acting between two of the agent's requests. Everything else
+//! push-back the fake API server gives, common::kube), a watch ended, or ended with 410 Gone, at a
+//! chosen moment, another writer acting between two of the agent's requests. Everything else
 //! is the real server's: each request is forwarded as the agent sent it, its own token
 //! authenticating it there, and answered with the server's answer, watches streamed. Every request
 //! is recorded (method, path, content type, body), for tests that assert what the agent sends.
@@ -14,15 +14,24 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::control_plane::ControlPlane;
-use super::kube::{expired, method_name, push_back, ApiState, Loopback, Recorded};
+use super::kube::{method_name, push_back, ApiState, Loopback, Recorded};
+
+/// How the proxy ends the watches streaming through it.
+#[derive(Clone, Copy)]
+enum Cut {
+    /// As a server closing its connections: the client resumes from where it was.
+    End,
+    /// With 410 Gone, as when their resourceVersion has been compacted away: it lists again.
+    Expire,
+}
 
 pub struct ApiProxy {
     /// The push-back switches and the record, as the fake API server keeps them.
     pub state: Arc<ApiState>,
-    cut: tokio::sync::broadcast::Sender<()>,
+    cut: tokio::sync::broadcast::Sender<Cut>,
     before: Arc<std::sync::Mutex<Option<Hook>>>,
     loopback: Loopback,
 }
@@ -36,7 +45,7 @@ type Hook = (
 struct Forward {
     state: Arc<ApiState>,
     server: kube::Client,
-    cut: tokio::sync::broadcast::Sender<()>,
+    cut: tokio::sync::broadcast::Sender<Cut>,
     before: Arc<std::sync::Mutex<Option<Hook>>>,
 }
 
@@ -79,9 +88,14 @@ impl ApiProxy {
         self.state.requests.lock().unwrap().clone()
     }
 
+    /// Ends every watch streaming now, as a server closing its connections does.
+    pub fn end_watches(&self) {
+        let _ = self.cut.send(Cut::End);
+    }
+
     /// Ends every watch streaming now with 410 Gone: the client must list again.
     pub fn expire_watches(&self) {
-        let _ = self.cut.send(());
+        let _ = self.cut.send(Cut::Expire);
     }
 
     /// Runs `action` (against the real server) just before forwarding the next request whose
@@ -114,6 +128,9 @@ async fn forward_request(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
+    // A watch is cut by any cut made once it is recorded, before the server has answered too.
+    let watch_cut =
+        (path.contains("watch=true") || path.contains("watch=1")).then(|| forward.cut.subscribe());
     forward.state.requests.lock().unwrap().push(Recorded {
         method: method_name(&parts.method),
         // As the server reads it: an empty query is none.
@@ -148,15 +165,14 @@ async fn forward_request(
         Ok(response) => {
             let (parts, body) = response.into_parts();
             let body = axum::body::Body::new(body);
-            if !(path.contains("watch=true") || path.contains("watch=1")) {
+            let Some(mut cut) = watch_cut else {
                 return Response::from_parts(parts, body);
-            }
-            // A watch: streamed until expired, then the server's 410 event.
-            let mut cut = forward.cut.subscribe();
+            };
+            // A watch: streamed until cut, then, where the cut expires it, the server's 410 event.
             let tail = Arc::new(std::sync::Mutex::new(None::<Bytes>));
             let cut_tail = tail.clone();
             let stop = async move {
-                if cut.recv().await.is_ok() {
+                if let Ok(Cut::Expire) = cut.recv().await {
                     *cut_tail.lock().unwrap() = Some(Bytes::from(format!("{}\n", expired())));
                 }
             };
@@ -171,4 +187,11 @@ async fn forward_request(
         )
             .into_response(),
     }
+}
+
+/// The watch event an API server ends a watch with when its resourceVersion has been compacted
+/// away (410 Gone): the client must list again.
+fn expired() -> Value {
+    json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "too old resource version: 1 (1001)", "reason": "Expired", "code": 410}})
 }

@@ -121,6 +121,35 @@ impl ClusterNode {
         !events["items"].as_array().unwrap().is_empty()
     }
 
+    /// The proxy's kubeconfig: what the agent talks through.
+    pub fn kubeconfig(&self) -> std::path::PathBuf {
+        self.api.kubeconfig()
+    }
+
+    /// Sets an annotation on the node, as `kubectl annotate --overwrite` does.
+    pub fn annotate_node(&self, key: &str, value: &str) {
+        self.control_plane.admin(
+            &[
+                "annotate",
+                "--overwrite",
+                "node",
+                &self.on.node,
+                &format!("{key}={value}"),
+            ],
+            "",
+        );
+    }
+
+    /// A DRA driver's ResourceSlice (as the API server returns it) published for this node, as
+    /// the driver's kubelet plugin publishes it: the server names it from `generateName`.
+    pub fn put_resource_slice(&self, mut slice: Value) {
+        let metadata = slice["metadata"].as_object_mut().unwrap();
+        for server_set in ["name", "resourceVersion", "ownerReferences"] {
+            metadata.remove(server_set);
+        }
+        self.control_plane.create(&slice);
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.api.requests()
     }

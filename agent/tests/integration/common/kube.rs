@@ -1,12 +1,12 @@
-//! An in-process fake Kubernetes API server (axum on loopback) for the readiness controller: it
-//! serves one Node shaped as a real cluster returns it, applies strategic-merge patches of its status
-//! and JSON patches of the node as the API server does (conditions merge on `type`; a failed `test`
-//! is a 422 Status), accepts Events, and records every request with its content type. Who may do
-//! what is the real server's to judge (common::control_plane; docs/testing.md): this fake is for
-//! what the real one cannot be made to do on demand and for the exact requests sent. It pushes back
-//! as kube-apiserver does when told to: 429 with `Retry-After` (API Priority and Fairness), 503,
-//! no answer at all, a watch ended by the server, or ended with 410 Gone; a watch resumed from a
-//! resourceVersion gets what came after it first, as the watch cache replays it.
+//! An in-process fake Kubernetes API server (axum on loopback), for the GPU tests and benches not
+//! yet moved onto the real control plane (docs/testing.md): it serves one Node shaped as a real
+//! cluster returns it, applies strategic-merge patches of its status and JSON patches of the node
+//! as the API server does (conditions merge on `type`; a failed `test` is a 422 Status), serves
+//! pods, ResourceSlices and Events, and records every request with its content type. Who may do
+//! what is the real server's to judge (common::control_plane). Its push-back switches (429 with
+//! `Retry-After`, 503, no answer at all) and its record are also the proxy's in front of the real
+//! server (common::api_proxy); a watch resumed from a resourceVersion gets what came after it
+//! first, as the watch cache replays it.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,16 +227,6 @@ pub fn nvidia_resource_slice(node: &str) -> Value {
     let fixture = include_str!("../../../../tests/fixtures/dra/nvidia-resourceslice.json");
     serde_json::from_str(&fixture.replace("gpu-node-1", node)).unwrap()
 }
-
-/// The watch event an API server ends a watch with when its resourceVersion has been compacted
-/// away (410 Gone): the client must list again.
-pub fn expired() -> Value {
-    json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": "too old resource version: 1 (1001)", "reason": "Expired", "code": 410}})
-}
-
-/// Not a watch event: the fake's word to its own watch streams to end.
-const END_OF_WATCH: &str = "fake-api-server:end";
 
 fn status(code: u16, reason: &str, message: &str) -> Response {
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code});
@@ -593,16 +583,6 @@ async fn nodes(
     )
 }
 
-/// Tells the node's watchers it changed.
-fn node_changed(state: &ApiState, node: &Value) {
-    let mut node = node.clone();
-    node["kind"] = json!("Node");
-    node["apiVersion"] = json!("v1");
-    if let Some(tx) = state.watch.lock().unwrap().as_ref() {
-        let _ = tx.send(json!({"type": "MODIFIED", "object": node}));
-    }
-}
-
 /// ResourceSlices, as resource.k8s.io/v1 serves them, honouring a `spec.nodeName` field selector.
 async fn resource_slices(
     State(state): State<Arc<ApiState>>,
@@ -689,14 +669,9 @@ fn list_or_watch(
             .cloned()
             .map(Ok)
             .collect();
-    // The server ends every open watch on [`FakeApiServer::end_watches`], as it does at the
-    // watch's timeoutSeconds.
-    let open = tokio_stream::StreamExt::take_while(
-        tokio_stream::StreamExt::chain(
-            tokio_stream::iter(missed),
-            tokio_stream::wrappers::BroadcastStream::new(receiver),
-        ),
-        |line| !matches!(line, Ok(v) if v["type"] == END_OF_WATCH),
+    let open = tokio_stream::StreamExt::chain(
+        tokio_stream::iter(missed),
+        tokio_stream::wrappers::BroadcastStream::new(receiver),
     );
     let lines = tokio_stream::StreamExt::filter_map(open, move |line| {
         line.ok()
@@ -774,26 +749,6 @@ impl FakeApiServer {
         }
     }
 
-    /// Adds a ResourceSlice (as a DRA driver's kubelet plugin publishes one) and tells open watches.
-    pub fn put_resource_slice(&self, mut slice: Value) {
-        let version = self.state.resource_version.fetch_add(1, Ordering::Relaxed) + 1;
-        slice["metadata"]["resourceVersion"] = json!(version.to_string());
-        self.state.slices.lock().unwrap().push(slice.clone());
-        self.send(json!({"type": "ADDED", "object": slice}));
-    }
-
-    /// Ends every open watch normally, as the API server does when a watch's `timeoutSeconds`
-    /// runs out: the client watches again from its resourceVersion.
-    pub fn end_watches(&self) {
-        self.send(json!({ "type": END_OF_WATCH }));
-    }
-
-    /// Ends the watches with 410 Gone, as an API server does when the watch's resourceVersion has
-    /// been compacted away: the client must list again.
-    pub fn expire_watches(&self) {
-        self.send(expired());
-    }
-
     fn send(&self, line: Value) {
         if line["object"]["metadata"]["resourceVersion"].is_string() {
             self.state.history.lock().unwrap().push(line.clone());
@@ -849,65 +804,9 @@ impl FakeApiServer {
         self.loopback.kubeconfig()
     }
 
+    #[allow(dead_code)] // the startup_churn bench counts what the agent asked; no test does now
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.requests.lock().unwrap().clone()
-    }
-
-    pub fn node(&self) -> Value {
-        self.state.node.lock().unwrap().clone()
-    }
-
-    /// The stored pod `namespace`/`name`, or null.
-    pub fn pod(&self, namespace: &str, name: &str) -> Value {
-        self.state
-            .pods
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// The pod's condition of type `kind`, or null.
-    pub fn pod_condition(&self, namespace: &str, name: &str, kind: &str) -> Value {
-        self.pod(namespace, name)["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == kind)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// Sets an annotation on the node, as `kubectl annotate --overwrite` does.
-    pub fn annotate_node(&self, key: &str, value: &str) {
-        let mut node = self.state.node.lock().unwrap();
-        node["metadata"]["annotations"][key] = json!(value);
-        bump(&mut node);
-        node_changed(&self.state, &node);
-    }
-
-    /// Removes an annotation from the node (`kubectl annotate <key>-`).
-    #[allow(dead_code)]
-    pub fn unannotate_node(&self, key: &str) {
-        let mut node = self.state.node.lock().unwrap();
-        if let Some(annotations) = node["metadata"]["annotations"].as_object_mut() {
-            annotations.remove(key);
-        }
-        bump(&mut node);
-        node_changed(&self.state, &node);
-    }
-
-    /// The node's condition of type `kind`, or null.
-    pub fn condition(&self, kind: &str) -> Value {
-        self.node()["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == kind)
-            .cloned()
-            .unwrap_or_default()
     }
 }
 
