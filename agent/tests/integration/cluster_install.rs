@@ -260,13 +260,25 @@ fn the_chart_installs_and_upgrades_through_every_values_combination() {
             &namespace,
             "--values",
             file.to_str().unwrap(),
-            "--wait=false",
+            "--wait=hookOnly",
         ]));
+        let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             output.status.success(),
-            "helm upgrade --install with {values:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
+            "helm upgrade --install with {values:?}: {stderr}"
         );
+        // Helm logs each warning the server gives: only PodSecurity's at the namespace's warn level
+        // (restricted), which docs/security.md explains.
+        let warnings: Vec<&str> = stderr
+            .lines()
+            .filter_map(|line| line.split_once("Warning: ").map(|(_, warning)| warning))
+            .collect();
+        for warning in &warnings {
+            assert!(
+                warning.contains("would violate PodSecurity") && warning.contains("restricted:latest"),
+                "{values:?}: a warning docs/security.md does not explain: {warning}"
+            );
+        }
     }
     // The last release runs the Neuron DaemonSet alone: Helm removed the GPU one.
     let daemonsets = control_plane.get(&["daemonsets", "-n", &namespace]);
