@@ -133,7 +133,7 @@ impl Node {
 }
 
 fn is(request: &Recorded, method: &str, path_end: &str) -> bool {
-    request.method == method && request.path.split('?').next().unwrap().ends_with(path_end)
+    request.method == method && request.resource_path().ends_with(path_end)
 }
 
 fn count(requests: &[Recorded], method: &str, path_end: &str) -> usize {

@@ -17,9 +17,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::agent::{http_get, sample};
-use common::cluster_node::{gpu_taints, ClusterNode};
+use common::cluster_node::ClusterNode;
 use common::container::{self, ContainerSpec, Image, Mount};
-use common::control_plane;
+use common::control_plane::{self, gpu_taints};
 use common::kubelet::{response, FakeKubelet};
 use common::kustomize::{self, find};
 use serde_json::{json, Value};

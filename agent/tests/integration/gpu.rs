@@ -8,7 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::agent::{sample, Agent, EXIT_BOUND};
-use common::cluster_node::{gpu_taints, ClusterNode};
+use common::cluster_node::ClusterNode;
+use common::control_plane::gpu_taints;
 use common::nvml::{fake_nvml, Scenario};
 use serde_json::{json, Value};
 
@@ -2283,7 +2284,7 @@ fn a_repair_condition_another_writer_owns_is_never_taken_over() {
     assert!(
         !requests
             .iter()
-            .any(|r| r.path.split('?').next().unwrap().ends_with("/status")
+            .any(|r| r.resource_path().ends_with("/status")
                 && r.body.to_string().contains("AcceleratedHardwareReady")),
         "never written"
     );

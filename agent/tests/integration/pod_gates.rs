@@ -37,7 +37,7 @@ fn status_patches(node: &ClusterNode, pod: &str) -> Vec<common::kube::Recorded> 
     let path = node.pod_status_path(pod);
     node.requests()
         .into_iter()
-        .filter(|r| r.method == "PATCH" && r.path.split('?').next() == Some(path.as_str()))
+        .filter(|r| r.method == "PATCH" && r.resource_path() == path)
         .collect()
 }
 
@@ -290,7 +290,7 @@ fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
     let (control_plane, inference) = (node.control_plane, node.inference.clone());
     let vanished = node.pod_status_path("vllm-vanished");
     node.api.before_next(
-        move |method, path| method == "PATCH" && path.split('?').next() == Some(vanished.as_str()),
+        move |method, path| method == "PATCH" && path == vanished,
         move || {
             control_plane.admin(
                 &[

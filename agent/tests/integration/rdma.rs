@@ -382,7 +382,7 @@ fn a_networking_condition_another_writer_owns_is_never_taken_over() {
     assert!(
         !api.requests()
             .iter()
-            .any(|r| r.path.split('?').next().unwrap().ends_with("/status")
+            .any(|r| r.resource_path().ends_with("/status")
                 && r.body.to_string().contains("NetworkingReady")),
         "never written"
     );

@@ -85,7 +85,7 @@ fn wait_rounds(agent: &Agent, n: f64) {
 fn patches<'a>(requests: &'a [Recorded], path: &str) -> Vec<&'a Recorded> {
     requests
         .iter()
-        .filter(|r| r.method == "PATCH" && r.path.split('?').next() == Some(path))
+        .filter(|r| r.method == "PATCH" && r.resource_path() == path)
         .collect()
 }
 
@@ -270,7 +270,7 @@ fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
     let (control_plane, name) = (node.control_plane, node.on.node.clone());
     let path = node.path();
     node.api.before_next(
-        move |method, target| method == "PATCH" && target.split('?').next() == Some(path.as_str()),
+        move |method, target| method == "PATCH" && target == path,
         move || {
             let taints = json!([{"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}, nvidia_taint(),
                 {"key": "example.com/maintenance", "effect": "NoExecute"}]);

@@ -84,9 +84,7 @@ impl Node {
     fn cache_writes_since(&self, mark: usize) -> Vec<Value> {
         self.api.requests()[mark..]
             .iter()
-            .filter(|r| {
-                r.method == "PATCH" && r.path.split('?').next().unwrap().ends_with("/status")
-            })
+            .filter(|r| r.method == "PATCH" && r.resource_path().ends_with("/status"))
             .flat_map(|r| {
                 r.body["status"]["conditions"]
                     .as_array()

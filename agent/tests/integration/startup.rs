@@ -395,21 +395,9 @@ fn unix(timestamp: &serde_json::Value) -> f64 {
 
 /// The pod's status as the kubelet writes it for `t`.
 fn set_status(node: &ClusterNode, name: &str, root: &str, t: &PodTimes) {
-    let status = vllm_pod("", name, root, t)["status"].clone();
-    node.control_plane.admin(
-        &[
-            "patch",
-            "pod",
-            name,
-            "-n",
-            &node.inference,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &json!({ "status": status }).to_string(),
-        ],
-        "",
-    );
+    let status = &vllm_pod("", name, root, t)["status"];
+    node.control_plane
+        .write_pod_status(&node.inference, name, status);
 }
 
 #[test]

@@ -99,7 +99,8 @@ impl ApiProxy {
     }
 
     /// Runs `action` (against the real server) just before forwarding the next request whose
-    /// method and path `picks`: another writer racing the agent's read and write.
+    /// method and path (without its query) `picks`: another writer racing the agent's read and
+    /// write.
     pub fn before_next(
         &self,
         picks: impl Fn(&str, &str) -> bool + Send + 'static,
@@ -131,19 +132,21 @@ async fn forward_request(
     // A watch is cut by any cut made once it is recorded, before the server has answered too.
     let watch_cut =
         (path.contains("watch=true") || path.contains("watch=1")).then(|| forward.cut.subscribe());
-    forward.state.requests.lock().unwrap().push(Recorded {
-        method: method_name(&parts.method),
+    let method = method_name(&parts.method);
+    let recorded = Recorded {
+        method,
         // As the server reads it: an empty query is none.
         path: path.trim_end_matches('?').to_string(),
         content_type,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         at: std::time::Instant::now(),
-    });
-    let method = method_name(&parts.method);
+    };
+    let resource = recorded.resource_path().to_string();
+    forward.state.requests.lock().unwrap().push(recorded);
     let hook = {
         let mut before = forward.before.lock().unwrap();
         match before.as_ref() {
-            Some((picks, _)) if picks(method, &path) => before.take(),
+            Some((picks, _)) if picks(method, &resource) => before.take(),
             _ => None,
         }
     };

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::agent::Agent;
 use super::api_proxy::ApiProxy;
-use super::control_plane::{self, AgentOnNode, ControlPlane};
+use super::control_plane::{self, gpu_taints, AgentOnNode, ControlPlane};
 use super::kube::Recorded;
 
 pub struct ClusterNode {
@@ -18,13 +18,6 @@ pub struct ClusterNode {
     /// The namespace of the node's inference pods.
     pub inference: String,
     pub api: ApiProxy,
-}
-
-/// The taints a GPU node joins with: the agent's startup taint and NVIDIA's.
-pub fn gpu_taints() -> Value {
-    json!([
-        {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
-        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
 }
 
 impl ClusterNode {

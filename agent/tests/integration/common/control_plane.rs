@@ -64,6 +64,8 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
     let kubeconfig = dir.join("admin.kubeconfig");
     let log = dir.join("control-plane.log");
     let (sender, exits) = mpsc::channel::<String>();
+    // One open file for both streams, so neither writes over the other.
+    let output = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut command = Command::new(binary);
     command
         .arg("--dir")
@@ -71,8 +73,8 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap());
+        .stdout(output.try_clone().unwrap())
+        .stderr(output);
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, || {
@@ -197,10 +199,10 @@ impl ControlPlane {
         content_type: &str,
         body: &Value,
     ) -> (u16, Value) {
-        let ca = std::fs::read(&self.ca).unwrap();
+        let ca = self.ca_der();
         let tls = ureq::tls::TlsConfig::builder()
             .root_certs(ureq::tls::RootCerts::new_with_certs(&[
-                ureq::tls::Certificate::from_pem(&ca).unwrap(),
+                ureq::tls::Certificate::from_der(&ca).to_owned(),
             ]))
             .build();
         let agent = ureq::Agent::config_builder()
@@ -406,19 +408,15 @@ pub fn node(name: &str, extra: Value) -> Value {
                 "kernelVersion": "6.12.40", "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": "b1"}
         }
     });
-    merge(&mut node, extra);
+    json_patch::merge(&mut node, &extra);
     node
 }
 
-fn merge(into: &mut Value, from: Value) {
-    match (into, from) {
-        (Value::Object(into), Value::Object(from)) => {
-            for (key, value) in from {
-                merge(into.entry(key).or_insert(Value::Null), value);
-            }
-        }
-        (into, from) => *into = from,
-    }
+/// The taints a GPU node joins with: the agent's startup taint and NVIDIA's.
+pub fn gpu_taints() -> Value {
+    json!([
+        {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
 }
 
 /// A namespace for the agent labelled as README tells users to label it: Pod Security enforces
@@ -477,11 +475,7 @@ impl AgentOnNode {
             .unwrap_or_else(|refusal| panic!("the shipped objects were refused: {refusal}"));
         control_plane.create(node);
         let node = node["metadata"]["name"].as_str().unwrap();
-        let daemonset = install
-            .objects
-            .iter()
-            .find(|o| o["kind"] == "DaemonSet")
-            .expect("a DaemonSet in the rendered objects");
+        let daemonset = super::kustomize::daemonset(&install.objects);
         let pod = daemonset_pod(daemonset, node, &control_plane.unique("mlnode-agent"));
         let pod_name = pod["metadata"]["name"].as_str().unwrap().to_string();
         control_plane.create(&pod);
@@ -551,12 +545,7 @@ impl ControlPlane {
     /// nodes carry (replacing the `node.kubernetes.io/not-ready` taint admission put on the new
     /// node, as the node lifecycle controller removes it once the node is Ready).
     pub fn taint_gpu_node(&self, node: &str) {
-        self.set_taints(
-            node,
-            json!([
-                {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
-                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
-        );
+        self.set_taints(node, gpu_taints());
     }
 
     /// `node`'s taints replaced by `taints`, as the admin.
@@ -620,22 +609,30 @@ impl ControlPlane {
         self.create(&created);
         let name = created["metadata"]["name"].as_str().unwrap();
         if !status.is_null() {
-            self.admin(
-                &[
-                    "patch",
-                    "pod",
-                    name,
-                    "-n",
-                    namespace,
-                    "--subresource=status",
-                    "--type=merge",
-                    "-p",
-                    &json!({ "status": status }).to_string(),
-                ],
-                "",
-            );
+            self.write_pod_status(namespace, name, &status);
         }
         self.get(&["pod", name, "-n", namespace])
+    }
+}
+
+impl ControlPlane {
+    /// The pod's `status` written as the kubelet writes it (a merge patch of `pods/status`).
+    pub fn write_pod_status(&self, namespace: &str, name: &str, status: &Value) {
+        let patch = json!({ "status": status }).to_string();
+        self.admin(
+            &[
+                "patch",
+                "pod",
+                name,
+                "-n",
+                namespace,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ],
+            "",
+        );
     }
 }
 

@@ -30,6 +30,11 @@ pub struct Recorded {
 }
 
 impl Recorded {
+    /// The path without its query.
+    pub fn resource_path(&self) -> &str {
+        self.path.split('?').next().unwrap_or_default()
+    }
+
     fn new(method: &'static str, path: String) -> Recorded {
         Recorded {
             method,
