@@ -1,22 +1,23 @@
-//! A node at kubelet's default maximum of 110 pods, churned: the agent (release binary) follows
-//! them through the fake API server while every pod is replaced several times. Prints the agent's
-//! CPU and memory and the API requests per pod startup (target: one events list each, no polling).
+//! A node at the kubelet's default maximum of 110 pods, churned on the real API server
+//! (common::control_plane: kube-apiserver and etcd, built by scripts/test.sh): the agent (release
+//! binary, its shipped RBAC and admission policies, a token bound to its pod on the node) follows
+//! the pods while every pod is replaced several times. Prints the agent's CPU and memory and the
+//! API requests per pod startup (target: one events list each, no polling), as the proxy in front
+//! of the server recorded them.
 //!
-//! `cargo bench --bench startup_churn -- [ROUNDS]`
+//! `cargo bench --bench startup_churn -- [ROUNDS]` after `scripts/test.sh` has built the control
+//! plane (or with `MLNODE_TEST_CONTROL_PLANE` naming one) and put kubectl under target/tools.
 
-#[allow(dead_code)]
-#[path = "../tests/integration/common/kube.rs"]
-mod kube;
-#[path = "../tests/integration/common/wait.rs"]
-mod wait;
-use wait::wait_until;
-#[allow(dead_code)]
-#[path = "../tests/integration/common/pods.rs"]
-mod pods;
+#[allow(dead_code, unused_imports, unused_macros)]
+#[path = "../tests/integration/common/mod.rs"]
+mod common;
 
 use std::time::{Duration, Instant};
 
-use pods::{kubelet_event, unix_now, vllm_pod, PodTimes, NODE};
+use serde_json::{json, Value};
+
+use common::cluster_node::ClusterNode;
+use common::pods::{kubelet_event, vllm_pod, PodTimes};
 
 const PODS: usize = 110;
 
@@ -47,76 +48,119 @@ fn rss_mib(pid: u32) -> f64 {
         / 1024.0
 }
 
+/// The pod's moments as the kubelet records them, all at its creation (the server's clock):
+/// what is measured here is the agent's cost per startup, not the phases.
+fn times(created: &Value, ready: bool) -> PodTimes {
+    let at = humantime::parse_rfc3339(created.as_str().unwrap())
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    PodTimes {
+        created: at,
+        scheduled: at,
+        started: at,
+        ready: ready.then_some(at),
+        restart_count: 0,
+        last_finished: None,
+    }
+}
+
 fn main() {
     let rounds: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(5);
-    let api = kube::FakeApiServer::start(kube::gpu_node(NODE));
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.yaml");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::fs::write(&config, format!("listen: 127.0.0.1:{port}\nnode_name: {NODE}\nmodels: []\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n")).unwrap();
-    let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_mlnode-agent"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("KUBECONFIG", api.kubeconfig())
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = agent.id();
-    std::thread::sleep(Duration::from_millis(500));
+    let node = match ClusterNode::gpu(&[]) {
+        Ok(node) => node,
+        Err(why) => {
+            eprintln!("startup_churn: {why}");
+            std::process::exit(1);
+        }
+    };
+    let control_plane = node.control_plane;
+    let agent = node.start_agent("models: []\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n");
+    agent.wait_for_log("the tracker started", Duration::from_secs(30), |log| {
+        log.contains("pod startup tracker started")
+    });
+    let pid = agent.pid();
     let cpu_before = cpu_seconds(pid);
     let started = Instant::now();
     let mut startups = 0;
     for round in 0..rounds {
-        let now = unix_now().floor();
-        let times = |ready| PodTimes {
-            created: now - 60.0,
-            scheduled: now - 59.0,
-            started: now - 10.0,
-            ready,
-            restart_count: 0,
-            last_finished: None,
+        let names: Vec<String> = (0..PODS).map(|i| format!("vllm-{round}-{i}")).collect();
+        let pods: Vec<Value> = names
+            .iter()
+            .map(|name| {
+                // Its status is the kubelet's to write, below.
+                let mut pod = vllm_pod("", name, "/var/lib/models/llama", &PodTimes::default());
+                pod["spec"]["nodeName"] = json!(node.name());
+                pod.as_object_mut().unwrap().remove("status");
+                pod
+            })
+            .collect();
+        let created = control_plane.create_pods(&node.inference, &pods);
+        let events: Vec<Value> = created
+            .iter()
+            .map(|pod| {
+                let t = times(&pod["metadata"]["creationTimestamp"], false);
+                let mut event = kubelet_event(
+                    pod["metadata"]["uid"].as_str().unwrap(),
+                    pod["metadata"]["name"].as_str().unwrap(),
+                    "Pulled",
+                    "Container image \"vllm/vllm-openai:v0.11.0\" already present on machine",
+                    Some("spec.containers{vllm}"),
+                    t.started,
+                );
+                event["metadata"]["namespace"] = json!(node.inference);
+                event["involvedObject"]["namespace"] = json!(node.inference);
+                event
+            })
+            .collect();
+        control_plane.admin(
+            &["create", "-f", "-"],
+            &json!({"apiVersion": "v1", "kind": "List", "items": events}).to_string(),
+        );
+        let status = |ready: bool| -> Vec<(String, Value)> {
+            created
+                .iter()
+                .map(|pod| {
+                    let name = pod["metadata"]["name"].as_str().unwrap();
+                    let t = times(&pod["metadata"]["creationTimestamp"], ready);
+                    let built = vllm_pod("", name, "/var/lib/models/llama", &t);
+                    (name.to_string(), built["status"].clone())
+                })
+                .collect()
         };
-        for i in 0..PODS {
-            let (uid, name) = (format!("uid-{round}-{i}"), format!("vllm-{round}-{i}"));
-            api.add_event(kubelet_event(
-                &uid,
-                &name,
-                "Pulled",
-                "Container image \"vllm/vllm-openai:v0.11.0\" already present on machine",
-                Some("spec.containers{vllm}"),
-                now - 12.0,
-            ));
-            api.put_pod(vllm_pod(&uid, &name, "/var/lib/models/llama", &times(None)));
-        }
-        for i in 0..PODS {
-            api.put_pod(vllm_pod(
-                &format!("uid-{round}-{i}"),
-                &format!("vllm-{round}-{i}"),
-                "/var/lib/models/llama",
-                &times(Some(now)),
-            ));
-            startups += 1;
-        }
+        control_plane.write_pod_statuses(&node.inference, &status(false));
+        control_plane.write_pod_statuses(&node.inference, &status(true));
+        startups += PODS;
         // Wait until the agent has measured this round, then replace every pod.
         let expected = startups;
-        kube::wait(|| event_lists(&api) >= expected, Duration::from_secs(60));
-        for i in 0..PODS {
-            api.delete_pod(&format!("uid-{round}-{i}"));
-        }
+        common::wait_until("every startup measured", Duration::from_secs(120), || {
+            let lists = event_lists(&node);
+            (lists >= expected)
+                .then_some(())
+                .ok_or_else(|| format!("{lists} events lists for {expected} startups"))
+        });
+        control_plane.admin(
+            &[
+                "delete",
+                "pods",
+                "--all",
+                "-n",
+                &node.inference,
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+            ],
+            "",
+        );
     }
-    std::thread::sleep(Duration::from_millis(300));
     let elapsed = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds(pid) - cpu_before;
     let rss = rss_mib(pid);
-    let requests = api.requests();
+    let requests = node.requests();
     let pod_lists = requests
         .iter()
         .filter(|r| r.path.starts_with("/api/v1/pods?") && !r.path.contains("watch="))
@@ -125,21 +169,20 @@ fn main() {
         .iter()
         .filter(|r| r.path.starts_with("/api/v1/pods?") && r.path.contains("watch="))
         .count();
-    let other = requests.len() - pod_lists - watches - event_lists(&api);
-    let _ = agent.kill();
-    let _ = agent.wait();
+    let event_lists = event_lists(&node);
+    let other = requests.len() - pod_lists - watches - event_lists;
     println!("| pods on the node | startups | events lists per startup | pod lists | pod watches | other requests | agent CPU ms per startup | agent CPU % over the run | RSS MiB |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     println!(
         "| {PODS} | {startups} | {:.2} | {pod_lists} | {watches} | {other} | {:.2} | {:.1} | {rss:.1} |",
-        event_lists(&api) as f64 / startups as f64,
+        event_lists as f64 / startups as f64,
         1000.0 * cpu / startups as f64,
         100.0 * cpu / elapsed
     );
 }
 
-fn event_lists(api: &kube::FakeApiServer) -> usize {
-    api.requests()
+fn event_lists(node: &ClusterNode) -> usize {
+    node.requests()
         .iter()
         .filter(|r| r.path.contains("/events?"))
         .count()

@@ -68,7 +68,7 @@ fn collectors(
     let node_pods = crate::node_pods::NodePodsSlot::new(names_pods);
     let api = crate::components::ApiClient::new(registry, config.api_request_timeout.get())?;
     // The node's release annotation: kept by the readiness side's node watch, read by NVML's.
-    let release_asked = crate::shared::Shared::new(None);
+    let release_asked = crate::shared::Shared::new(Default::default());
     let on_the_node: Vec<Box<dyn Component>> = vec![
         Box::new(KernelLog {
             settings: config.kernel_log.clone(),
@@ -215,10 +215,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     tracing::info!(listen = %local, node_name = %config.node_name, models = config.models.len(), max_connections, version = env!("CARGO_PKG_VERSION"), "mlnode-agent serving");
     let server = tokio::spawn(server::serve(
         listener,
-        AppState {
-            registry,
-            models: cx.models.clone(),
-        },
+        AppState::new(registry, cx.models.clone()),
         max_connections,
         shutdown.clone(),
     ));

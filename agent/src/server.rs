@@ -2,8 +2,9 @@
 //! readiness probe (and for anyone asking whether this node's model caches can be served from).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -14,8 +15,57 @@ use crate::cache::state::{ModelState, Readiness, VerifiedBy};
 
 #[derive(Clone)]
 pub struct AppState {
-    pub registry: prometheus::Registry,
+    pub exposition: Arc<Exposition>,
     pub models: Vec<Arc<ModelState>>,
+}
+
+impl AppState {
+    pub fn new(registry: prometheus::Registry, models: Vec<Arc<ModelState>>) -> AppState {
+        AppState {
+            exposition: Arc::new(Exposition::new(registry)),
+            models,
+        }
+    }
+}
+
+/// The registry's text exposition, gathered once for all the scrapes waiting on it. Every scrape
+/// gets a gathering that began after it arrived (never older data than a scrape of its own would
+/// give), but scrapes that arrive together share one: a flood of them (or of pipelined requests)
+/// costs one gathering at a time, not one each, so every connection's replies come as fast as its
+/// client takes them and a client that takes none meets the write timeout.
+pub struct Exposition {
+    registry: prometheus::Registry,
+    /// When the last gathering began, and what it gave; held while one runs, so scrapes queue.
+    last: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
+}
+
+impl Exposition {
+    pub fn new(registry: prometheus::Registry) -> Exposition {
+        Exposition {
+            registry,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Gathering reads sysfs (the Neuron collector) and takes locks the NVML threads hold: it
+    /// runs on a blocking thread, never on an async worker.
+    pub async fn current(&self) -> Bytes {
+        let arrived = Instant::now();
+        let mut last = self.last.lock().await;
+        if let Some((began, text)) = last.as_ref() {
+            if *began >= arrived {
+                return text.clone();
+            }
+        }
+        let began = Instant::now();
+        let registry = self.registry.clone();
+        let text = tokio::task::spawn_blocking(move || crate::metrics::encode(&registry))
+            .await
+            .unwrap_or_else(|e| format!("# gathering metrics failed: {e}\n"));
+        let text = Bytes::from(text);
+        *last = Some((began, text.clone()));
+        text
+    }
 }
 
 pub fn router(state: AppState) -> axum::Router {
@@ -111,19 +161,13 @@ pub async fn serve(
     Ok(())
 }
 
-/// Gathering reads sysfs (the Neuron collector) and takes locks the NVML threads hold: it runs on
-/// a blocking thread, never on an async worker.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let registry = state.registry.clone();
-    let body = tokio::task::spawn_blocking(move || crate::metrics::encode(&registry))
-        .await
-        .unwrap_or_else(|e| format!("# gathering metrics failed: {e}\n"));
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        body,
+        state.exposition.current().await,
     )
 }
 
@@ -205,6 +249,38 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scrape that arrives while a gathering runs waits for the next one (what it returns must
+    /// be at least as new as the scrape); scrapes waiting together share that next one.
+    #[tokio::test]
+    async fn scrapes_share_a_gathering_that_began_after_they_arrived() {
+        let registry = prometheus::Registry::new();
+        let counter = prometheus::IntCounter::new("scrapes_seen", "test").unwrap();
+        registry.register(Box::new(counter.clone())).unwrap();
+        let exposition = Arc::new(Exposition::new(registry));
+        let first = exposition.current().await;
+        assert!(String::from_utf8_lossy(&first).contains("scrapes_seen 0"));
+        counter.inc();
+        // Held as a running gathering holds it: the scrapes below arrive meanwhile.
+        let running = exposition.last.lock().await;
+        let waiting: Vec<_> = (0..8)
+            .map(|_| {
+                let exposition = exposition.clone();
+                tokio::spawn(async move { exposition.current().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        drop(running);
+        let mut bodies = Vec::new();
+        for scrape in waiting {
+            bodies.push(scrape.await.unwrap());
+        }
+        for body in &bodies {
+            assert!(String::from_utf8_lossy(body).contains("scrapes_seen 1"));
+        }
+        // One gathering for all eight: they share its bytes.
+        assert!(bodies.iter().all(|b| b.as_ptr() == bodies[0].as_ptr()));
+    }
 
     #[test]
     fn the_connection_cap_leaves_descriptors_for_the_rest_of_the_agent() {

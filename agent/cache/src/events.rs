@@ -221,6 +221,32 @@ fn strip_download_suffix(name: &str) -> &str {
 
 /// Opens and reads (our own hashing among them) change nothing; metadata changes such as atime
 /// do not change content. What remains can.
+/// What an event asks before the first verification has mapped files to events (no [`Router`]
+/// yet): a lost event or any change in the model means the verification must look at everything;
+/// a change in the manifest's folder outside `root` (where other files may live: a ConfigMap's
+/// `..data`, another model's manifest) only a reload, which verifies everything only if the
+/// manifest changed. Without a watched `root`, every change is the model's.
+pub fn before_first_verification(
+    event: &Event,
+    root: Option<&Path>,
+    manifest_dir: &Path,
+) -> Option<Work> {
+    if event.need_rescan() {
+        return Some(Work::Full);
+    }
+    if !changes_content(&event.kind) {
+        return None;
+    }
+    let beside_the_model = |path: &PathBuf| {
+        root.is_some_and(|root| path.parent() == Some(manifest_dir) && !path.starts_with(root))
+    };
+    Some(if event.paths.iter().all(beside_the_model) {
+        Work::ReloadManifest
+    } else {
+        Work::Full
+    })
+}
+
 pub fn changes_content(kind: &EventKind) -> bool {
     match kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
@@ -350,6 +376,44 @@ mod tests {
             vec![Work::ReloadManifest]
         );
         assert!(router.route(&event(create, "/etc/other/x.json")).is_empty());
+    }
+
+    /// Before the first verification: the manifest's folder is not the model, unless the model is
+    /// that folder.
+    #[test]
+    fn before_the_first_verification_only_the_model_asks_for_everything() {
+        let create = EventKind::Create(CreateKind::Any);
+        let (root, manifests) = (Some(Path::new("/models/llama")), Path::new("/etc/mlnode"));
+        let beside = event(create, "/etc/mlnode/other-model.json");
+        assert_eq!(
+            before_first_verification(&beside, root, manifests),
+            Some(Work::ReloadManifest)
+        );
+        let in_model = event(create, "/models/llama/model.safetensors");
+        assert_eq!(
+            before_first_verification(&in_model, root, manifests),
+            Some(Work::Full)
+        );
+        // The manifest kept in the model's own folder: a file there is the model's.
+        assert_eq!(
+            before_first_verification(&in_model, root, root.unwrap()),
+            Some(Work::Full)
+        );
+        let opened = event(
+            EventKind::Access(AccessKind::Open(AccessMode::Read)),
+            "/etc/mlnode/x",
+        );
+        assert_eq!(before_first_verification(&opened, root, manifests), None);
+        assert_eq!(
+            before_first_verification(&beside, None, manifests),
+            Some(Work::Full),
+            "nothing watched: every change is the model's"
+        );
+        let overflow = Event::new(EventKind::Other).set_flag(Flag::Rescan);
+        assert_eq!(
+            before_first_verification(&overflow, root, manifests),
+            Some(Work::Full)
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub struct Gpu {
     pub dra_drivers: Vec<String>,
     /// The node's `mlnode.dev/release-gpus` annotation while set, kept by the readiness side's
     /// node watch.
-    pub release_asked: mlnode_core::shared::Shared<Option<String>>,
+    pub release_asked: mlnode_core::shared::Shared<mlnode_accel::gpu::release::NodeAsks>,
     /// Which XIDs hold the node once they repeat (`readiness.xid_thresholds`).
     pub thresholds: mlnode_accel::gpu::xid::XidThresholds,
     /// Which XIDs hold the node (`readiness.fatal_xids`).

@@ -21,7 +21,7 @@ pub struct Readiness {
     /// Where the controller hands the monitors what a previous agent of this boot verified.
     pub node_records: NodeRecords,
     /// Where the node watch keeps the `mlnode.dev/release-gpus` annotation for the GPU collector.
-    pub release_asked: Shared<Option<String>>,
+    pub release_asked: Shared<mlnode_accel::gpu::release::NodeAsks>,
     pub api: ApiClient,
 }
 

@@ -12,8 +12,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::agent::{sample, Agent, EXIT_BOUND};
+use common::api_proxy::Recorded;
 use common::cluster_node::ClusterNode;
-use common::kube::Recorded;
 use common::pods::gated_vllm_pod;
 use common::PlainModel;
 use serde_json::json;

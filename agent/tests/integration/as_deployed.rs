@@ -570,7 +570,7 @@ fn gpu_node_prepared(
     pods.pod_resources
         .push(common::kubelet::dra_claim("dra-0", &name, &["gpu-0"]));
     let kubelet = FakeKubelet::serve_in(&socket_dir, pods);
-    let mut slice = common::kube::nvidia_resource_slice(&name);
+    let mut slice = common::cluster_node::nvidia_resource_slice(&name);
     slice["spec"]["devices"][0]["attributes"]["uuid"]["string"] = gpus[0]["uuid"].clone();
     cluster.put_resource_slice(slice);
     let scenario = host.root.path().join("nvml-scenario.json");

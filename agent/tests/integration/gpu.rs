@@ -612,10 +612,9 @@ fn missing_library_leaves_the_agent_running_with_collector_down() {
     let config = "models: []\nnvml:\n  library: /nonexistent/libnvidia-ml.so.1\n";
     let agent = Agent::start_with_env(config, &[("FAKE_NVML_SCENARIO", &scenario.path())]);
     // The collector is down from the start; the log line says when start-up gave up, and why.
-    common::kube::wait(
-        || agent.log().contains("no NVIDIA GPU collector"),
-        Duration::from_secs(20),
-    );
+    agent.wait_for_log("the collector given up", Duration::from_secs(20), |log| {
+        log.contains("no NVIDIA GPU collector")
+    });
     assert_eq!(
         sample(
             &agent.metrics(),
@@ -877,13 +876,16 @@ fn gpus_allocated_through_dra_are_named_by_the_drivers_resource_slices() {
     );
     // The kubelet's first DRA device starts a watch of this node's slices; the driver has published
     // none yet, so nothing can be named.
-    common::kube::wait(
+    common::wait_until(
+        "a watch of the node's slices",
+        Duration::from_secs(20),
         || {
             api.requests()
                 .iter()
                 .any(|r| r.path.contains("resourceslices") && r.path.contains("watch=true"))
+                .then_some(())
+                .ok_or_else(String::new)
         },
-        Duration::from_secs(20),
     );
     let slice_requests: Vec<String> = api
         .requests()
@@ -901,7 +903,7 @@ fn gpus_allocated_through_dra_are_named_by_the_drivers_resource_slices() {
     assert!(!agent.metrics().contains("pod=\""));
 
     // The driver publishes its slice; the watch delivers it and the next List is named.
-    api.put_resource_slice(common::kube::nvidia_resource_slice(api.name()));
+    api.put_resource_slice(common::cluster_node::nvidia_resource_slice(api.name()));
     agent.wait_for(
         "DRA-allocated GPUs labelled",
         Duration::from_secs(20),
@@ -1386,7 +1388,7 @@ fn hashing_yields_on_a_node_whose_pods_hold_gpus() {
     }
 }
 
-/// An agent with the GPU collector and the readiness controller against the fake API server: the
+/// An agent with the GPU collector and the readiness controller on a node of the real cluster: the
 /// node's `AcceleratorHealthy` condition, as the API server holds it.
 fn start_with_readiness(scenario: &Scenario) -> Result<(Agent, ClusterNode), String> {
     let api = ClusterNode::gpu(&[])?;
@@ -1815,15 +1817,81 @@ fn the_release_annotation_lets_go_of_every_gpu_until_it_is_removed() {
         "",
     );
     condition("taken back", &|c| c["status"] == "True");
+    read_again_after(&agent, "annotation_removed", &devices);
+}
+
+/// The GPU Operator's MIG manager reconfiguring the node, its states set on the Node's
+/// `nvidia.com/mig.config.state` label as NVIDIA/mig-parted's reconfigure-mig.sh sets them, seen
+/// through the agent's one watch of its node on the real API server: NVML is let go of while it
+/// is `pending` (no device file held, the gate and the log say why) and taken back at `success`;
+/// once it says `rebooting`, NVML stays released whatever follows, until the agent restarts.
+#[test]
+fn the_mig_managers_reconfiguration_releases_nvml_until_it_is_done() {
+    let scenario = Scenario::new(2);
+    let api = common::needs!(ClusterNode::gpu(&[]));
+    let agent = start_watched(&scenario, &api.kubeconfig(), api.name(), "");
+    wait_condition(&agent, &api, "healthy at start", |c| c["status"] == "True");
+    let devices = scenario.device_dir();
+    // A finished reconfiguration from before asks for nothing.
+    api.label_node("nvidia.com/mig.config.state", "success");
+    wait_rounds_of_readiness(&agent, 3.0);
+    assert_eq!(held_files(agent.pid(), &devices).len(), 2);
+    api.label_node("nvidia.com/mig.config.state", "pending");
+    let released = wait_condition(&agent, &api, "released", |c| {
+        c["reason"] == "MIGReconfiguring"
+    });
+    let message = released["message"].as_str().unwrap();
+    assert!(
+        message.contains("the GPU Operator's MIG manager is changing the MIG layout (nvidia.com/mig.config.state=pending) of GPU-00000000-1111-2222-3333-444444444440 (0000:07:00.0), GPU-00000001-1111-2222-3333-444444444441 (0000:17:00.0): the agent closed every NVML handle")
+            && message.contains("once it is done (the label leaves pending), or after 10m"),
+        "{released}"
+    );
+    assert!(held_files(agent.pid(), &devices).is_empty());
+    assert_eq!(scenario.ledger()["initialized"], 0);
+    assert!(agent.log().contains("MIG manager is reconfiguring"));
+    api.label_node("nvidia.com/mig.config.state", "success");
+    wait_condition(&agent, &api, "taken back", |c| c["status"] == "True");
+    read_again_after(&agent, "mig_config_done", &devices);
+    // A MIG mode change that needs a reboot: released until the agent starts again.
+    api.label_node("nvidia.com/mig.config.state", "pending");
+    wait_condition(&agent, &api, "released again", |c| {
+        c["reason"] == "MIGReconfiguring"
+    });
+    api.label_node("nvidia.com/mig.config.state", "rebooting");
+    let rebooting = wait_condition(&agent, &api, "until the restart", |c| {
+        c["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("when the agent starts again after the node's reboot")
+    });
+    assert!(
+        !rebooting["message"]
+            .as_str()
+            .unwrap()
+            .contains("nvml.release_timeout"),
+        "{rebooting}"
+    );
+    api.label_node("nvidia.com/mig.config.state", "success");
+    wait_rounds_of_readiness(&agent, 3.0);
+    assert_eq!(
+        sample(&agent.metrics(), "mlnode_gpu_nvml_released", &[]),
+        Some(1.0)
+    );
+    assert!(held_files(agent.pid(), &devices).is_empty());
+    assert_eq!(
+        common::control_plane::refused_requests(&agent.metrics()),
+        Vec::<String>::new()
+    );
+}
+
+/// Waits until NVML is taken back `after` a release, both GPUs read again and their device files
+/// held again.
+fn read_again_after(agent: &Agent, after: &str, devices: &Path) {
     agent.wait_for("read again", Duration::from_secs(20), |m| {
-        sample(
-            m,
-            "mlnode_gpu_nvml_reattaches_total",
-            &[("after", "annotation_removed")],
-        ) == Some(1.0)
+        sample(m, "mlnode_gpu_nvml_reattaches_total", &[("after", after)]) == Some(1.0)
             && sample(m, "mlnode_gpu_temperature_celsius", &[("gpu", "1")]) == Some(41.0)
     });
-    assert_eq!(held_files(agent.pid(), &devices).len(), 2);
+    assert_eq!(held_files(agent.pid(), devices).len(), 2);
 }
 
 /// A reset that never comes: NVML is taken back after `nvml.release_timeout`, said once, and not

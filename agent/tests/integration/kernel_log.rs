@@ -183,16 +183,20 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
     let root = tempfile::tempdir().unwrap();
     let api = common::needs!(ClusterNode::gpu(&[]));
     let mut agent = start(&scenario, &api, root.path());
-    wait_until("the missing journal said", || {
-        match agent.log().contains("cannot read the node's kernel log") {
-            true => Ok(()),
-            false => Err(agent.log()),
-        }
-    });
-    assert_eq!(
-        sample(&agent.metrics(), "mlnode_kernel_log_up", &[]),
-        Some(0.0)
+    let not_up_saying = |what: &str, said: &str| {
+        agent.wait_for_log(what, Duration::from_secs(20), |log| log.contains(said));
+        assert_eq!(
+            sample(&agent.metrics(), "mlnode_kernel_log_up", &[]),
+            Some(0.0)
+        );
+    };
+    not_up_saying(
+        "the missing journal said",
+        "cannot read the node's kernel log",
     );
+    // The directories come, empty (journald not writing yet): still nothing to read, and said.
+    std::fs::create_dir_all(machine_dir(root.path())).unwrap();
+    not_up_saying("the empty journal said", "hold no journal file");
     wait_until("AcceleratorHealthy True meanwhile", || {
         match api.condition("AcceleratorHealthy")["status"].as_str() {
             Some("True") => Ok(()),

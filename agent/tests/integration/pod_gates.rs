@@ -33,7 +33,7 @@ fn cluster_node() -> Result<ClusterNode, String> {
     ClusterNode::gpu(&["components/model-labels"])
 }
 
-fn status_patches(node: &ClusterNode, pod: &str) -> Vec<common::kube::Recorded> {
+fn status_patches(node: &ClusterNode, pod: &str) -> Vec<common::api_proxy::Recorded> {
     let path = node.pod_status_path(pod);
     node.requests()
         .into_iter()

@@ -1,8 +1,8 @@
 //! Per-pod use of a shared GPU end to end: the fake NVML lists the GPU's processes (nvml.h's
 //! `nvmlProcessInfo_t`, `nvmlProcessUtilizationSample_t`), each process's cgroup names its pod
-//! and container as the kubelet and containerd name them (core::cgroup cites the forms), the fake
-//! API server describes the pods as a real one does (containerStatuses with `containerd://` ids),
-//! and the fake kubelet hands out time-slicing replicas `GPU-<uuid>::<n>` as NVIDIA's device
+//! and container as the kubelet and containerd name them (core::cgroup cites the forms), the pods
+//! live on the real API server (common::control_plane; their UIDs the server's, their
+//! containerStatuses with `containerd://` ids as the kubelet writes them), and the fake kubelet hands out time-slicing replicas `GPU-<uuid>::<n>` as NVIDIA's device
 //! plugin does.
 
 use crate::common;
@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use common::agent::{sample, Agent};
-use common::kube::FakeApiServer;
+use common::cluster_node::ClusterNode;
 use common::nvml::{fake_nvml, Scenario};
 use common::pods::{unix_now, vllm_pod, PodTimes};
 
@@ -21,7 +21,6 @@ const GIB: u64 = 1 << 30;
 
 struct Tenant {
     pod: &'static str,
-    uid: &'static str,
     container_id: &'static str,
     pid: u32,
     memory: u64,
@@ -32,7 +31,6 @@ struct Tenant {
 const TENANTS: [Tenant; 4] = [
     Tenant {
         pod: "vllm-0",
-        uid: "0a1b2c3d-0000-4000-8000-000000000001",
         container_id: "1111111111111111111111111111111111111111111111111111111111111111",
         pid: 4101,
         memory: 10 * GIB,
@@ -41,7 +39,6 @@ const TENANTS: [Tenant; 4] = [
     },
     Tenant {
         pod: "vllm-1",
-        uid: "0a1b2c3d-0000-4000-8000-000000000002",
         container_id: "2222222222222222222222222222222222222222222222222222222222222222",
         pid: 4102,
         memory: 6 * GIB,
@@ -50,7 +47,6 @@ const TENANTS: [Tenant; 4] = [
     },
     Tenant {
         pod: "vllm-2",
-        uid: "0a1b2c3d-0000-4000-8000-000000000003",
         container_id: "3333333333333333333333333333333333333333333333333333333333333333",
         pid: 4103,
         memory: 3 * GIB,
@@ -59,7 +55,6 @@ const TENANTS: [Tenant; 4] = [
     },
     Tenant {
         pod: "vllm-3",
-        uid: "0a1b2c3d-0000-4000-8000-000000000004",
         container_id: "4444444444444444444444444444444444444444444444444444444444444444",
         pid: 4104,
         memory: GIB,
@@ -68,36 +63,65 @@ const TENANTS: [Tenant; 4] = [
     },
 ];
 
-/// The host's /proc as the agent sees it with hostPID: each process's cgroup file, cgroup v2 with
-/// the kubelet's systemd driver and containerd (`kubepods-burstable-pod<uid>.slice/
-/// cri-containerd-<id>.scope`), seen from the agent's own cgroup namespace (`/../..`).
-fn host_proc(root: &Path, extra: &[(u32, String)]) {
+/// The host's /proc as the agent sees it with hostPID: each process's cgroup file, the tenants'
+/// (whose pods have `uids`, in TENANTS' order) and `extra`.
+fn host_proc(root: &Path, uids: &[String], extra: &[(u32, String)]) {
     let write = |pid: String, text: &str| {
         std::fs::create_dir_all(root.join(&pid)).unwrap();
         std::fs::write(root.join(pid).join("cgroup"), text).unwrap();
     };
     write("self".into(), "0::/\n");
-    for t in &TENANTS {
-        write(
-            t.pid.to_string(),
-            &format!(
-                "0::/../../kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-                t.uid.replace('-', "_"),
-                t.container_id
-            ),
-        );
+    for (t, uid) in TENANTS.iter().zip(uids) {
+        write(t.pid.to_string(), &cgroup(uid, t.container_id));
     }
     for (pid, text) in extra {
         write(pid.to_string(), text);
     }
 }
 
-fn pod(t: &Tenant) -> Value {
-    let mut pod = vllm_pod(t.uid, t.pod, "/models", &times());
-    pod["spec"]["nodeName"] = json!("test-node");
+/// A container's cgroup, cgroup v2 with the kubelet's systemd driver and containerd
+/// (`kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`), seen from the agent's own
+/// cgroup namespace (`/../..`).
+fn cgroup(pod_uid: &str, container_id: &str) -> String {
+    format!(
+        "0::/../../kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{container_id}.scope\n",
+        pod_uid.replace('-', "_")
+    )
+}
+
+/// UIDs for tests without an API server: the cgroup's alone name the pod.
+fn offline_uids() -> Vec<String> {
+    (1..=TENANTS.len())
+        .map(|n| format!("0a1b2c3d-0000-4000-8000-{n:012}"))
+        .collect()
+}
+
+/// A vLLM pod named `name` on `node` whose one container has `container_id`.
+fn pod(name: &str, node: &ClusterNode, container_id: &str) -> Value {
+    let mut pod = vllm_pod("", name, "/models", &times());
+    pod["spec"]["nodeName"] = json!(node.name());
     pod["status"]["containerStatuses"][0]["containerID"] =
-        json!(format!("containerd://{}", t.container_id));
+        json!(format!("containerd://{container_id}"));
     pod
+}
+
+/// `pods` created on the node's inference namespace, their status written as the kubelet
+/// writes it; the UIDs the server gave them, in order.
+fn put_pods(node: &ClusterNode, pods: &[Value]) -> Vec<String> {
+    node.control_plane
+        .create_pods(&node.inference, pods)
+        .iter()
+        .map(|p| p["metadata"]["uid"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The tenants' pods on `node` (the first `count`); their UIDs.
+fn tenants_on(node: &ClusterNode, count: usize) -> Vec<String> {
+    let pods: Vec<Value> = TENANTS[..count]
+        .iter()
+        .map(|t| pod(t.pod, node, t.container_id))
+        .collect();
+    put_pods(node, &pods)
 }
 
 /// One GPU shared by the four tenants, and a process of the node itself (no pod), a process that
@@ -123,8 +147,9 @@ fn scenario() -> (Scenario, u64, u32) {
     (scenario, memory, sm)
 }
 
-/// NVIDIA's device plugin with time-slicing: each tenant holds one replica of the GPU `uuid`.
-fn time_slicing_kubelet(uuid: &str) -> common::kubelet::FakeKubelet {
+/// NVIDIA's device plugin with time-slicing: each tenant (in `namespace`) holds one replica of
+/// the GPU `uuid`.
+fn time_slicing_kubelet(namespace: &str, uuid: &str) -> common::kubelet::FakeKubelet {
     let ids: Vec<[String; 1]> = TENANTS
         .iter()
         .map(|t| [format!("{uuid}::{}", t.replica)])
@@ -135,39 +160,51 @@ fn time_slicing_kubelet(uuid: &str) -> common::kubelet::FakeKubelet {
         .zip(&id_refs)
         .map(|(t, id)| (t.pod, "nvidia.com/gpu", &id[..]))
         .collect();
-    common::kubelet::FakeKubelet::serve(common::kubelet::response(&held))
+    common::kubelet::FakeKubelet::serve(common::kubelet::response_in(namespace, &held))
 }
 
-/// The agent with the tenants' pods on the API server and their replicas of GPU `uuid` at the
-/// kubelet; `nvml` and `kubelet` are more YAML for those sections. The servers live as long as
-/// what is returned.
+/// The agent with the tenants' pods on a node of the real cluster and their replicas of GPU
+/// `uuid` at the kubelet, the tenants' processes in `proc_root`; `nvml` and `kubelet` are more
+/// YAML for those sections. The node and the kubelet live as long as what is returned.
 fn tenants_sharing(
     scenario: &Scenario,
     uuid: &str,
     proc_root: &Path,
     nvml: &str,
     kubelet: &str,
-) -> (Agent, FakeApiServer, common::kubelet::FakeKubelet) {
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
-    for t in &TENANTS {
-        api.put_pod(pod(t));
-    }
-    let fake_kubelet = time_slicing_kubelet(uuid);
+) -> Result<Sharing, String> {
+    let node = ClusterNode::gpu(&[])?;
+    let uids = tenants_on(&node, TENANTS.len());
+    host_proc(proc_root, &uids, &[]);
+    let fake_kubelet = time_slicing_kubelet(&node.inference, uuid);
     let agent = start(
         scenario,
         proc_root,
-        Some(&api),
+        Some(&node),
         &format!(
             "{nvml}kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n{kubelet}",
             fake_kubelet.socket().display().to_string()
         ),
     );
-    (agent, api, fake_kubelet)
+    Ok(Sharing {
+        agent,
+        node,
+        uids,
+        _kubelet: fake_kubelet,
+    })
 }
 
-/// The agent with process attribution on, the fake NVML, `proc_root` as the host's /proc, and the
-/// fake API server's pods where given; `extra` is more YAML.
-fn start(scenario: &Scenario, proc_root: &Path, api: Option<&FakeApiServer>, extra: &str) -> Agent {
+struct Sharing {
+    agent: Agent,
+    node: ClusterNode,
+    /// The tenants' pods' UIDs, in TENANTS' order.
+    uids: Vec<String>,
+    _kubelet: common::kubelet::FakeKubelet,
+}
+
+/// The agent with process attribution on, the fake NVML, `proc_root` as the host's /proc, and
+/// where given, the cluster `node` it runs on; `extra` is more YAML.
+fn start(scenario: &Scenario, proc_root: &Path, node: Option<&ClusterNode>, extra: &str) -> Agent {
     let mut env = vec![("FAKE_NVML_SCENARIO", scenario.path())];
     let mut config = format!(
         "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  process_attribution: true\n  proc_root: {:?}\n{extra}",
@@ -175,8 +212,9 @@ fn start(scenario: &Scenario, proc_root: &Path, api: Option<&FakeApiServer>, ext
         scenario.pci_devices().display().to_string(),
         proc_root.display().to_string(),
     );
-    if let Some(api) = api {
-        env.push(("KUBECONFIG", api.kubeconfig()));
+    if let Some(node) = node {
+        env.push(("KUBECONFIG", node.kubeconfig()));
+        env.push(("MLNODE_NODE_NAME", node.name().into()));
         config.push_str("readiness:\n  enabled: true\n  interval: 200ms\n");
     }
     let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
@@ -190,6 +228,7 @@ fn four_pods_time_slicing_one_gpu_each_show_their_own_use() {
     let proc_root = tempfile::tempdir().unwrap();
     host_proc(
         proc_root.path(),
+        &[],
         &[
             (900, "0::/system.slice/nvidia-persistenced.service\n".into()),
             (
@@ -198,7 +237,10 @@ fn four_pods_time_slicing_one_gpu_each_show_their_own_use() {
             ),
         ],
     );
-    let (agent, _api, _kubelet) = tenants_sharing(&scenario, &uuid, proc_root.path(), "", "");
+    let sharing = common::needs!(tenants_sharing(&scenario, &uuid, proc_root.path(), "", ""));
+    let Sharing {
+        agent, node, uids, ..
+    } = &sharing;
     agent.wait_for("each pod's own use", Duration::from_secs(20), |m| {
         TENANTS.iter().all(|t| {
             sample(m, "mlnode_gpu_pod_sm_utilization_ratio", &[("pod", t.pod)])
@@ -212,14 +254,14 @@ fn four_pods_time_slicing_one_gpu_each_show_their_own_use() {
         })
     });
     let m = agent.metrics();
-    for t in &TENANTS {
+    for (t, uid) in TENANTS.iter().zip(uids) {
         let labels = [
             ("UUID", uuid.as_str()),
             ("gpu", "0"),
             ("pod", t.pod),
-            ("namespace", "inference"),
+            ("namespace", node.inference.as_str()),
             ("container", "vllm"),
-            ("pod_uid", t.uid),
+            ("pod_uid", uid.as_str()),
             ("vgpu", t.replica),
         ];
         assert_eq!(
@@ -302,13 +344,11 @@ fn pods_sharing_a_mig_device_each_show_their_memory_and_no_utilisation() {
             ],
         }]}),
     );
+    let node = common::needs!(ClusterNode::gpu(&[]));
+    let uids = tenants_on(&node, 2);
     let proc_root = tempfile::tempdir().unwrap();
-    host_proc(proc_root.path(), &[]);
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
-    for t in &TENANTS[..2] {
-        api.put_pod(pod(t));
-    }
-    let agent = start(&scenario, proc_root.path(), Some(&api), "");
+    host_proc(proc_root.path(), &uids, &[]);
+    let agent = start(&scenario, proc_root.path(), Some(&node), "");
     agent.wait_for(
         "both pods on the MIG device",
         Duration::from_secs(20),
@@ -362,7 +402,8 @@ fn nvml_refusing_per_process_calls_leaves_those_series_absent_and_says_so() {
         let (mut scenario, _, _) = scenario();
         scenario.set(0, refusal, json!([call]));
         let proc_root = tempfile::tempdir().unwrap();
-        host_proc(proc_root.path(), &[]);
+        let uids = offline_uids();
+        host_proc(proc_root.path(), &uids, &[]);
         let agent = start(&scenario, proc_root.path(), None, "");
         agent.wait_for("the refusal counted", Duration::from_secs(20), |m| {
             sample(
@@ -377,7 +418,7 @@ fn nvml_refusing_per_process_calls_leaves_those_series_absent_and_says_so() {
             sample(
                 &m,
                 "mlnode_gpu_pod_memory_used_bytes",
-                &[("pod_uid", TENANTS[0].uid)]
+                &[("pod_uid", uids[0].as_str())]
             )
             .is_some(),
             memory_kept,
@@ -414,20 +455,19 @@ fn a_holders_uid_and_chosen_labels_go_on_its_gpus_series() {
     let scenario = Scenario::new(2);
     let uuid = gpu_uuid(&scenario, 0);
     let proc_root = tempfile::tempdir().unwrap();
-    host_proc(proc_root.path(), &[]);
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let mut held = pod(&TENANTS[0]);
+    host_proc(proc_root.path(), &[], &[]);
+    let node = common::needs!(ClusterNode::gpu(&[]));
+    let mut held = pod(TENANTS[0].pod, &node, TENANTS[0].container_id);
     held["metadata"]["labels"]["app.kubernetes.io/part-of"] = json!("search");
-    api.put_pod(held);
-    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&[(
-        TENANTS[0].pod,
-        "nvidia.com/gpu",
-        &[uuid.as_str()],
-    )]));
+    let uid = put_pods(&node, &[held]).remove(0);
+    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response_in(
+        &node.inference,
+        &[(TENANTS[0].pod, "nvidia.com/gpu", &[uuid.as_str()])],
+    ));
     let agent = start(
         &scenario,
         proc_root.path(),
-        Some(&api),
+        Some(&node),
         &format!(
             "kubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n  pod_uid: true\n  pod_labels: [app, 'app\\.kubernetes\\.io/.*']\n",
             kubelet.socket().display().to_string()
@@ -436,7 +476,7 @@ fn a_holders_uid_and_chosen_labels_go_on_its_gpus_series() {
     let want = [
         ("gpu", "0"),
         ("pod", TENANTS[0].pod),
-        ("pod_uid", TENANTS[0].uid),
+        ("pod_uid", uid.as_str()),
         ("app", "vllm-llama"),
         ("app_kubernetes_io_part_of", "search"),
     ];
@@ -469,14 +509,14 @@ fn virtual_gpus_copy_dcgm_series_per_replica_holder_with_their_own_use() {
     let (scenario, device_memory, _) = scenario();
     let uuid = gpu_uuid(&scenario, 0);
     let proc_root = tempfile::tempdir().unwrap();
-    host_proc(proc_root.path(), &[]);
-    let (agent, _api, _kubelet) = tenants_sharing(
+    let sharing = common::needs!(tenants_sharing(
         &scenario,
         &uuid,
         proc_root.path(),
         "  dcgm_names: true\n",
         "  virtual_gpus: true\n",
-    );
+    ));
+    let agent = &sharing.agent;
     agent.wait_for("every holder's copies", Duration::from_secs(20), |m| {
         TENANTS.iter().all(|t| {
             sample(
@@ -533,45 +573,45 @@ fn series_on_a_node_with_8_gpus_each_shared_by_8_pods() {
     const PODS: usize = 8;
     let mut scenario = Scenario::new(GPUS);
     let proc_root = tempfile::tempdir().unwrap();
-    let api = FakeApiServer::start(common::kube::gpu_node("test-node"));
-    let mut cgroups = Vec::new();
+    let node = common::needs!(ClusterNode::gpu(&[]));
+    let mut pods = Vec::new();
     let mut held: Vec<(String, String)> = Vec::new();
+    let mut processes: Vec<(u32, String)> = Vec::new();
     for g in 0..GPUS {
         let uuid = gpu_uuid(&scenario, g);
-        let mut processes = Vec::new();
+        let mut on_gpu = Vec::new();
         for p in 0..PODS {
             let n = g * PODS + p;
-            let uid = format!("0a1b2c3d-0000-4000-8000-{n:012x}");
             let container_id = format!("{n:064x}");
             let pid = 5000 + n as u32;
-            processes.push(json!({"pid": pid, "used_memory": GIB, "sm_util": 10}));
-            cgroups.push((
-                pid,
-                format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{container_id}.scope\n", uid.replace('-', "_")),
-            ));
-            let mut pod = vllm_pod(&uid, &format!("vllm-{n}"), "/models", &times());
-            pod["spec"]["nodeName"] = json!("test-node");
-            pod["status"]["containerStatuses"][0]["containerID"] =
-                json!(format!("containerd://{container_id}"));
-            api.put_pod(pod);
+            on_gpu.push(json!({"pid": pid, "used_memory": GIB, "sm_util": 10}));
+            pods.push(pod(&format!("vllm-{n}"), &node, &container_id));
+            processes.push((pid, container_id));
             held.push((format!("vllm-{n}"), format!("{uuid}::{p}")));
         }
-        scenario.set(g, "processes", json!(processes));
+        scenario.set(g, "processes", json!(on_gpu));
     }
-    host_proc(proc_root.path(), &cgroups);
+    let uids = put_pods(&node, &pods);
+    let cgroups: Vec<(u32, String)> = processes
+        .iter()
+        .zip(&uids)
+        .map(|((pid, container_id), uid)| (*pid, cgroup(uid, container_id)))
+        .collect();
+    host_proc(proc_root.path(), &[], &cgroups);
     let ids: Vec<[&str; 1]> = held.iter().map(|(_, id)| [id.as_str()]).collect();
     let listed: Vec<(&str, &str, &[&str])> = held
         .iter()
         .zip(&ids)
         .map(|((pod, _), id)| (pod.as_str(), "nvidia.com/gpu", &id[..]))
         .collect();
-    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&listed));
+    let kubelet =
+        common::kubelet::FakeKubelet::serve(common::kubelet::response_in(&node.inference, &listed));
     let socket = kubelet.socket().display().to_string();
     let count = |nvml: &str, kubelet_extra: &str| {
         let config = format!(
             "{nvml}kubelet:\n  pod_resources_socket: {socket:?}\n  pod_resources_interval: 200ms\n{kubelet_extra}"
         );
-        let agent = start(&scenario, proc_root.path(), Some(&api), &config);
+        let agent = start(&scenario, proc_root.path(), Some(&node), &config);
         // GPM's ratios come from the second sample on, the holders with the kubelet's answer.
         let lines = |m: &str, family: &str, with: &str| {
             m.lines()

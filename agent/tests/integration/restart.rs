@@ -41,8 +41,13 @@ impl Node {
     /// The agent verifying `llama` at `root`, with `verify` added to its verify section. No start
     /// jitter: the tests measure the restart, not the spread of a rollout.
     fn agent(&self, root: &Path, manifest: &Path, verify: &str) -> Agent {
+        self.agent_jittered(root, manifest, "0s", verify)
+    }
+
+    /// [`Node::agent`] with `start_jitter`, as the chart sets it for a rollout.
+    fn agent_jittered(&self, root: &Path, manifest: &Path, jitter: &str, verify: &str) -> Agent {
         let config = format!(
-            "start_jitter: 0s\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nverify:\n  restart_jitter: 0s\n{verify}readiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n{}",
+            "start_jitter: {jitter}\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nverify:\n  restart_jitter: 0s\n{verify}readiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n{}",
             self.boot_id.display().to_string(),
             common::agent::model_config("llama", root, manifest)
         );
@@ -233,6 +238,43 @@ fn an_unchanged_cache_is_verified_at_restart_without_a_read_and_every_gate_stays
         "{pod_writes:?}"
     );
     assert_eq!(gate()["status"], "True");
+}
+
+/// A file written beside the manifest (another model's manifest, a ConfigMap's `..data`) while
+/// a restarted agent waits out its start jitter for its record is not the model: the unchanged
+/// cache stays trusted, no byte read. Before, any change seen before the first verification
+/// asked for everything, and the whole cache was hashed again a second after it was trusted.
+#[test]
+fn a_write_beside_the_manifest_during_a_restart_reads_nothing() {
+    let node = common::needs!(Node::new());
+    let model = PlainModel::new();
+    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    wait_until_settled(model.root());
+    let mut first = node.agent(model.root(), &manifest, "");
+    ready(&first);
+    node.wait_for_record();
+    assert_eq!(first.terminate().0, Some(0));
+
+    let second = node.agent_jittered(model.root(), &manifest, "2s", "");
+    // Written again and again until the cache is trusted: some of it lands while the agent
+    // watches and waits.
+    let mut writes = 0;
+    common::wait_until("trusted", Duration::from_secs(30), || {
+        writes += 1;
+        std::fs::write(dir.path().join("other-model.json"), writes.to_string()).unwrap();
+        match common::agent::http_get(second.port(), "/readyz") {
+            Ok((200, body)) => Ok(body),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // A file of no manifest in the model's root: seen after every write above.
+    std::fs::write(model.root().join("notes.txt"), "x").unwrap();
+    second.wait_for_log("the root listed again", Duration::from_secs(20), |log| {
+        log.contains(r#""kind":"incremental""#)
+    });
+    assert_eq!(hashed(&second), 0.0, "{}", second.log());
+    assert_eq!(restart_records(&second, "trusted"), 1.0);
+    assert_eq!(second.log().matches(r#""kind":"full""#).count(), 1);
 }
 
 /// What changed while the agent was down, and what the restart must find.

@@ -1,5 +1,5 @@
 //! Pod startup phases: the computation over Pods and Events shaped as a cluster returns them, and
-//! the tracker in the agent binary against the fake API server (list, watch, 410 Gone, one events
+//! the tracker in the agent binary against the real API server (list, watch, 410 Gone, one events
 //! list per startup), with the model load seen from a real process opening the weights.
 
 use crate::common;
@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use common::agent::sample;
 use common::cluster_node::ClusterNode;
-use common::kube::{gpu_node, FakeApiServer};
-use common::pods::{kubelet_event, vllm_pod, PodTimes, NODE};
+use common::pods::{kubelet_event, vllm_pod, PodTimes};
 use common::PlainModel;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use mlnode_agent::startup::phases::{compute, Phase};
@@ -364,9 +363,17 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     };
     let (lists_before, watches_before) = (pod_lists(), watches());
     node.api.expire_watches();
-    common::kube::wait(|| pod_lists() > lists_before, Duration::from_secs(10));
+    common::wait_until("a new list of pods", Duration::from_secs(10), || {
+        (pod_lists() > lists_before)
+            .then_some(())
+            .ok_or_else(String::new)
+    });
     // The watcher asks for its next watch only once the tracker has taken every listed pod.
-    common::kube::wait(|| watches() > watches_before, Duration::from_secs(10));
+    common::wait_until("a new watch of pods", Duration::from_secs(10), || {
+        (watches() > watches_before)
+            .then_some(())
+            .ok_or_else(String::new)
+    });
     assert_eq!(lists(), 1);
     assert_eq!(
         sample(
@@ -400,27 +407,41 @@ fn set_status(node: &ClusterNode, name: &str, root: &str, t: &PodTimes) {
         .write_pod_status(&node.inference, name, status);
 }
 
+/// `mlnode-agent startup-report` as an SRE runs it, with their own kubeconfig (the admin's here):
+/// the pod's phases from what the server stores, its creation time the server's own.
 #[test]
 fn startup_report_prints_the_phases_from_the_api() {
-    let api = FakeApiServer::start(gpu_node(NODE));
+    let control_plane = common::needs!(common::control_plane::shared());
+    let namespace = control_plane.namespace("inference", json!({}));
+    let node = control_plane.unique("node");
+    let mut pod = vllm_pod(
+        "",
+        "vllm-mistral-0",
+        "/var/lib/models/mistral",
+        &times(None),
+    );
+    pod["spec"]["nodeName"] = json!(node);
+    pod.as_object_mut().unwrap().remove("status");
+    let created = control_plane.create_pod(&namespace, &pod);
+    let uid = created["metadata"]["uid"].as_str().unwrap();
+    let at = unix(&created["metadata"]["creationTimestamp"]);
     let t = PodTimes {
-        created: 1000.0,
-        scheduled: 1002.0,
-        started: 1060.0,
-        ready: Some(1200.0),
+        created: at,
+        scheduled: at + 2.0,
+        started: at + 60.0,
+        ready: Some(at + 200.0),
         restart_count: 0,
         last_finished: None,
     };
-    api.put_pod(vllm_pod(
-        "uid-9",
-        "vllm-mistral-0",
-        "/var/lib/models/mistral",
-        &t,
-    ));
-    api.add_event(kubelet_event("uid-9", "vllm-mistral-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 20.5s (20.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), 1040.0));
+    let status = &vllm_pod(uid, "vllm-mistral-0", "/var/lib/models/mistral", &t)["status"];
+    control_plane.write_pod_status(&namespace, "vllm-mistral-0", status);
+    let mut pulled = kubelet_event(uid, "vllm-mistral-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 20.5s (20.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), at + 40.0);
+    pulled["metadata"]["namespace"] = json!(namespace);
+    pulled["involvedObject"]["namespace"] = json!(namespace);
+    control_plane.create(&pulled);
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_mlnode-agent"))
-        .args(["startup-report", "--node", NODE])
-        .env("KUBECONFIG", api.kubeconfig())
+        .args(["startup-report", "--node", &node])
+        .env("KUBECONFIG", control_plane.kubeconfig())
         .env_remove("MLNODE_CONFIG")
         .output()
         .unwrap();
@@ -438,7 +459,7 @@ fn startup_report_prints_the_phases_from_the_api() {
     assert_eq!(
         cells,
         [
-            "inference",
+            namespace.as_str(),
             "vllm-mistral-0",
             "-",
             "2.0s",

@@ -200,11 +200,14 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
         problems.push(Problem::new(
             released.reason,
             format!(
-                "{} of {}: the agent closed every NVML handle so the reset can proceed, and takes NVML back {}, or after {} (nvml.release_timeout)",
+                "{} of {}: the agent closed every NVML handle so the reset can proceed, and takes NVML back {}{}",
                 released.why,
                 released.targets,
                 released.until,
-                humantime::format_duration(released.timeout)
+                released.timeout.map_or(String::new(), |timeout| format!(
+                    ", or after {} (nvml.release_timeout)",
+                    humantime::format_duration(timeout)
+                ))
             ),
         ));
     }

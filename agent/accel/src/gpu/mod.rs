@@ -296,7 +296,7 @@ impl GpuRuntime {
         registry: &prometheus::Registry,
         up: mlnode_core::metrics::AgentMetrics,
         kernel_log: Option<Shared<crate::kernel_log::facts::LogFacts>>,
-        release_asked: Shared<Option<String>>,
+        release_asked: Shared<release::NodeAsks>,
     ) -> Result<GpuRuntime, String> {
         if settings.enabled == Toggle::Off {
             return Err("disabled (nvml.enabled: false)".into());

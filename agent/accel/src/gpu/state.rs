@@ -78,14 +78,14 @@ pub struct Released {
     /// Their UUIDs: their series are absent until NVML is taken back.
     pub uuids: Vec<String>,
     /// The gate's reason meanwhile: the driver's verdict (`GPUResetRequired`, ...) or
-    /// `GPUsReleased` (the annotation).
+    /// `GPUsReleased` (the annotation) or `MIGReconfiguring` (the MIG manager).
     pub reason: &'static str,
     /// Who asked, in words.
     pub why: String,
     /// When NVML is taken back, in words.
     pub until: &'static str,
-    /// `nvml.release_timeout`.
-    pub timeout: Duration,
+    /// `nvml.release_timeout`; None once the release lasts until the agent restarts.
+    pub timeout: Option<Duration>,
 }
 
 /// Why NVML cannot read a GPU: the error classes of `nvml.h` that describe the device rather than

@@ -205,6 +205,18 @@ impl Reader {
         loop {
             let listed = files::list(&self.settings.journal_dirs)?;
             let readable = self.readable(library, &listed);
+            if readable.is_empty() {
+                // Nothing to follow: not up, and looked for again as a missing journal is.
+                return Err(match listed.len() {
+                    0 => format!(
+                        "{:?} hold no journal file: journald keeps none there (Storage=none or volatile, with /run/log/journal not mounted) or another directory is mounted",
+                        self.settings.journal_dirs
+                    ),
+                    n => format!(
+                        "none of the {n} journal files can be opened (mlnode_kernel_log_unreadable_files says why)"
+                    ),
+                });
+            }
             let started = Instant::now();
             // Nothing read yet: the archived files, which journald never writes again, are read
             // on threads of their own; the others here, where following goes on.

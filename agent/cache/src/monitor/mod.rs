@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::events::{changes_content, Router, Work};
+use super::events::{before_first_verification, Router, Work};
 use super::fingerprint::Fingerprint;
 use super::hasher::Control;
 use super::layout;
@@ -354,12 +354,10 @@ impl Monitor {
                     .filter_map(|w| worth_a_look(w, report))
                     .map(Input::Work),
             ),
-            // Before the first verification maps files to events, any change means the next
-            // verification must look at everything.
-            None if event.need_rescan() || changes_content(&event.kind) => {
-                inputs.push(Input::Work(Work::Full));
-            }
-            None => {}
+            None => inputs.extend(
+                before_first_verification(&event, root, &manifest_dir(&self.model.manifest))
+                    .map(Input::Work),
+            ),
         }
         inputs
     }

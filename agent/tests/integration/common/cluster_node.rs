@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 
 use super::agent::Agent;
 use super::api_proxy::ApiProxy;
+use super::api_proxy::Recorded;
 use super::control_plane::{self, gpu_taints, AgentOnNode, ControlPlane};
-use super::kube::Recorded;
 
 pub struct ClusterNode {
     pub control_plane: &'static ControlPlane,
@@ -133,6 +133,20 @@ impl ClusterNode {
         );
     }
 
+    /// Sets a label on the node, as `kubectl label --overwrite` does.
+    pub fn label_node(&self, key: &str, value: &str) {
+        self.control_plane.admin(
+            &[
+                "label",
+                "--overwrite",
+                "node",
+                &self.on.node,
+                &format!("{key}={value}"),
+            ],
+            "",
+        );
+    }
+
     /// A DRA driver's ResourceSlice (as the API server returns it) published for this node, as
     /// the driver's kubelet plugin publishes it: the server names it from `generateName`.
     pub fn put_resource_slice(&self, mut slice: Value) {
@@ -158,4 +172,11 @@ impl ClusterNode {
             ],
         )
     }
+}
+
+/// NVIDIA's DRA driver's ResourceSlice for `node` (tests/fixtures/dra, cited in SOURCES): `gpu-0`
+/// is GPU 0 of the fake NVML's scenarios, `gpu-1-mig-1g10gb-19-0` a MIG device of GPU 1.
+pub fn nvidia_resource_slice(node: &str) -> Value {
+    let fixture = include_str!("../../../../tests/fixtures/dra/nvidia-resourceslice.json");
+    serde_json::from_str(&fixture.replace("gpu-node-1", node)).unwrap()
 }

@@ -590,49 +590,88 @@ impl ControlPlane {
     /// `namespace` as the admin, then its status written as the kubelet writes it. Returns the
     /// stored pod.
     pub fn create_pod(&self, namespace: &str, pod: &Value) -> Value {
-        let mut created = pod.clone();
-        let status = created
-            .as_object_mut()
+        self.create_pods(namespace, std::slice::from_ref(pod))
+            .pop()
             .unwrap()
-            .remove("status")
-            .unwrap_or(Value::Null);
-        let metadata = created["metadata"].as_object_mut().unwrap();
-        for server_set in [
-            "uid",
-            "creationTimestamp",
-            "resourceVersion",
-            "ownerReferences",
-        ] {
-            metadata.remove(server_set);
+    }
+
+    /// [`ControlPlane::create_pod`] for many pods, in three requests whatever their number: the
+    /// pods created, their statuses applied to `pods/status` under the kubelet's field manager,
+    /// and the stored pods read back (in `pods`' order).
+    pub fn create_pods(&self, namespace: &str, pods: &[Value]) -> Vec<Value> {
+        let mut statuses = Vec::new();
+        let mut created = Vec::new();
+        for pod in pods {
+            let mut pod = pod.clone();
+            let status = pod.as_object_mut().unwrap().remove("status");
+            let metadata = pod["metadata"].as_object_mut().unwrap();
+            for server_set in [
+                "uid",
+                "creationTimestamp",
+                "resourceVersion",
+                "ownerReferences",
+            ] {
+                metadata.remove(server_set);
+            }
+            metadata.insert("namespace".into(), json!(namespace));
+            if let Some(status) = status {
+                statuses.push((
+                    pod["metadata"]["name"].as_str().unwrap().to_string(),
+                    status,
+                ));
+            }
+            created.push(pod);
         }
-        metadata.insert("namespace".into(), json!(namespace));
-        self.create(&created);
-        let name = created["metadata"]["name"].as_str().unwrap();
-        if !status.is_null() {
-            self.write_pod_status(namespace, name, &status);
-        }
-        self.get(&["pod", name, "-n", namespace])
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": created});
+        self.admin(&["create", "-f", "-"], &list.to_string());
+        self.write_pod_statuses(namespace, &statuses);
+        let stored = self.get(&["pods", "-n", namespace]);
+        pods.iter()
+            .map(|pod| {
+                stored["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|s| s["metadata"]["name"] == pod["metadata"]["name"])
+                    .cloned()
+                    .unwrap()
+            })
+            .collect()
     }
 }
 
 impl ControlPlane {
-    /// The pod's `status` written as the kubelet writes it (a merge patch of `pods/status`).
-    pub fn write_pod_status(&self, namespace: &str, name: &str, status: &Value) {
-        let patch = json!({ "status": status }).to_string();
+    /// Each pod's status in `namespace` written in one request, as the kubelet's field manager:
+    /// `(name, status)`.
+    pub fn write_pod_statuses(&self, namespace: &str, statuses: &[(String, Value)]) {
+        if statuses.is_empty() {
+            return;
+        }
+        let items: Vec<Value> = statuses
+            .iter()
+            .map(|(name, status)| {
+                json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": namespace}, "status": status})
+            })
+            .collect();
         self.admin(
             &[
-                "patch",
-                "pod",
-                name,
-                "-n",
-                namespace,
+                "apply",
+                "--server-side",
                 "--subresource=status",
-                "--type=merge",
-                "-p",
-                &patch,
+                "--force-conflicts",
+                "--field-manager=kubelet",
+                "-f",
+                "-",
             ],
-            "",
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
         );
+    }
+
+    /// The pod's `status` written as the kubelet writes it: conditions merged by type, so other
+    /// writers' conditions (the agent's gate) stay, as the kubelet's strategic merge keeps them.
+    pub fn write_pod_status(&self, namespace: &str, name: &str, status: &Value) {
+        self.write_pod_statuses(namespace, &[(name.to_string(), status.clone())]);
     }
 }
 

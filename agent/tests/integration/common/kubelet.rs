@@ -64,12 +64,17 @@ impl FakeKubelet {
 /// One pod per entry (name, resource, device ids), in namespace `inference`, container named
 /// after the pod's first word, shaped as the kubelet reports it (topology and CPU ids included).
 pub fn response(pods: &[(&str, &str, &[&str])]) -> ListPodResourcesResponse {
+    response_in("inference", pods)
+}
+
+/// [`response`] with the pods in `namespace`.
+pub fn response_in(namespace: &str, pods: &[(&str, &str, &[&str])]) -> ListPodResourcesResponse {
     ListPodResourcesResponse {
         pod_resources: pods
             .iter()
             .map(|(pod, resource, ids)| PodResources {
                 name: pod.to_string(),
-                namespace: "inference".into(),
+                namespace: namespace.into(),
                 containers: vec![ContainerResources {
                     name: pod.split('-').next().unwrap_or(pod).to_string(),
                     devices: vec![ContainerDevices {

@@ -7,7 +7,6 @@ pub mod container;
 pub mod control_plane;
 pub mod helm;
 pub mod journal;
-pub mod kube;
 pub mod kubelet;
 pub mod kustomize;
 pub mod neuron;

@@ -19,6 +19,7 @@ pub fn rfc3339(unix: f64) -> String {
     .to_string()
 }
 
+#[derive(Default)]
 pub struct PodTimes {
     pub created: f64,
     pub scheduled: f64,

@@ -18,8 +18,8 @@ use nvml_wrapper::{Device, Nvml};
 use super::{symbol, NvmlSource, SinceLast};
 use crate::gpu::health::RECOVERY_ACTIONS;
 use crate::gpu::release::{
-    asked as asked_release, forget_declined, gpus_changed, wanted, Cause, Reattach, Release,
-    RELEASE_ANNOTATION,
+    asked as asked_release, forget_declined, gpus_changed, wanted, Cause, DeclinedAsks, NodeAsks,
+    Reattach, Release, MIG_CONFIG_STATE_LABEL, RELEASE_ANNOTATION,
 };
 use crate::gpu::state::{DeviceRead, GpuFailure, GpuState, Released};
 use mlnode_core::cgroup::{self, CgroupOwner};
@@ -61,9 +61,9 @@ impl Stop {
 /// long to let go of it for a reset.
 pub struct Reopen {
     pub library: PathBuf,
-    /// The node's [`RELEASE_ANNOTATION`] value while set (kept by the node watch; None: no API
-    /// server, or not set).
-    pub asked: Shared<Option<String>>,
+    /// What the node asks of the agent's hold on NVML ([`RELEASE_ANNOTATION`], the MIG manager's
+    /// state), kept by the node watch; nothing without an API server.
+    pub asked: Shared<NodeAsks>,
     /// `nvml.release_for_reset`.
     pub release_for_reset: bool,
     pub release_timeout: Duration,
@@ -120,11 +120,11 @@ enum Leave {
 }
 
 /// Releases not to repeat: the GPUs whose driver-asked release timed out (until their action
-/// changes), and the annotation's (until it is removed).
+/// changes), and the node's requests' (until they go).
 #[derive(Default)]
 struct Declined {
     gpus: BTreeSet<String>,
-    annotation: bool,
+    node: DeclinedAsks,
 }
 
 /// The driver the GPUs NVML lists are bound to.
@@ -219,7 +219,7 @@ fn wait_for_reset(
                 reason,
                 why: format!("the driver asks for {words}"),
                 until: "once the GPU has left the driver and come back",
-                timeout,
+                timeout: Some(timeout),
             }
         }
         Cause::Operator(value) => {
@@ -232,10 +232,24 @@ fn wait_for_reset(
                     "the node's {RELEASE_ANNOTATION} annotation ({value:?}) asks for a release"
                 ),
                 until: "once the annotation is removed",
-                timeout,
+                timeout: Some(timeout),
+            }
+        }
+        Cause::MigManager => {
+            tracing::warn!(gpus = %named, label = MIG_CONFIG_STATE_LABEL, "the GPU Operator's MIG manager is reconfiguring the GPUs: every NVML handle is closed so it can reset them; GPU series are absent until it is done, or after nvml.release_timeout");
+            Released {
+                targets: named.clone(),
+                uuids: uuids.clone(),
+                reason: "MIGReconfiguring",
+                why: format!(
+                    "the GPU Operator's MIG manager is changing the MIG layout ({MIG_CONFIG_STATE_LABEL}=pending)"
+                ),
+                until: "once it is done (the label leaves pending)",
+                timeout: Some(timeout),
             }
         }
     };
+    let mut said_until_restart = false;
     cx.state.update(|state| state.release(released));
     loop {
         if cx.stop.wait(cx.interval) {
@@ -243,8 +257,18 @@ fn wait_for_reset(
         }
         let pci = scan_pci(&cx.pci_devices, pci_said);
         let bound = pci.as_ref().map(|p| p.bound_to(NVIDIA_DRIVER));
-        let asked = reopen.asked.get().is_some();
-        let back = release.observe(bound.as_ref(), asked, Instant::now(), timeout);
+        let asks = reopen.asked.get();
+        let back = release.observe(bound.as_ref(), &asks, Instant::now(), timeout);
+        if release.until_restart && !said_until_restart {
+            said_until_restart = true;
+            tracing::warn!(gpus = %named, label = MIG_CONFIG_STATE_LABEL, "the MIG manager reboots the node: NVML stays released until the agent starts again");
+            cx.state.update(|state| {
+                if let Some(released) = &mut state.released {
+                    released.until = "when the agent starts again after the node's reboot";
+                    released.timeout = None;
+                }
+            });
+        }
         cx.state.update(|state| {
             state.pci = pci;
             // The thread is alive and keeping its word: not a stalled sampler.
@@ -264,11 +288,16 @@ fn wait_for_reset(
                 tracing::info!(gpus = %named, annotation = RELEASE_ANNOTATION, "the annotation was removed: NVML is taken back");
                 return true;
             }
+            Some(Reattach::Reconfigured) => {
+                tracing::info!(gpus = %named, label = MIG_CONFIG_STATE_LABEL, state = asks.mig_config_state.as_deref().unwrap_or("(removed)"), "the MIG manager is done: NVML is taken back");
+                return true;
+            }
             Some(Reattach::TimedOut) => {
                 tracing::warn!(gpus = %named, timeout = ?timeout, "no reset seen within nvml.release_timeout: NVML is taken back, and not let go again for these GPUs until what asked for it changes");
                 match release.cause {
                     Cause::Driver(_) => declined.gpus.extend(uuids),
-                    Cause::Operator(_) => declined.annotation = true,
+                    Cause::Operator(_) => declined.node.annotation = true,
+                    Cause::MigManager => declined.node.mig = true,
                 }
                 return true;
             }
@@ -327,16 +356,13 @@ fn sample_session(
                 }
                 // The driver's requests only with `nvml.release_for_reset`; the annotation's always.
                 forget_declined(&reads, &mut declined.gpus);
-                let asked = reopen.asked.get();
-                declined.annotation &= asked.is_some();
+                let asks = reopen.asked.get();
+                declined.node.forget_gone(&asks);
                 let release = reopen
                     .release_for_reset
                     .then(|| wanted(&reads, &declined.gpus, Instant::now()))
                     .flatten()
-                    .or_else(|| {
-                        let value = asked.filter(|_| !declined.annotation)?;
-                        Some(asked_release(&reads, value, Instant::now()))
-                    });
+                    .or_else(|| asked_release(&reads, &asks, &declined.node, Instant::now()));
                 let at = Instant::now();
                 state.update(|state| {
                     if state.failing.take().is_some() {
