@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use common::cluster_node::ClusterNode;
-use common::pods::{kubelet_event, vllm_pod, PodTimes};
+use common::pods::{bound_vllm_pod, in_namespace, kubelet_event, unix, vllm_pod, PodTimes};
 
 const PODS: usize = 110;
 
@@ -51,11 +51,7 @@ fn rss_mib(pid: u32) -> f64 {
 /// The pod's moments as the kubelet records them, all at its creation (the server's clock):
 /// what is measured here is the agent's cost per startup, not the phases.
 fn times(created: &Value, ready: bool) -> PodTimes {
-    let at = humantime::parse_rfc3339(created.as_str().unwrap())
-        .unwrap()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
+    let at = unix(created);
     PodTimes {
         created: at,
         scheduled: at,
@@ -88,15 +84,14 @@ fn main() {
     let started = Instant::now();
     let mut startups = 0;
     for round in 0..rounds {
-        let names: Vec<String> = (0..PODS).map(|i| format!("vllm-{round}-{i}")).collect();
-        let pods: Vec<Value> = names
-            .iter()
-            .map(|name| {
-                // Its status is the kubelet's to write, below.
-                let mut pod = vllm_pod("", name, "/var/lib/models/llama", &PodTimes::default());
-                pod["spec"]["nodeName"] = json!(node.name());
-                pod.as_object_mut().unwrap().remove("status");
-                pod
+        // Their statuses are the kubelet's to write, below.
+        let pods: Vec<Value> = (0..PODS)
+            .map(|i| {
+                bound_vllm_pod(
+                    &format!("vllm-{round}-{i}"),
+                    "/var/lib/models/llama",
+                    node.name(),
+                )
             })
             .collect();
         let created = control_plane.create_pods(&node.inference, &pods);
@@ -104,7 +99,7 @@ fn main() {
             .iter()
             .map(|pod| {
                 let t = times(&pod["metadata"]["creationTimestamp"], false);
-                let mut event = kubelet_event(
+                let event = kubelet_event(
                     pod["metadata"]["uid"].as_str().unwrap(),
                     pod["metadata"]["name"].as_str().unwrap(),
                     "Pulled",
@@ -112,9 +107,7 @@ fn main() {
                     Some("spec.containers{vllm}"),
                     t.started,
                 );
-                event["metadata"]["namespace"] = json!(node.inference);
-                event["involvedObject"]["namespace"] = json!(node.inference);
-                event
+                in_namespace(event, &node.inference)
             })
             .collect();
         control_plane.admin(

@@ -219,8 +219,6 @@ fn strip_download_suffix(name: &str) -> &str {
         .unwrap_or(name)
 }
 
-/// Opens and reads (our own hashing among them) change nothing; metadata changes such as atime
-/// do not change content. What remains can.
 /// What an event asks before the first verification has mapped files to events (no [`Router`]
 /// yet): a lost event or any change in the model means the verification must look at everything;
 /// a change in the manifest's folder outside `root` (where other files may live: a ConfigMap's
@@ -247,7 +245,9 @@ pub fn before_first_verification(
     })
 }
 
-pub fn changes_content(kind: &EventKind) -> bool {
+/// Opens and reads (our own hashing among them) change nothing; metadata changes such as atime
+/// do not change content. What remains can.
+fn changes_content(kind: &EventKind) -> bool {
     match kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
         EventKind::Access(_) => false,

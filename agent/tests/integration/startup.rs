@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::agent::sample;
 use common::cluster_node::ClusterNode;
-use common::pods::{kubelet_event, vllm_pod, PodTimes};
+use common::pods::{bound_vllm_pod, in_namespace, kubelet_event, unix, vllm_pod, PodTimes};
 use common::PlainModel;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use mlnode_agent::startup::phases::{compute, Phase};
@@ -205,12 +205,7 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let root = model.root().display().to_string();
     // The pods as their ReplicaSet creates them, bound to the node; their times are the server's.
-    let create = |name: &str| {
-        let mut pod = vllm_pod("", name, &root, &times(None));
-        pod["spec"]["nodeName"] = json!(node.name());
-        pod.as_object_mut().unwrap().remove("status");
-        node.put_pod(&pod)
-    };
+    let create = |name: &str| node.put_pod(&bound_vllm_pod(name, &root, node.name()));
     let created = create("vllm-llama-0");
     // A second pod that is deleted before it is ever Ready.
     create("vllm-llama-1");
@@ -234,10 +229,9 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
                 .ok_or_else(String::new)
         },
     );
-    let mut pulled = kubelet_event(&uid, "vllm-llama-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 1.5s (1.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), at + 3.0);
-    pulled["metadata"]["namespace"] = json!(node.inference);
-    pulled["involvedObject"]["namespace"] = json!(node.inference);
-    node.control_plane.create(&pulled);
+    let pulled = kubelet_event(&uid, "vllm-llama-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 1.5s (1.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), at + 3.0);
+    node.control_plane
+        .create(&in_namespace(pulled, &node.inference));
     set_status(&node, "vllm-llama-0", &root, &t);
 
     let config = format!(
@@ -391,15 +385,6 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     );
 }
 
-/// The unix time of an RFC 3339 timestamp the server wrote.
-fn unix(timestamp: &serde_json::Value) -> f64 {
-    humantime::parse_rfc3339(timestamp.as_str().unwrap())
-        .unwrap()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
 /// The pod's status as the kubelet writes it for `t`.
 fn set_status(node: &ClusterNode, name: &str, root: &str, t: &PodTimes) {
     let status = &vllm_pod("", name, root, t)["status"];
@@ -414,15 +399,10 @@ fn startup_report_prints_the_phases_from_the_api() {
     let control_plane = common::needs!(common::control_plane::shared());
     let namespace = control_plane.namespace("inference", json!({}));
     let node = control_plane.unique("node");
-    let mut pod = vllm_pod(
-        "",
-        "vllm-mistral-0",
-        "/var/lib/models/mistral",
-        &times(None),
+    let created = control_plane.create_pod(
+        &namespace,
+        &bound_vllm_pod("vllm-mistral-0", "/var/lib/models/mistral", &node),
     );
-    pod["spec"]["nodeName"] = json!(node);
-    pod.as_object_mut().unwrap().remove("status");
-    let created = control_plane.create_pod(&namespace, &pod);
     let uid = created["metadata"]["uid"].as_str().unwrap();
     let at = unix(&created["metadata"]["creationTimestamp"]);
     let t = PodTimes {
@@ -435,10 +415,8 @@ fn startup_report_prints_the_phases_from_the_api() {
     };
     let status = &vllm_pod(uid, "vllm-mistral-0", "/var/lib/models/mistral", &t)["status"];
     control_plane.write_pod_status(&namespace, "vllm-mistral-0", status);
-    let mut pulled = kubelet_event(uid, "vllm-mistral-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 20.5s (20.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), at + 40.0);
-    pulled["metadata"]["namespace"] = json!(namespace);
-    pulled["involvedObject"]["namespace"] = json!(namespace);
-    control_plane.create(&pulled);
+    let pulled = kubelet_event(uid, "vllm-mistral-0", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 20.5s (20.6s including waiting). Image size: 10234567890 bytes.", Some(MAIN), at + 40.0);
+    control_plane.create(&in_namespace(pulled, &namespace));
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_mlnode-agent"))
         .args(["startup-report", "--node", &node])
         .env("KUBECONFIG", control_plane.kubeconfig())

@@ -19,6 +19,15 @@ pub fn rfc3339(unix: f64) -> String {
     .to_string()
 }
 
+/// The unix time of an RFC 3339 timestamp the server wrote: [`rfc3339`] undone.
+pub fn unix(timestamp: &Value) -> f64 {
+    humantime::parse_rfc3339(timestamp.as_str().unwrap())
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 #[derive(Default)]
 pub struct PodTimes {
     pub created: f64,
@@ -84,6 +93,22 @@ pub fn vllm_pod(uid: &str, name: &str, model_host_path: &str, t: &PodTimes) -> V
             "containerStatuses": [container],
         },
     })
+}
+
+/// A vLLM pod named `name` as its ReplicaSet creates it on a real server, bound to `node`: no
+/// status (the kubelet writes it) and no times (the server sets its creation).
+pub fn bound_vllm_pod(name: &str, model_host_path: &str, node: &str) -> Value {
+    let mut pod = vllm_pod("", name, model_host_path, &PodTimes::default());
+    pod["spec"]["nodeName"] = json!(node);
+    pod.as_object_mut().unwrap().remove("status");
+    pod
+}
+
+/// `event` (as [`kubelet_event`] makes it) about a pod of `namespace`, recorded there.
+pub fn in_namespace(mut event: Value, namespace: &str) -> Value {
+    event["metadata"]["namespace"] = json!(namespace);
+    event["involvedObject"]["namespace"] = json!(namespace);
+    event
 }
 
 /// A core/v1 Event about the pod, as kubelet records it.
