@@ -11,6 +11,13 @@
 //
 //	control-plane --dir STATE --kubeconfig PATH [-- extra kube-apiserver flags]
 //
+// The two can also run as processes of their own, as in a cluster, so that each one's CPU and
+// memory is measured apart and kube-apiserver can be restarted on etcd's data while etcd runs on:
+//
+//	control-plane --dir STATE --etcd-url-file PATH              etcd alone; its client URL written to PATH once ready
+//	control-plane --dir STATE --kubeconfig PATH --etcd URL [--port N] [-- flags]   kube-apiserver alone, on that etcd
+//	control-plane --compact URL                                 that etcd compacted to its head revision
+//
 // STATE keeps etcd's data and the certificates and keys; started again on the same STATE it serves
 // the same objects, and tokens issued before stay valid.
 package main
@@ -32,10 +39,13 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -59,27 +69,43 @@ func main() {
 func run() error {
 	dir := flag.String("dir", "", "folder for etcd's data and the certificates and keys (created if missing)")
 	kubeconfig := flag.String("kubeconfig", "", "where to write the admin kubeconfig once the server is ready")
+	etcdURLFile := flag.String("etcd-url-file", "", "run etcd alone and write its client URL here once it is ready")
+	external := flag.String("etcd", "", "run kube-apiserver alone, on the etcd at this client URL")
+	fixedPort := flag.Int("port", 0, "kube-apiserver's port on 127.0.0.1 (0: a free one), so that a restart keeps its clients' address")
+	compact := flag.String("compact", "", "compact the etcd at this client URL to its head revision, then exit")
 	flag.Parse()
-	if *dir == "" || *kubeconfig == "" {
-		return errors.New("--dir and --kubeconfig are both required")
+	if *compact != "" {
+		return compactToHead(*compact)
+	}
+	if *dir == "" || (*kubeconfig == "") == (*etcdURLFile == "") {
+		return errors.New("--dir and one of --kubeconfig (kube-apiserver) or --etcd-url-file (etcd alone) are required")
 	}
 	state, err := filepath.Abs(*dir)
 	if err != nil {
 		return err
 	}
+	if *etcdURLFile != "" {
+		return serveEtcd(filepath.Join(state, "etcd"), *etcdURLFile)
+	}
 	pki, err := ensurePKI(filepath.Join(state, "pki"))
 	if err != nil {
 		return fmt.Errorf("certificates in %s: %w", state, err)
 	}
-	etcd, etcdURL, err := startEtcd(filepath.Join(state, "etcd"))
-	if err != nil {
-		return fmt.Errorf("etcd: %w", err)
+	etcdURL := *external
+	if etcdURL == "" {
+		etcd, url, err := startEtcd(filepath.Join(state, "etcd"))
+		if err != nil {
+			return fmt.Errorf("etcd: %w", err)
+		}
+		defer etcd.Close()
+		etcdURL = url
 	}
-	defer etcd.Close()
 
-	port, err := freeLoopbackPort()
-	if err != nil {
-		return fmt.Errorf("kube-apiserver port: %w", err)
+	port := *fixedPort
+	if port == 0 {
+		if port, err = freeLoopbackPort(); err != nil {
+			return fmt.Errorf("kube-apiserver port: %w", err)
+		}
 	}
 	args := append([]string{
 		"--bind-address=127.0.0.1",
@@ -278,6 +304,54 @@ func startEtcd(dataDir string) (*embed.Etcd, string, error) {
 		etcd.Close()
 		return nil, "", fmt.Errorf("not ready within %s", readyTimeout)
 	}
+}
+
+// serveEtcd runs etcd alone until SIGTERM or SIGINT, its client URL written (through a rename)
+// to urlFile once it is ready.
+func serveEtcd(dataDir, urlFile string) error {
+	etcd, url, err := startEtcd(dataDir)
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer etcd.Close()
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	partial := urlFile + ".partial"
+	if err := os.WriteFile(partial, []byte(url), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(partial, urlFile); err != nil {
+		return err
+	}
+	select {
+	case <-signals:
+		return nil
+	case err := <-etcd.Err():
+		return fmt.Errorf("etcd: %w", err)
+	}
+}
+
+// compactToHead compacts etcd's history up to its current revision, physically, as
+// kube-apiserver's own compactor does every --etcd-compaction-interval: every watch that asks to
+// resume from an earlier revision is then answered "required revision has been compacted".
+func compactToHead(url string) error {
+	client, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		return fmt.Errorf("etcd at %s: %w", url, err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	head, err := client.Get(ctx, "compact-probe")
+	if err != nil {
+		return fmt.Errorf("etcd at %s: its revision: %w", url, err)
+	}
+	revision := head.Header.Revision
+	if _, err := client.Compact(ctx, revision, clientv3.WithCompactPhysical()); err != nil {
+		return fmt.Errorf("etcd at %s: compaction to %d: %w", url, revision, err)
+	}
+	fmt.Println(revision)
+	return nil
 }
 
 // freeLoopbackPort asks the kernel for a free port on 127.0.0.1; kube-apiserver's own flags take a

@@ -17,6 +17,7 @@ mod dashboards;
 mod dcgm_dashboard;
 mod deploy;
 mod exposition;
+mod fleet;
 mod fuzz;
 mod gpu;
 mod helm;

@@ -40,7 +40,7 @@ pub fn shared() -> Result<&'static ControlPlane, String> {
     }
 }
 
-fn binary() -> Result<PathBuf, String> {
+pub fn binary() -> Result<PathBuf, String> {
     let path = match std::env::var_os("MLNODE_TEST_CONTROL_PLANE") {
         Some(path) => PathBuf::from(path),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/control-plane/control-plane"),
@@ -75,13 +75,7 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
         .stdin(Stdio::null())
         .stdout(output.try_clone().unwrap())
         .stderr(output);
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                .map_err(std::io::Error::from)
-        });
-    }
+    stopped_with_spawner(&mut command);
     let owner = std::thread::Builder::new().name("control-plane".into());
     owner
         .spawn(move || match command.spawn() {
@@ -115,22 +109,25 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let config: Value = serde_saphyr::from_str(&std::fs::read_to_string(&kubeconfig).unwrap())
-        .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
-    let server = config["clusters"][0]["cluster"]["server"]
-        .as_str()
-        .ok_or("no server in the admin kubeconfig")?
-        .to_string();
+    let control_plane = ControlPlane::at(kubeconfig, &dir.join("state"))?;
     eprintln!(
-        "control plane ready at {server} in {:.1} s",
+        "control plane ready at {} in {:.1} s",
+        control_plane.server,
         started.elapsed().as_secs_f64()
     );
-    Ok(ControlPlane {
-        kubeconfig,
-        server,
-        ca: dir.join("state/pki/ca.crt"),
-        next: AtomicU32::new(0),
-    })
+    Ok(control_plane)
+}
+
+/// `command`'s process is sent SIGTERM when the thread that spawns it ends (`PR_SET_PDEATHSIG`),
+/// however the test run ends.
+pub fn stopped_with_spawner(command: &mut Command) {
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)
+        });
+    }
 }
 
 /// Folders of earlier runs whose test process is gone.
@@ -149,6 +146,23 @@ fn remove_stale_runs(runs: &Path) {
 }
 
 impl ControlPlane {
+    /// The control plane whose admin kubeconfig the program wrote at `kubeconfig`, its
+    /// certificates under `state` (its `--dir`).
+    pub fn at(kubeconfig: PathBuf, state: &Path) -> Result<ControlPlane, String> {
+        let config: Value = serde_saphyr::from_str(&std::fs::read_to_string(&kubeconfig).unwrap())
+            .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
+        let server = config["clusters"][0]["cluster"]["server"]
+            .as_str()
+            .ok_or("no server in the admin kubeconfig")?
+            .to_string();
+        Ok(ControlPlane {
+            kubeconfig,
+            server,
+            ca: state.join("pki/ca.crt"),
+            next: AtomicU32::new(0),
+        })
+    }
+
     pub fn server(&self) -> &str {
         &self.server
     }
@@ -431,7 +445,7 @@ pub fn readme_namespace(name: &str) -> Value {
 /// The kinds an install needs for the agent to be confined as in a cluster: its namespace,
 /// identity, RBAC, admission policies, configuration and DaemonSet (the monitoring objects need
 /// prometheus-operator's CRDs and confine nothing).
-const CONFINING_KINDS: &[&str] = &[
+pub const CONFINING_KINDS: &[&str] = &[
     "Namespace",
     "ServiceAccount",
     "ClusterRole",

@@ -2,16 +2,20 @@
 
 pub mod agent;
 pub mod api_proxy;
+pub mod audit;
 pub mod cluster_node;
 pub mod container;
 pub mod control_plane;
+pub mod fleet;
 pub mod helm;
 pub mod journal;
 pub mod kubelet;
 pub mod kustomize;
 pub mod neuron;
 pub mod nvml;
+pub mod own_control_plane;
 pub mod pods;
+pub mod process_stats;
 pub mod prometheus;
 pub mod rdma;
 pub mod wait;
