@@ -5,9 +5,10 @@
 //! applied as users apply them (namespace `mlnode-system`). The server counts what the agents ask
 //! in its audit log (common::audit); its CPU and memory and etcd's are read from the kernel.
 //!
-//! The scenarios of docs/performance.md ("The fleet on a real API server") are methods here, so
-//! the benchmark (agent/benches/fleet.rs, hundreds of agents) and the test (fleet.rs, a handful)
-//! run the same code.
+//! The scenarios of docs/performance.md ("The fleet on a real API server") are written once
+//! (`scenarios.rs`) from the fleet's actions here, so the benchmark (agent/benches/fleet.rs,
+//! hundreds of agents) and the test (fleet.rs, a handful) run the same code; what a phase cost
+//! is read in `measure.rs`, and the server's other clients run from `clients.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,6 +25,14 @@ use super::own_control_plane::OwnControlPlane;
 use super::pods::gated_vllm_pod;
 use super::process_stats::{cpu_seconds, peak_rss_mib, reset_peak};
 use super::PlainModel;
+
+mod clients;
+mod measure;
+mod scenarios;
+
+use clients::{Flood, OtherClient, FLOOD_CLIENTS};
+use measure::{delta, peak_cores, request_p99, sum_of};
+pub use scenarios::{run_scenarios, Timing};
 
 pub const GATE: &str = "mlnode.dev/ModelVerified";
 const NAMESPACE: &str = "mlnode-system";
@@ -72,7 +81,7 @@ pub struct Fleet {
     /// `retired_apiserver_cpu`.
     apiserver_pid: Arc<AtomicU32>,
     retired_apiserver_cpu: f64,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// What one phase cost, as the server and the kernel saw it.
@@ -287,10 +296,10 @@ impl Fleet {
             marks: Vec::new(),
             apiserver_pid,
             retired_apiserver_cpu: 0.0,
-            _dir: dir,
+            dir,
         };
         for name in &names {
-            let home = fleet._dir.path().join(name);
+            let home = fleet.dir.path().join(name);
             std::fs::create_dir_all(&home).unwrap();
             let token = fleet.pod_token(&format!("mlnode-agent-{name}"));
             let model = PlainModel::new();
@@ -751,291 +760,4 @@ impl Fleet {
 
 fn priority_and_fairness_example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/api-priority-and-fairness.yaml")
-}
-
-/// The largest CPU use of the process in any one second, in cores, until `running` is false.
-fn peak_cores(running: &AtomicBool, pid: &AtomicU32) -> f64 {
-    let mut peak: f64 = 0.0;
-    let sample = || {
-        let pid = pid.load(Ordering::Relaxed);
-        (pid, Instant::now(), cpu_seconds(pid))
-    };
-    let mut last = sample();
-    while running.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
-        let now = sample();
-        let elapsed = now.1.duration_since(last.1).as_secs_f64();
-        // A new kube-apiserver is measured from its first sample, not from its start's CPU.
-        if now.0 != last.0 || now.2 < last.2 {
-            last = now;
-        } else if elapsed >= 1.0 {
-            peak = peak.max((now.2 - last.2) / elapsed);
-            last = now;
-        }
-    }
-    peak
-}
-
-/// Another client of the server: reads a node and writes a ConfigMap in turn, each request's
-/// latency kept.
-struct OtherClient {
-    running: Arc<AtomicBool>,
-    latencies: Arc<Mutex<Vec<f64>>>,
-    server: String,
-    ca: Vec<u8>,
-    token: String,
-    node: String,
-}
-
-impl OtherClient {
-    fn run(self) {
-        let agent = client(&self.ca);
-        let auth = format!("Bearer {}", self.token);
-        let mut n = 0u64;
-        while self.running.load(Ordering::Relaxed) {
-            n += 1;
-            let started = Instant::now();
-            let answered = if n.is_multiple_of(2) {
-                agent
-                    .get(&format!("{}/api/v1/nodes/{}", self.server, self.node))
-                    .header("Authorization", &auth)
-                    .call()
-            } else {
-                let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": "other-client", "namespace": "kube-system"}, "data": {"n": n.to_string()}});
-                agent
-                    .patch(&format!(
-                        "{}/api/v1/namespaces/kube-system/configmaps/other-client?fieldManager=other-client&force=true",
-                        self.server
-                    ))
-                    .header("Authorization", &auth)
-                    .content_type("application/apply-patch+yaml")
-                    .send(body.to_string())
-            };
-            // While kube-apiserver restarts there is nothing to answer: not a latency.
-            if answered.is_ok_and(|r| r.status().as_u16() < 500) {
-                self.latencies
-                    .lock()
-                    .unwrap()
-                    .push(started.elapsed().as_secs_f64());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-/// An HTTP client that trusts the server's CA and keeps its connection, as a controller's does.
-fn client(ca: &[u8]) -> ureq::Agent {
-    let tls = ureq::tls::TlsConfig::builder()
-        .root_certs(ureq::tls::RootCerts::new_with_certs(&[
-            ureq::tls::Certificate::from_der(ca).to_owned(),
-        ]))
-        .build();
-    ureq::Agent::config_builder()
-        .tls_config(tls)
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .new_agent()
-}
-
-/// The rest of a large fleet in the agents' priority level: `FLOOD_CLIENTS` clients with the
-/// agents' service account (a token bound to no pod, so no node's) listing every pod from the
-/// watch cache back to back, until `running` is false. A level narrowed to no seat still
-/// dispatches a request when none of its own executes (the queue set never starves a level
-/// outright), so a handful of agents alone seldom meets a 429; a fleet of hundreds does.
-struct Flood {
-    running: Arc<AtomicBool>,
-    server: String,
-    ca: Vec<u8>,
-    token: String,
-}
-
-const FLOOD_CLIENTS: usize = 4;
-
-impl Flood {
-    fn run(self) {
-        let agent = client(&self.ca);
-        let url = format!("{}/api/v1/pods?resourceVersion=0", self.server);
-        let auth = format!("Bearer {}", self.token);
-        while self.running.load(Ordering::Relaxed) {
-            let _ = agent.get(&url).header("Authorization", &auth).call();
-        }
-    }
-}
-
-/// The sum of every series of counter `name` whose labels hold `label`.
-fn sum_of(metrics: &str, name: &str, label: &str) -> f64 {
-    metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
-        .filter(|rest| rest.contains(label))
-        .filter_map(|rest| rest.rsplit_once("} ")?.1.trim().parse::<f64>().ok())
-        .sum::<f64>()
-        // An empty sum is -0.0.
-        + 0.0
-}
-
-/// A counter's increase; a server restarted meanwhile counts from zero.
-fn delta(before: f64, after: f64) -> f64 {
-    if after >= before {
-        after - before
-    } else {
-        after
-    }
-}
-
-/// The bucket bound under which 99% of the requests (but WATCH and CONNECT) the server answered
-/// between the two scrapes fell.
-fn request_p99(before: &str, after: &str) -> Option<f64> {
-    let buckets = |text: &str| {
-        let mut by_bound = BTreeMap::<String, f64>::new();
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("apiserver_request_duration_seconds_bucket{") else {
-                continue;
-            };
-            if rest.contains("verb=\"WATCH\"") || rest.contains("verb=\"CONNECT\"") {
-                continue;
-            }
-            let Some((labels, value)) = rest.rsplit_once("} ") else {
-                continue;
-            };
-            let Some(bound) = labels
-                .split("le=\"")
-                .nth(1)
-                .and_then(|b| b.split('"').next())
-            else {
-                continue;
-            };
-            *by_bound.entry(bound.to_string()).or_default() +=
-                value.trim().parse::<f64>().unwrap_or(0.0);
-        }
-        by_bound
-    };
-    let before = buckets(before);
-    let mut cumulative: Vec<(f64, f64)> = buckets(after)
-        .into_iter()
-        .map(|(bound, count)| {
-            let increase = delta(before.get(&bound).copied().unwrap_or(0.0), count);
-            (bound.parse::<f64>().unwrap_or(f64::INFINITY), increase)
-        })
-        .collect();
-    cumulative.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = cumulative.last()?.1;
-    if total == 0.0 {
-        return None;
-    }
-    cumulative
-        .iter()
-        .find(|(_, count)| *count >= 0.99 * total)
-        .map(|(bound, _)| *bound)
-}
-
-/// How long the scenarios run, and how long any wait may take.
-pub struct Timing {
-    /// Heartbeats each agent writes in the steady phase, which lasts until every one has.
-    pub steady_heartbeats: usize,
-    /// The rollout restarts every agent, one after another, spread over this.
-    pub rollout_within: Duration,
-    /// The most one wait for the fleet may take.
-    pub limit: Duration,
-}
-
-/// The scenarios of docs/performance.md, in order, each one phase: the start, the steady state,
-/// a rollout, a pod churn, kube-apiserver restarted gracefully on etcd's data with a change made
-/// on some nodes during the outage, killed and restarted after etcd was compacted past every
-/// agent's watch position (the change undone during that outage), and Priority and Fairness
-/// pushing back while the pods churn. The agents' processes from the start run to the end but for the rollout's.
-pub fn run_scenarios(fleet: &mut Fleet, timing: &Timing) -> Vec<Phase> {
-    let limit = timing.limit;
-    let mut phases = Vec::new();
-    phases.push(fleet.phase("start", false, |f| {
-        f.start_agents();
-        f.await_verdicts("every verdict after the start", limit);
-    }));
-    let heartbeat = Duration::from_secs_f64(300.0 / fleet.settings.scale);
-    phases.push(fleet.phase("steady", false, |f| {
-        f.await_each_node(
-            "each agent's heartbeats",
-            timing.steady_heartbeats,
-            limit + heartbeat * (timing.steady_heartbeats as u32 + 1),
-            |r| r.verb == "patch" && r.resource == "nodes/status",
-        );
-    }));
-    phases.push(fleet.phase("rollout", true, |f| {
-        let began = Instant::now();
-        let n = f.nodes.len();
-        for i in 0..n {
-            f.restart_agent(i);
-            // The DaemonSet's pace: restarts spread over the window, not waits for a condition.
-            let due = timing.rollout_within.mul_f64((i + 1) as f64 / n as f64);
-            if let Some(ahead) = due.checked_sub(began.elapsed()) {
-                std::thread::sleep(ahead);
-            }
-        }
-        f.await_each_node("every restarted agent listing its pods", 1, limit, |r| {
-            r.verb == "list" && r.resource == "pods"
-        });
-        f.await_verdicts("every verdict after the rollout", limit);
-    }));
-    phases.push(fleet.phase("churn", false, |f| {
-        f.churn_pods();
-        f.await_verdicts("every new pod's gate", limit);
-    }));
-    let watched = fleet.watched_nodes();
-    assert!(!watched.is_empty(), "no agent watches its model's files");
-    let changed: Vec<usize> = watched.into_iter().step_by(10).collect();
-    let verified = move |f: &Fleet, i: usize, value: f64| {
-        let agent = f.nodes[i].agent.as_ref().unwrap();
-        agent.wait_for("the agent's own verdict", limit, |metrics| {
-            sample(
-                metrics,
-                "mlnode_model_cache_verified",
-                &[("model_name", "llama")],
-            ) == Some(value)
-        });
-    };
-    // kube-apiserver restarted with `change` made to each of `changed` during the outage, seen
-    // by its agent, and etcd compacted first with `compact`; then every verdict, and every agent
-    // watching again (a server just started may refuse the first requests: 403 until its
-    // authorizer's informers have synced).
-    let outage = |f: &mut Fleet,
-                  graceful: bool,
-                  compact: bool,
-                  change: fn(&mut Fleet, usize),
-                  verdict: f64| {
-        f.restart_apiserver(graceful, |f| {
-            if compact {
-                f.server.compact();
-            }
-            for &i in &changed {
-                change(f, i);
-                verified(f, i, verdict);
-            }
-        });
-        f.await_verdicts("the verdicts changed during the outage", limit);
-        f.await_each_node("every agent watching again", 1, limit, |r| {
-            r.verb == "watch" && r.resource == "pods" && r.code == 200
-        });
-    };
-    phases.push(fleet.phase("apiserver restart", true, |f| {
-        outage(f, true, false, Fleet::break_model, 0.0)
-    }));
-    // Killed, so no last bookmark brings the agents' positions up to date: the compaction passes
-    // them.
-    phases.push(fleet.phase("compaction", true, |f| {
-        outage(f, false, true, Fleet::repair_model, 1.0)
-    }));
-    phases.push(fleet.phase("push-back", true, |f| {
-        f.narrow_priority_level();
-        f.await_level_closed(limit);
-        f.flooded(|f| {
-            f.churn_pods();
-            f.await_each_node("a 429 for every agent", 1, limit, |r| r.code == 429);
-        });
-        f.widen_priority_level();
-        f.mark("level widened");
-        f.await_verdicts("every verdict once the level is widened", limit);
-    }));
-    phases
 }
