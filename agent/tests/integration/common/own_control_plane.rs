@@ -109,9 +109,9 @@ impl OwnControlPlane {
     }
 
     /// kube-apiserver stopped: with `graceful`, as its static pod is on an upgrade (SIGTERM,
-    /// then its graceful shutdown: every watch ended, the cache's last bookmark sent first, and
-    /// in-flight requests answered); without, as the kernel's OOM killer ends it (SIGKILL:
-    /// connections cut, nothing sent).
+    /// then its graceful shutdown: every watch ended within
+    /// `--shutdown-watch-termination-grace-period`, in-flight requests answered); without, as the
+    /// kernel's OOM killer ends it (SIGKILL: connections cut, nothing sent).
     pub fn stop_apiserver(&mut self, graceful: bool) {
         let mut apiserver = self
             .apiserver

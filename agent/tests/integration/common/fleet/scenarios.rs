@@ -19,7 +19,8 @@ pub struct Timing {
 /// a rollout, a pod churn, kube-apiserver restarted gracefully on etcd's data with a change made
 /// on some nodes during the outage, killed and restarted after etcd was compacted past every
 /// agent's watch position (the change undone during that outage), and Priority and Fairness
-/// pushing back while the pods churn. The agents' processes from the start run to the end but for the rollout's.
+/// pushing back while the pods churn. Each agent runs from the start to the end but for its
+/// restart in the rollout.
 pub fn run_scenarios(fleet: &mut Fleet, timing: &Timing) -> Vec<Phase> {
     let limit = timing.limit;
     let mut phases = Vec::new();
@@ -95,8 +96,8 @@ pub fn run_scenarios(fleet: &mut Fleet, timing: &Timing) -> Vec<Phase> {
     phases.push(fleet.phase("apiserver restart", true, |f| {
         outage(f, true, false, Fleet::break_model, 0.0)
     }));
-    // Killed, so no last bookmark brings the agents' positions up to date: the compaction passes
-    // them.
+    // Killed: the agents' watches are cut, not ended, and etcd is compacted past every position
+    // they hold.
     phases.push(fleet.phase("compaction", true, |f| {
         outage(f, false, true, Fleet::repair_model, 1.0)
     }));
