@@ -14,7 +14,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use common::cluster_node::ClusterNode;
 use common::pods::{bound_vllm_pod, in_namespace, kubelet_event, unix, vllm_pod, PodTimes};
@@ -84,10 +84,7 @@ fn main() {
                 in_namespace(event, &node.inference)
             })
             .collect();
-        control_plane.admin(
-            &["create", "-f", "-"],
-            &json!({"apiVersion": "v1", "kind": "List", "items": events}).to_string(),
-        );
+        control_plane.create(&common::control_plane::list(events));
         let status = |ready: bool| -> Vec<(String, Value)> {
             created
                 .iter()

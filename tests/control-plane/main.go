@@ -316,11 +316,7 @@ func serveEtcd(dataDir, urlFile string) error {
 	defer etcd.Close()
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
-	partial := urlFile + ".partial"
-	if err := os.WriteFile(partial, []byte(url), 0o644); err != nil {
-		return err
-	}
-	if err := os.Rename(partial, urlFile); err != nil {
+	if err := writeThroughRename(urlFile, []byte(url), 0o644); err != nil {
 		return err
 	}
 	select {
@@ -425,9 +421,19 @@ func writeKubeconfig(path, server string, pki pkiFiles) error {
 	if err := clientcmdapi.FlattenConfig(config); err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
+	content, err := clientcmd.Write(*config)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	return writeThroughRename(path, content, 0o600)
+}
+
+// writeThroughRename writes a file that a caller waits for under another name first, so that the
+// caller never reads half of it.
+func writeThroughRename(path string, content []byte, mode os.FileMode) error {
 	partial := path + ".partial"
-	if err := clientcmd.WriteToFile(*config, partial); err != nil {
-		return fmt.Errorf("kubeconfig %s: %w", partial, err)
+	if err := os.WriteFile(partial, content, mode); err != nil {
+		return fmt.Errorf("%s: %w", partial, err)
 	}
 	return os.Rename(partial, path)
 }

@@ -67,6 +67,15 @@ pub fn counts<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Counts {
     counts
 }
 
+/// Requests counted by the node whose agent made them.
+pub fn by_node<'a>(requests: impl IntoIterator<Item = &'a Request>) -> BTreeMap<&'a str, usize> {
+    let mut by_node = BTreeMap::new();
+    for r in requests {
+        *by_node.entry(r.node.as_str()).or_default() += 1;
+    }
+    by_node
+}
+
 /// Reads the audit logs as they grow, each request once: a watch is counted when it starts (its
 /// `ResponseStarted` entry), not when it ends minutes later; any other request when it is
 /// answered.

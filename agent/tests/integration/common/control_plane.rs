@@ -90,14 +90,11 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
     let fail = |why: String| {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(40).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         Err(format!(
             "the control plane {} {why}; its log ({}) ends:\n{}",
             binary.display(),
             log.display(),
-            tail.join("\n")
+            log_tail(&log, 40)
         ))
     };
     while !kubeconfig.exists() {
@@ -116,6 +113,18 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
         started.elapsed().as_secs_f64()
     );
     Ok(control_plane)
+}
+
+/// `items` as one `v1` List, which kubectl creates or applies in one invocation.
+pub fn list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+/// The last `lines` lines of a log file, for a failure message.
+pub fn log_tail(log: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
 /// `command`'s process is sent SIGTERM when the thread that spawns it ends (`PR_SET_PDEATHSIG`),
@@ -202,6 +211,22 @@ impl ControlPlane {
         ok(self.kubectl(args, stdin), args)
     }
 
+    /// An HTTP client that trusts the server's CA, answers every status as a response, and
+    /// keeps its connection for as long as it is used, as a controller's does.
+    pub fn client(&self, timeout: Duration) -> ureq::Agent {
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&[
+                ureq::tls::Certificate::from_der(&self.ca_der()).to_owned(),
+            ]))
+            .build();
+        ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .new_agent()
+    }
+
     /// One request to the API server authenticated by a bearer `token` alone, sent as the agent
     /// sends it (kubectl would read the object first, which the agent may not); the status and
     /// the body.
@@ -213,18 +238,7 @@ impl ControlPlane {
         content_type: &str,
         body: &Value,
     ) -> (u16, Value) {
-        let ca = self.ca_der();
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::new_with_certs(&[
-                ureq::tls::Certificate::from_der(&ca).to_owned(),
-            ]))
-            .build();
-        let agent = ureq::Agent::config_builder()
-            .tls_config(tls)
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
-            .build()
-            .new_agent();
+        let agent = self.client(Duration::from_secs(60));
         let request = ureq::http::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.server))
@@ -254,7 +268,6 @@ impl ControlPlane {
     /// `objects` created or updated by server-side apply, as the admin; Ok with what the server
     /// warned (kubectl prints each `Warning:` header on stderr), Err with its refusal.
     pub fn apply(&self, objects: &[Value]) -> Result<Vec<String>, String> {
-        let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
         let output = self.kubectl(
             &[
                 "apply",
@@ -264,7 +277,7 @@ impl ControlPlane {
                 "-f",
                 "-",
             ],
-            &list.to_string(),
+            &list(objects.to_vec()).to_string(),
         );
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         if output.status.success() {
@@ -278,21 +291,24 @@ impl ControlPlane {
     /// must exist): what the kubelet asks TokenRequest for and projects into the pod. The server
     /// adds the pod's node name as the `authentication.kubernetes.io/node-name` claim.
     pub fn pod_token(&self, namespace: &str, service_account: &str, pod: &str) -> String {
-        self.admin(
+        self.token(
+            namespace,
+            service_account,
             &[
-                "create",
-                "token",
-                service_account,
-                "-n",
-                namespace,
                 "--bound-object-kind=Pod",
                 &format!("--bound-object-name={pod}"),
                 "--duration=1h",
             ],
-            "",
         )
-        .trim()
-        .to_string()
+    }
+
+    /// A token for `service_account` in `namespace` from TokenRequest (`kubectl create token`),
+    /// with `options` (the object it is bound to, its duration); one bound to no pod carries no
+    /// node name.
+    pub fn token(&self, namespace: &str, service_account: &str, options: &[&str]) -> String {
+        let mut args = vec!["create", "token", service_account, "-n", namespace];
+        args.extend(options);
+        self.admin(&args, "").trim().to_string()
     }
 
     /// A kubeconfig with `token` alone, in `dir`: what a pod's client builds from its projected
@@ -507,19 +523,7 @@ impl AgentOnNode {
     /// A token for the same service account bound to no pod, so without the node-name claim: as
     /// before Kubernetes 1.32, or minted by hand.
     pub fn unbound_token(&self, control_plane: &ControlPlane) -> String {
-        control_plane
-            .admin(
-                &[
-                    "create",
-                    "token",
-                    "mlnode-agent",
-                    "-n",
-                    &self.install.namespace,
-                ],
-                "",
-            )
-            .trim()
-            .to_string()
+        control_plane.token(&self.install.namespace, "mlnode-agent", &[])
     }
 
     /// Waits until a status write the policy denies (the kubelet's Ready condition) is denied by
@@ -636,8 +640,7 @@ impl ControlPlane {
             }
             created.push(pod);
         }
-        let list = json!({"apiVersion": "v1", "kind": "List", "items": created});
-        self.admin(&["create", "-f", "-"], &list.to_string());
+        self.create(&list(created));
         self.write_pod_statuses(namespace, &statuses);
         let stored = self.get(&["pods", "-n", namespace]);
         pods.iter()
@@ -678,7 +681,7 @@ impl ControlPlane {
                 "-f",
                 "-",
             ],
-            &json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+            &list(items).to_string(),
         );
     }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::control_plane::{self, stopped_with_spawner, ControlPlane};
+use super::control_plane::{self, log_tail, stopped_with_spawner, ControlPlane};
 
 /// A cold start of kube-apiserver on a loaded 2-core machine takes seconds; this bounds one that
 /// never becomes ready.
@@ -42,15 +42,16 @@ impl OwnControlPlane {
         std::fs::write(&policy, audit_policy).unwrap();
         let url_file = dir.join("etcd.url");
         let _ = std::fs::remove_file(&url_file);
-        let etcd = spawn(
+        let etcd_log = dir.join("etcd.log");
+        let mut etcd = spawn(
             Command::new(&binary)
                 .arg("--dir")
                 .arg(dir.join("state"))
                 .arg("--etcd-url-file")
                 .arg(&url_file),
-            &dir.join("etcd.log"),
+            &etcd_log,
         );
-        let etcd_url = await_file(&url_file, &dir.join("etcd.log"));
+        let etcd_url = await_file(&url_file, &mut etcd, &etcd_log);
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .unwrap()
@@ -102,9 +103,9 @@ impl OwnControlPlane {
             .arg("--")
             .args(&self.apiserver_flags)
             .arg(format!("--audit-log-path={}", audit_log.display()));
-        self.apiserver = Some(spawn(&mut command, &log));
+        let apiserver = self.apiserver.insert(spawn(&mut command, &log));
         self.audit_logs.push(audit_log);
-        await_file(&kubeconfig, &log);
+        await_file(&kubeconfig, apiserver, &log);
         ControlPlane::at(kubeconfig, &self.dir.join("state")).unwrap()
     }
 
@@ -183,22 +184,26 @@ fn spawn(command: &mut Command, log: &Path) -> Child {
 }
 
 /// The file's content once the program has written it (through a rename); panics with the end of
-/// `log` when it has not after [`START_LIMIT`].
-fn await_file(file: &Path, log: &Path) -> String {
+/// `log` when the program exits first, or has not written it after [`START_LIMIT`].
+fn await_file(file: &Path, program: &mut Child, log: &Path) -> String {
     let started = Instant::now();
-    super::wait_until(&format!("{} written", file.display()), START_LIMIT, || {
-        std::fs::read_to_string(file).map_err(|_| {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(30).collect();
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        })
+    let content = super::wait_until(&format!("{} written", file.display()), START_LIMIT, || {
+        if let Ok(Some(status)) = program.try_wait() {
+            panic!(
+                "the control plane program exited ({status}) before writing {}; its log ({}) ends:\n{}",
+                file.display(),
+                log.display(),
+                log_tail(log, 30)
+            );
+        }
+        std::fs::read_to_string(file).map_err(|_| log_tail(log, 30))
     });
     eprintln!(
         "{} after {:.1} s",
         file.display(),
         started.elapsed().as_secs_f64()
     );
-    std::fs::read_to_string(file).unwrap()
+    content
 }
 
 fn terminate(child: &mut Child) {

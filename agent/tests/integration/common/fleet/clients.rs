@@ -12,15 +12,15 @@ use serde_json::json;
 pub(super) struct OtherClient {
     pub(super) running: Arc<AtomicBool>,
     pub(super) latencies: Arc<Mutex<Vec<f64>>>,
+    pub(super) client: ureq::Agent,
     pub(super) server: String,
-    pub(super) ca: Vec<u8>,
     pub(super) token: String,
     pub(super) node: String,
 }
 
 impl OtherClient {
     pub(super) fn run(self) {
-        let agent = client(&self.ca);
+        let agent = &self.client;
         let auth = format!("Bearer {}", self.token);
         let mut n = 0u64;
         while self.running.load(Ordering::Relaxed) {
@@ -55,20 +55,8 @@ impl OtherClient {
     }
 }
 
-/// An HTTP client that trusts the server's CA and keeps its connection, as a controller's does.
-pub(super) fn client(ca: &[u8]) -> ureq::Agent {
-    let tls = ureq::tls::TlsConfig::builder()
-        .root_certs(ureq::tls::RootCerts::new_with_certs(&[
-            ureq::tls::Certificate::from_der(ca).to_owned(),
-        ]))
-        .build();
-    ureq::Agent::config_builder()
-        .tls_config(tls)
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .new_agent()
-}
+/// How long one request of the other clients may take.
+pub(super) const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The rest of a large fleet in the agents' priority level: `FLOOD_CLIENTS` clients with the
 /// agents' service account (a token bound to no pod, so no node's) listing every pod from the
@@ -77,8 +65,8 @@ pub(super) fn client(ca: &[u8]) -> ureq::Agent {
 /// outright), so a handful of agents alone seldom meets a 429; a fleet of hundreds does.
 pub(super) struct Flood {
     pub(super) running: Arc<AtomicBool>,
+    pub(super) client: ureq::Agent,
     pub(super) server: String,
-    pub(super) ca: Vec<u8>,
     pub(super) token: String,
 }
 
@@ -86,7 +74,7 @@ pub(super) const FLOOD_CLIENTS: usize = 4;
 
 impl Flood {
     pub(super) fn run(self) {
-        let agent = client(&self.ca);
+        let agent = &self.client;
         let url = format!("{}/api/v1/pods?resourceVersion=0", self.server);
         let auth = format!("Bearer {}", self.token);
         while self.running.load(Ordering::Relaxed) {

@@ -30,7 +30,7 @@ mod clients;
 mod measure;
 mod scenarios;
 
-use clients::{Flood, OtherClient, FLOOD_CLIENTS};
+use clients::{Flood, OtherClient, CLIENT_TIMEOUT, FLOOD_CLIENTS};
 use measure::{delta, peak_cores, request_p99, sum_of};
 pub use scenarios::{run_scenarios, Timing};
 
@@ -129,15 +129,14 @@ impl Phase {
 
     /// The most requests of `verb` on `resource` answered `code` any one node's agent made.
     pub fn most_by_one_node(&self, verb: &str, resource: &str, code: u16) -> usize {
-        let mut by_node = BTreeMap::<&str, usize>::new();
-        for r in self
-            .requests
-            .iter()
-            .filter(|r| r.verb == verb && r.resource == resource && r.code == code)
-        {
-            *by_node.entry(&r.node).or_default() += 1;
-        }
-        by_node.into_values().max().unwrap_or(0)
+        audit::by_node(
+            self.requests
+                .iter()
+                .filter(|r| r.verb == verb && r.resource == resource && r.code == code),
+        )
+        .into_values()
+        .max()
+        .unwrap_or(0)
     }
 
     /// The mean time between one node's successive requests that `which` selects, over every
@@ -244,42 +243,24 @@ impl Fleet {
             ],
             "",
         );
-        let operator = admin
-            .admin(
-                &[
-                    "create",
-                    "token",
-                    "fleet-operator",
-                    "-n",
-                    "kube-system",
-                    "--duration=6h",
-                ],
-                "",
-            )
-            .trim()
-            .to_string();
+        let operator = admin.token("kube-system", "fleet-operator", &["--duration=6h"]);
         let inference = admin.namespace("inference", json!({}));
         let names: Vec<String> = (0..settings.agents)
             .map(|i| format!("fleet-{i:04}"))
             .collect();
-        let list = |items: Vec<Value>| {
-            json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
-        };
-        admin.admin(
-            &["create", "-f", "-"],
-            &list(
-                names
-                    .iter()
-                    .map(|n| control_plane::node(n, json!({})))
-                    .collect(),
-            ),
-        );
+        admin.create(&control_plane::list(
+            names
+                .iter()
+                .map(|n| control_plane::node(n, json!({})))
+                .collect(),
+        ));
         let daemonset = super::kustomize::daemonset(&objects);
-        let agent_pods: Vec<Value> = names
-            .iter()
-            .map(|n| daemonset_pod(daemonset, n, &format!("mlnode-agent-{n}")))
-            .collect();
-        admin.admin(&["create", "-f", "-"], &list(agent_pods));
+        admin.create(&control_plane::list(
+            names
+                .iter()
+                .map(|n| daemonset_pod(daemonset, n, &format!("mlnode-agent-{n}")))
+                .collect(),
+        ));
         let apiserver_pid = Arc::new(AtomicU32::new(server.apiserver_pid()));
         let mut fleet = Fleet {
             server,
@@ -319,6 +300,7 @@ impl Fleet {
 
     /// A TokenRequest for the agent's service account bound to `pod`, as the kubelet makes it
     /// for the pod's projected volume: the server adds the pod's node as the node-name claim.
+    /// One request, where [`ControlPlane::pod_token`] starts a kubectl for each of hundreds.
     fn pod_token(&self, pod: &str) -> String {
         let (code, answer) = self.request(
             "POST",
@@ -496,8 +478,7 @@ impl Fleet {
 
     /// Waits until [`Fleet::verdicts_missing`] names nothing: polls at most twice a second, each
     /// poll two LISTs of the whole fleet.
-    pub fn await_verdicts(&self, what: &str, limit: Duration) -> Duration {
-        let started = Instant::now();
+    pub fn await_verdicts(&self, what: &str, limit: Duration) {
         let mut polled = Instant::now() - Duration::from_secs(1);
         let mut state = String::new();
         super::wait_until(what, limit, || {
@@ -515,7 +496,6 @@ impl Fleet {
             }
             Err(state.clone())
         });
-        started.elapsed()
     }
 
     /// Each node's gated pods replaced by new ones of the next generation, as a Deployment's
@@ -557,17 +537,15 @@ impl Fleet {
     /// `apiserver_flowcontrol_upper_limit_seats` is 0.
     pub fn await_level_closed(&self, limit: Duration) {
         super::wait_until("the agents' priority level closed", limit, || {
-            let seats = self
-                .server_metrics()
-                .lines()
-                .find(|l| {
-                    l.starts_with("apiserver_flowcontrol_upper_limit_seats{")
-                        && l.contains("priority_level=\"mlnode-agent\"")
-                })
-                .map(str::to_string);
-            match seats {
-                Some(line) if line.ends_with(" 0") => Ok(()),
-                other => Err(format!("{other:?}")),
+            let seats = sample(
+                &self.server_metrics(),
+                "apiserver_flowcontrol_upper_limit_seats",
+                &[("priority_level", "mlnode-agent")],
+            );
+            if seats == Some(0.0) {
+                Ok(())
+            } else {
+                Err(format!("upper limit seats: {seats:?}"))
             }
         });
     }
@@ -575,17 +553,13 @@ impl Fleet {
     /// [`Flood`] for as long as `during` runs.
     pub fn flooded(&mut self, during: impl FnOnce(&mut Fleet)) {
         let running = Arc::new(AtomicBool::new(true));
-        let token = self
-            .admin
-            .admin(&["create", "token", "mlnode-agent", "-n", NAMESPACE], "")
-            .trim()
-            .to_string();
+        let token = self.admin.token(NAMESPACE, "mlnode-agent", &[]);
         let clients: Vec<_> = (0..FLOOD_CLIENTS)
             .map(|_| {
                 let flood = Flood {
                     running: running.clone(),
+                    client: self.admin.client(CLIENT_TIMEOUT),
                     server: self.admin.server().to_string(),
-                    ca: self.admin.ca_der(),
                     token: token.clone(),
                 };
                 std::thread::spawn(move || flood.run())
@@ -660,8 +634,8 @@ impl Fleet {
             let probe = OtherClient {
                 running: running.clone(),
                 latencies: latencies.clone(),
+                client: self.admin.client(CLIENT_TIMEOUT),
                 server: self.admin.server().to_string(),
-                ca: self.admin.ca_der(),
                 token: self.operator.clone(),
                 node: self.nodes[0].name.clone(),
             };
@@ -736,10 +710,7 @@ impl Fleet {
     ) {
         let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
         super::wait_until(what, limit, || {
-            let mut by_node = BTreeMap::<&str, usize>::new();
-            for r in self.recorded().iter().filter(|r| which(r)) {
-                *by_node.entry(&r.node).or_default() += 1;
-            }
+            let by_node = audit::by_node(self.recorded().iter().filter(|r| which(r)));
             let short: Vec<&String> = names
                 .iter()
                 .filter(|n| by_node.get(n.as_str()).copied().unwrap_or(0) < at_least)
