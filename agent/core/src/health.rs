@@ -12,11 +12,22 @@ use std::time::Instant;
 pub type HeldFaults = BTreeMap<String, BTreeSet<u64>>;
 
 /// One reason a device (or its collector) is not fit to serve: the gate's reason (CamelCase, as
-/// Kubernetes reasons are) and a message naming the device and the evidence.
+/// Kubernetes reasons are), a message naming the device and the evidence, and the XID behind it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
     pub reason: String,
     pub message: String,
+    /// The GPU XID that caused the problem or came with it, where there is one: the repair engines
+    /// decide by it (docs/readiness.md, "Repair by the engines clusters run").
+    pub xid: Option<XidCause>,
+}
+
+/// An XID behind a [`Problem`]: one that holds the GPU by itself, or one that held it only by
+/// repeating past `readiness.xid_thresholds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XidCause {
+    pub xid: u64,
+    pub repeated: bool,
 }
 
 impl Problem {
@@ -24,6 +35,29 @@ impl Problem {
         Problem {
             reason: reason.to_string(),
             message,
+            xid: None,
+        }
+    }
+
+    /// The problem with the XID that caused it or came with it; none leaves it as it is.
+    pub fn with_xid(self, xid: Option<u64>) -> Problem {
+        Problem {
+            xid: xid.map(|xid| XidCause {
+                xid,
+                repeated: false,
+            }),
+            ..self
+        }
+    }
+
+    /// The problem of an XID that repeated past its threshold.
+    pub fn with_repeated_xid(self, xid: u64) -> Problem {
+        Problem {
+            xid: Some(XidCause {
+                xid,
+                repeated: true,
+            }),
+            ..self
         }
     }
 }

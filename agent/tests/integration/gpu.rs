@@ -2302,6 +2302,170 @@ fn the_repair_condition_hands_a_faulty_gpu_to_the_repair_engines() {
     );
 }
 
+/// Karpenter's reboot-clearable and fatal XID policies (aws/karpenter-provider-aws v1.15.0
+/// `RepairPolicies()`), as its matcher reports them.
+const REBOOT_CLEARABLE: &str = "`.*XID(46|48|54|62|63|95|109|110|136|140|143|155|156|158).*`";
+const FATAL: &str = "`.*XID(64|74|79|119|120).*`";
+
+/// One fault, what the agent's two conditions say of it, and what Karpenter decides for the repair
+/// condition under 1.15, 1.15 with `RebootForRepair`, and 1.14's legacy policies.
+struct RepairCase {
+    fault: &'static str,
+    cause: fn(&mut Scenario),
+    accelerator_reason: &'static str,
+    repair_reason: &'static str,
+    karpenter: [String; 3],
+}
+
+/// Every GPU fault reason of docs/runbooks.md through the real server and Karpenter's own matcher
+/// (tests/karpenter-repair), each on a node of its own: an XID that caused or came with a fault is
+/// named as eks-node-monitoring-agent names it, so Karpenter repairs after 10 minutes (rebooting a
+/// reboot-clearable one where its gate allows); a fault without one waits for the catch-all's 30.
+/// A heartbeat never moves `lastTransitionTime`, which Karpenter counts from.
+#[test]
+fn karpenter_decides_on_the_repair_condition_by_the_xid_it_names() {
+    let policy = |action: &str, minutes: u32, policy: &str| {
+        format!("{action} after {minutes} min, {policy}")
+    };
+    let legacy = policy("replace", 10, "any reason");
+    let catch_all = [
+        policy("replace", 30, "catch-all"),
+        policy("replace", 30, "catch-all"),
+        legacy.clone(),
+    ];
+    let cases = [
+        RepairCase {
+            fault: "XID 79, then the driver's NODE_REBOOT",
+            cause: |s| {
+                s.set(1, "xid_events", json!([79]));
+                s.set(1, "recovery_action", json!(2));
+            },
+            accelerator_reason: "NodeRebootRequired",
+            repair_reason: "NvidiaXID79Error",
+            karpenter: [
+                policy("replace", 10, FATAL),
+                policy("replace", 10, FATAL),
+                legacy.clone(),
+            ],
+        },
+        RepairCase {
+            fault: "XID 48, then the driver's GPU_RESET",
+            cause: |s| {
+                s.set(1, "xid_events", json!([48]));
+                s.set(1, "recovery_action", json!(1));
+            },
+            accelerator_reason: "GPUResetRequired",
+            repair_reason: "NvidiaXID48Error",
+            karpenter: [
+                policy("replace", 10, REBOOT_CLEARABLE),
+                policy("reboot", 10, REBOOT_CLEARABLE),
+                legacy.clone(),
+            ],
+        },
+        RepairCase {
+            fault: "XID 13 four times within an hour",
+            cause: |s| s.set(1, "xid_events", json!([13, 13, 13, 13])),
+            accelerator_reason: "XIDRepeated",
+            repair_reason: "NvidiaXID13ErrorRepeated",
+            karpenter: catch_all.clone(),
+        },
+        RepairCase {
+            fault: "GPU 1 lost, no XID seen",
+            cause: |s| s.set(1, "lost", json!(true)),
+            accelerator_reason: "GPULost",
+            repair_reason: "GPULost",
+            karpenter: catch_all.clone(),
+        },
+        RepairCase {
+            fault: "a third GPU on the bus",
+            cause: |s| s.add_pci_gpu("0000:c7:00.0"),
+            accelerator_reason: "GPUCountMismatch",
+            repair_reason: "GPUCountMismatch",
+            karpenter: catch_all.clone(),
+        },
+        RepairCase {
+            fault: "the NVLink fabric registration failed",
+            cause: |s| {
+                s.set(
+                    0,
+                    "fabric",
+                    json!({"state": 3, "status": 999, "max_version": 2}),
+                )
+            },
+            accelerator_reason: "FabricFailed",
+            repair_reason: "FabricFailed",
+            karpenter: catch_all.clone(),
+        },
+    ];
+    for case in cases {
+        let mut scenario = Scenario::new(2);
+        let api = common::needs!(ClusterNode::gpu(&["components/repair-condition"]));
+        let boot_id = Path::new("/proc/sys/kernel/random/boot_id");
+        let agent = start_configured(&scenario, (&api.kubeconfig(), api.name()), boot_id, REPAIR);
+        wait_condition_of(
+            "AcceleratedHardwareReady",
+            &agent,
+            &api,
+            "healthy at start",
+            |c| c["status"] == "True",
+        );
+        (case.cause)(&mut scenario);
+        wait_condition(&agent, &api, case.fault, |c| {
+            c["reason"] == case.accelerator_reason
+        });
+        let repair = wait_condition_of("AcceleratedHardwareReady", &agent, &api, case.fault, |c| {
+            c["reason"] == case.repair_reason
+        });
+        assert_eq!(repair["status"], "False", "{}: {repair}", case.fault);
+        let decided =
+            common::karpenter::decisions_for(&api.node(), "AcceleratedHardwareReady").unwrap();
+        let said: Vec<String> = decided.iter().map(common::karpenter::said).collect();
+        assert_eq!(said, case.karpenter, "{}: {repair}", case.fault);
+        let later = wait_condition_of(
+            "AcceleratedHardwareReady",
+            &agent,
+            &api,
+            "a heartbeat",
+            |c| c["lastHeartbeatTime"] != repair["lastHeartbeatTime"],
+        );
+        assert_eq!(
+            (&later["lastTransitionTime"], &later["reason"]),
+            (&repair["lastTransitionTime"], &repair["reason"]),
+            "{}: a heartbeat moves no transition",
+            case.fault
+        );
+    }
+}
+
+/// A required collector that is not running leaves the repair condition Unknown, which no policy of
+/// Karpenter's covers: no engine replaces a node for the agent's own broken install.
+#[test]
+fn karpenter_leaves_a_node_alone_while_the_agent_cannot_see_its_gpus() {
+    let api = common::needs!(ClusterNode::gpu(&["components/repair-condition"]));
+    let agent = Agent::start_with_env(
+        &format!(
+            "models: []\nnvml:\n  enabled: true\n  library: /nonexistent/libnvidia-ml.so.1\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n{REPAIR}"
+        ),
+        &[
+            ("KUBECONFIG", &api.kubeconfig()),
+            ("MLNODE_NODE_NAME", Path::new(api.name())),
+        ],
+    );
+    let repair = wait_condition_of("AcceleratedHardwareReady", &agent, &api, "Unknown", |c| {
+        c["status"] == "Unknown"
+    });
+    assert_eq!(repair["reason"], "CollectorUnavailable");
+    let decided =
+        common::karpenter::decisions_for(&api.node(), "AcceleratedHardwareReady").unwrap();
+    assert_eq!(
+        decided
+            .iter()
+            .map(common::karpenter::said)
+            .collect::<Vec<_>>(),
+        ["nothing"; 3]
+    );
+}
+
 /// Where another writer owns `AcceleratedHardwareReady` (eks-node-monitoring-agent, whose ready
 /// reason and message are those of its cmd/eks-node-monitoring-agent/main.go), the agent never takes
 /// it over: it says why in the log and a Node event, exports the refusal, and keeps writing its own

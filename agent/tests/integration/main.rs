@@ -29,6 +29,7 @@ mod pod_gates;
 mod process_attribution;
 mod rdma;
 mod readiness;
+mod repair_engines;
 mod restart;
 mod scrape;
 mod serve;

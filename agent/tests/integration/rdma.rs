@@ -340,6 +340,45 @@ fn the_repair_condition_hands_a_faulty_fabric_to_the_repair_engines() {
     assert_eq!(api.condition("AcceleratedHardwareReady")["status"], "True");
 }
 
+/// A flapping InfiniBand port (its `link_downed` up by more than `rdma.flap_threshold` within the
+/// window) turns `NetworkingReady` False on the real server, and Karpenter's own matcher
+/// (tests/karpenter-repair) replaces the node after 30 minutes under every policy set: its
+/// `NetworkingReady` policy reads no reason. No heartbeat moves the transition it counts from.
+#[test]
+fn karpenter_replaces_a_node_whose_infiniband_port_flaps_after_thirty_minutes() {
+    let tree = Tree::new();
+    tree.p5();
+    tree.infiniband("mlx5_0", "0000:c1:00.0", "4: ACTIVE", "5: LinkUp", 0);
+    let api = common::needs!(ClusterNode::gpu(WITH_REPAIR));
+    let judged = start_judged(&tree, &api, REPAIR);
+    let networking = |what: &str, check: &dyn Fn(&serde_json::Value) -> bool| {
+        common::wait_until(what, Duration::from_secs(20), || {
+            let condition = api.condition("NetworkingReady");
+            if check(&condition) {
+                Ok(condition)
+            } else {
+                Err(format!("{condition}\n{}", judged.agent.log()))
+            }
+        })
+    };
+    networking("NetworkingReady True", &|c| c["status"] == "True");
+    std::fs::write(tree.port("mlx5_0", 1).join("counters/link_downed"), "5\n").unwrap();
+    let flapping = networking("the port flapping", &|c| c["status"] == "False");
+    assert_eq!(flapping["reason"], "RDMALinkFlapping", "{flapping}");
+    let decided = common::karpenter::decisions_for(&api.node(), "NetworkingReady").unwrap();
+    assert_eq!(
+        decided
+            .iter()
+            .map(common::karpenter::said)
+            .collect::<Vec<_>>(),
+        ["replace after 30 min, any reason"; 3]
+    );
+    let later = networking("a heartbeat", &|c| {
+        c["lastHeartbeatTime"] != flapping["lastHeartbeatTime"]
+    });
+    assert_eq!(later["lastTransitionTime"], flapping["lastTransitionTime"]);
+}
+
 /// Where eks-node-monitoring-agent owns `NetworkingReady`, the agent never writes it (it says why,
 /// once) and keeps writing the repair condition no one else owns.
 #[test]

@@ -175,10 +175,13 @@ fn logged_problems(
                 format!("{xid} ({action}{process})")
             })
             .collect();
-        problems.push(Problem::new(
-            "FatalXID",
-            format!("{name}: the kernel log has XID {} on this boot, which NVIDIA's catalog says needs the GPU reset or the machine restarted", said.join(", ")),
-        ));
+        problems.push(
+            Problem::new(
+                "FatalXID",
+                format!("{name}: the kernel log has XID {} on this boot, which NVIDIA's catalog says needs the GPU reset or the machine restarted", said.join(", ")),
+            )
+            .with_xid(latest(xids.iter().map(|(xid, l)| (xid, &l.last)))),
+        );
     }
     problems
 }
@@ -244,14 +247,18 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
         if cleared {
             continue;
         }
-        let xids: Vec<String> = xids.iter().map(u64::to_string).collect();
-        problems.push(Problem::new(
-            "FatalXID",
-            format!(
-                "{uuid}, not listed by NVML now, reported XID {} before this agent started on this boot",
-                xids.join(", ")
-            ),
-        ));
+        let said: Vec<String> = xids.iter().map(u64::to_string).collect();
+        problems.push(
+            Problem::new(
+                "FatalXID",
+                format!(
+                    "{uuid}, not listed by NVML now, reported XID {} before this agent started on this boot",
+                    said.join(", ")
+                ),
+            )
+            // No times are remembered: the highest number, the newest in NVIDIA's catalog.
+            .with_xid(xids.last().copied()),
+        );
         assessment
             .held
             .insert(uuid.clone(), from_node.faults[uuid].clone());
@@ -331,18 +338,34 @@ fn assess_gpu(
         )),
         None => {}
     }
+    // This agent's own sightings, and what a previous agent on this boot held, as seen when this
+    // one started; the later sighting counts.
+    let mut seen: BTreeMap<u64, Instant> = entry.xid_last_seen.clone();
+    if let (Some(uuid), Some(since)) = (entry.identity.as_ref().map(|i| &i.uuid), from_node.since) {
+        for &xid in from_node.faults.get(uuid).into_iter().flatten() {
+            seen.entry(xid).or_insert(since);
+        }
+    }
     let action = entry.reading.as_ref().and_then(|r| r.recovery_action);
     if let Some(value) = action.filter(|&v| v != 0) {
-        problems.push(match RECOVERY_ACTIONS.iter().find(|(v, ..)| *v == value) {
-            Some((_, _, reason, words)) => Problem::new(
-                reason,
-                format!("the driver asks for {words} of {name} (NVML recovery action {value})"),
-            ),
-            None => Problem::new(
-                "UnknownRecoveryAction",
-                format!("the driver asks for recovery action {value} of {name}, newer than this agent knows: treated as unfit"),
-            ),
-        });
+        // The XID the driver's action followed: the latest of those the catalog links to one.
+        let followed = latest(
+            seen.iter()
+                .filter(|(&xid, _)| catalog(xid).is_some_and(|e| e.recovery_action_linked)),
+        );
+        problems.push(
+            match RECOVERY_ACTIONS.iter().find(|(v, ..)| *v == value) {
+                Some((_, _, reason, words)) => Problem::new(
+                    reason,
+                    format!("the driver asks for {words} of {name} (NVML recovery action {value})"),
+                ),
+                None => Problem::new(
+                    "UnknownRecoveryAction",
+                    format!("the driver asks for recovery action {value} of {name}, newer than this agent knows: treated as unfit"),
+                ),
+            }
+            .with_xid(followed),
+        );
     }
     problems.extend(row_remap_problems(&name, entry, action));
     if let Some(fabric) = entry.reading.as_ref().and_then(|r| r.fabric) {
@@ -374,14 +397,6 @@ fn assess_gpu(
                 .read_at
                 .is_some_and(|read| read >= seen + state.stall_after)
     };
-    // This agent's own sightings, and what a previous agent on this boot held, as seen when this
-    // one started; the later sighting counts.
-    let mut seen: BTreeMap<u64, Instant> = entry.xid_last_seen.clone();
-    if let (Some(uuid), Some(since)) = (entry.identity.as_ref().map(|i| &i.uuid), from_node.since) {
-        for &xid in from_node.faults.get(uuid).into_iter().flatten() {
-            seen.entry(xid).or_insert(since);
-        }
-    }
     let held: BTreeSet<u64> = seen
         .iter()
         .filter(|(&xid, &at)| {
@@ -397,15 +412,27 @@ fn assess_gpu(
         })
         .collect();
     if !holding.is_empty() {
-        problems.push(Problem::new(
-            "FatalXID",
-            format!(
-                "{name} reported XID {}, which NVIDIA's catalog says needs the GPU reset or the machine restarted",
-                holding.join(", ")
-            ),
-        ));
+        problems.push(
+            Problem::new(
+                "FatalXID",
+                format!(
+                    "{name} reported XID {}, which NVIDIA's catalog says needs the GPU reset or the machine restarted",
+                    holding.join(", ")
+                ),
+            )
+            .with_xid(latest(seen.iter().filter(|(xid, _)| held.contains(xid)))),
+        );
     }
     (problems, held)
+}
+
+/// The XID seen last of some sightings (the lower number of two seen at once): a GPU's latest
+/// fault is the one the repair engines are told of, since a later fault is the graver as a rule
+/// (an ECC error, then the GPU off the bus) and the message names every one.
+fn latest<'a>(sightings: impl Iterator<Item = (&'a u64, &'a Instant)>) -> Option<u64> {
+    sightings
+        .max_by(|(a, at_a), (b, at_b)| at_a.cmp(at_b).then(b.cmp(a)))
+        .map(|(&xid, _)| xid)
 }
 
 /// HBM rows (`nvmlDeviceGetRemappedRows`): a failed remapping left a bad row with no spare, so
@@ -449,15 +476,18 @@ pub fn repeated(state: &GpuState, thresholds: &XidThresholds, now: Instant) -> V
                 continue;
             }
             let mnemonic = catalog(*xid).map_or("not in NVIDIA's catalog", |e| e.mnemonic);
-            problems.push(Problem::new(
-                "XIDRepeated",
-                format!(
-                    "{} reported XID {xid} ({mnemonic}) more than {} times within {} (readiness.xid_thresholds): repeats on one GPU call for its diagnostics (NVIDIA's catalog: DCGM diag, then field diagnostics)",
-                    gpu_name(*index, entry),
-                    threshold.count.get(),
-                    humantime::format_duration(window)
-                ),
-            ));
+            problems.push(
+                Problem::new(
+                    "XIDRepeated",
+                    format!(
+                        "{} reported XID {xid} ({mnemonic}) more than {} times within {} (readiness.xid_thresholds): repeats on one GPU call for its diagnostics (NVIDIA's catalog: DCGM diag, then field diagnostics)",
+                        gpu_name(*index, entry),
+                        threshold.count.get(),
+                        humantime::format_duration(window)
+                    ),
+                )
+                .with_repeated_xid(*xid),
+            );
         }
     }
     problems

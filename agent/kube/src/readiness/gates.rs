@@ -1,7 +1,7 @@
 //! The gates, as plain data decided from what the agent knows. Positive polarity: True is good, so
 //! a node-readiness-controller rule (`requiredStatus: True`) or an alert uses them as they are.
 
-use mlnode_core::health::{DeviceKind, Report};
+use mlnode_core::health::{DeviceKind, Report, XidCause};
 use mlnode_core::state::{Readiness, VerifiedBy};
 
 pub const MODEL_CACHE_VERIFIED: &str = "ModelCacheVerified";
@@ -267,7 +267,9 @@ pub fn networking_gate(reports: &[Report]) -> Option<Gate> {
 /// True while the accelerators are healthy, False while a device is at fault (the engine replaces
 /// or reboots the node once it has been False long enough), Unknown while the only trouble is a
 /// required collector that is not running: a fault of the agent's install, which replacing the node
-/// would not mend. Reason and message are `AcceleratorHealthy`'s, without what the agent remembers.
+/// would not mend. The message is `AcceleratorHealthy`'s, without what the agent remembers; the
+/// reason too, unless an XID caused or came with a fault: then it names the XID as
+/// eks-node-monitoring-agent does ([`xid_reason`]), which is what the engines decide by.
 pub fn repair_gate(
     condition_type: &'static str,
     missing_collectors: &[String],
@@ -280,11 +282,34 @@ pub fn repair_gate(
         _ if device_fault => Status::False,
         _ => Status::Unknown,
     };
+    let causes = || {
+        accelerators(reports)
+            .flat_map(|r| &r.problems)
+            .filter_map(|p| p.xid)
+    };
+    // An XID that holds a GPU by itself speaks before one that only repeated past its threshold.
+    let cause = causes().find(|c| !c.repeated).or_else(|| causes().next());
+    let reason = match cause {
+        Some(cause) if status == Status::False => xid_reason(cause),
+        _ => health.reason,
+    };
     Gate {
         condition_type,
         status,
+        reason,
         ..health
     }
+}
+
+/// eks-node-monitoring-agent's reason for a GPU XID, `NvidiaXID[Code]Error` (the EKS user guide,
+/// "Detect node health issues with the EKS node monitoring agent", NVIDIA XID error codes), which
+/// Karpenter's AWS provider matches with `.*XID(…).*` (`RepairPolicies()`, aws/karpenter-provider-aws
+/// v1.15.0 `pkg/cloudprovider/cloudprovider.go`). A repeat past `readiness.xid_thresholds` adds
+/// `Repeated`, so that a single XID 13, which holds nothing, is not what `kubectl describe node` seems
+/// to say; the engines still find the number.
+pub fn xid_reason(cause: XidCause) -> String {
+    let repeated = if cause.repeated { "Repeated" } else { "" };
+    format!("NvidiaXID{}Error{repeated}", cause.xid)
 }
 
 #[cfg(test)]
@@ -499,6 +524,65 @@ pub(crate) mod tests {
         assert_eq!(
             repair_gate("AcceleratedHardwareReady", &[], &gpu(&[])).status,
             Status::True
+        );
+    }
+
+    /// The repair condition names the XID behind a fault as eks-node-monitoring-agent does, whichever
+    /// problem carries it, an XID holding by itself before a repeated one; without one, or while the
+    /// condition is not False, the reason is `AcceleratorHealthy`'s.
+    #[test]
+    fn the_repair_condition_names_the_xid_behind_a_fault() {
+        use mlnode_core::health::Problem;
+        let gpus = |problems: Vec<Problem>| {
+            [Report {
+                devices: 8,
+                problems,
+                ..Report::new(DeviceKind::Gpu)
+            }]
+        };
+        let reason = |problems: Vec<Problem>| {
+            repair_gate("AcceleratedHardwareReady", &[], &gpus(problems)).reason
+        };
+        let count = Problem::new("GPUCountMismatch", "7 on the bus".into());
+        let repeated = Problem::new("XIDRepeated", "XID 13 repeated".into()).with_repeated_xid(13);
+        let reset = Problem::new("GPUResetRequired", "reset GPU 2".into()).with_xid(Some(48));
+        let fatal = Problem::new("FatalXID", "GPU 5 reported XID 79".into()).with_xid(Some(79));
+        assert_eq!(reason(vec![fatal.clone()]), "NvidiaXID79Error");
+        assert_eq!(
+            reason(vec![count.clone(), repeated.clone(), reset, fatal]),
+            "NvidiaXID48Error",
+            "the first XID that holds a GPU by itself"
+        );
+        assert_eq!(
+            reason(vec![count.clone(), repeated.clone()]),
+            "NvidiaXID13ErrorRepeated"
+        );
+        assert_eq!(reason(vec![count.clone()]), "GPUCountMismatch");
+        let unknown = Problem::new("FatalXID", "XID 171".into()).with_xid(Some(171));
+        assert_eq!(
+            reason(vec![unknown]),
+            "NvidiaXID171Error",
+            "a number the catalog lacks still named"
+        );
+        let gate = repair_gate(
+            "AcceleratedHardwareReady",
+            &[],
+            &gpus(vec![count, repeated]),
+        );
+        assert_eq!(
+            (gate.status, gate.message.as_str()),
+            (Status::False, "7 on the bus; XID 13 repeated"),
+            "the message is AcceleratorHealthy's"
+        );
+        assert_eq!(
+            accelerator_gate(
+                &[],
+                &gpus(vec![Problem::new("FatalXID", "m".into()).with_xid(Some(79))]),
+                ""
+            )
+            .reason,
+            "FatalXID",
+            "AcceleratorHealthy keeps the agent's own reasons"
         );
     }
 

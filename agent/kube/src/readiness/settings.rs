@@ -145,9 +145,9 @@ pub struct ReadinessSettings {
 
 /// `readiness.repair_condition`: a condition type that node-repair engines replace or reboot a
 /// node on, written beside `AcceleratorHealthy` with the engine's polarity (False: repair).
-/// Karpenter's AWS provider (`RepairPolicies`, False for 10 min) and EKS node auto repair (Replace
-/// or Reboot after 10 min) act on `AcceleratedHardwareReady`, the type eks-node-monitoring-agent
-/// writes; docs/readiness.md has the sources.
+/// Karpenter's AWS provider (`RepairPolicies`: False for 10 min with a reason naming one of its
+/// XIDs, else 30) and EKS node auto repair act on `AcceleratedHardwareReady`, the type
+/// eks-node-monitoring-agent writes; docs/readiness.md has the sources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 pub enum RepairCondition {
     AcceleratedHardwareReady,

@@ -41,18 +41,11 @@ pub fn shared() -> Result<&'static ControlPlane, String> {
 }
 
 pub fn binary() -> Result<PathBuf, String> {
-    let path = match std::env::var_os("MLNODE_TEST_CONTROL_PLANE") {
-        Some(path) => PathBuf::from(path),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/control-plane/control-plane"),
-    };
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "the control plane (kube-apiserver and etcd) is not built at {}: scripts/test.sh builds it from tests/control-plane with Go",
-            path.display()
-        ))
-    }
+    super::built_program(
+        "MLNODE_TEST_CONTROL_PLANE",
+        "control-plane/control-plane",
+        "the control plane (kube-apiserver and etcd, tests/control-plane)",
+    )
 }
 
 fn start(binary: &Path) -> Result<ControlPlane, String> {

@@ -9,6 +9,7 @@ pub mod control_plane;
 pub mod fleet;
 pub mod helm;
 pub mod journal;
+pub mod karpenter;
 pub mod kubelet;
 pub mod kustomize;
 pub mod neuron;
@@ -44,6 +45,25 @@ macro_rules! needs {
     };
 }
 pub(crate) use needs;
+
+/// A program `scripts/test.sh` builds with Go: at `$env` where set, else at `target/<under_target>`;
+/// Err names `what` and where it builds it from.
+pub fn built_program(env: &str, under_target: &str, what: &str) -> Result<PathBuf, String> {
+    let path = match std::env::var_os(env) {
+        Some(path) => PathBuf::from(path),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../target")
+            .join(under_target),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{what} is not built at {}: scripts/test.sh builds it with Go",
+            path.display()
+        ))
+    }
+}
 
 /// Fails under `CI=true`, else says SKIPPED: see [`needs!`].
 pub fn missing(reason: &str) {

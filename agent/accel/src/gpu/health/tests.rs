@@ -239,6 +239,96 @@ fn a_none_after_the_xid_clears_what_the_driver_links() {
     );
 }
 
+/// Each problem carries the XID behind it, for the repair engines: the driver's action the latest
+/// XID it links to one (XID 43, which it links to none, is passed over), a held XID the latest held,
+/// a repeat its own number, a kernel-log XID the latest logged, and a previous agent's memory of an
+/// unlisted GPU its highest number. A problem no XID came with carries none.
+#[test]
+fn each_problem_carries_the_xid_behind_it() {
+    let t0 = Instant::now();
+    let second = Duration::from_secs(1);
+    let mut state = state(t0);
+    let xids = |state: &GpuState, from_node: &FromNode| -> Vec<(String, Option<u64>)> {
+        assess(state, &XidPolicy::default(), from_node, t0)
+            .problems
+            .into_iter()
+            .map(|p| (p.reason, p.xid.map(|c| c.xid)))
+            .collect()
+    };
+    state.record_xid(0, 48, None, t0);
+    state.record_xid(0, 43, None, t0 + second);
+    state.apply(0, gpu(Some(1)), 1.0, t0 + second * 2);
+    assert_eq!(
+        xids(&state, &FromNode::default()),
+        [
+            ("GPUResetRequired".to_string(), Some(48)),
+            ("FatalXID".to_string(), Some(48))
+        ]
+    );
+    state.record_xid(0, 79, None, t0 + second * 3);
+    state.apply(0, gpu(Some(2)), 1.0, t0 + second * 4);
+    assert_eq!(
+        xids(&state, &FromNode::default()),
+        [
+            ("NodeRebootRequired".to_string(), Some(79)),
+            ("FatalXID".to_string(), Some(79))
+        ],
+        "the latest: the GPU off the bus after its ECC error"
+    );
+    let unlisted = FromNode {
+        since: Some(t0),
+        faults: [("GPU-gone".to_string(), [48, 64].into())].into(),
+        ..FromNode::default()
+    };
+    assert_eq!(
+        xids(&self::state(t0), &unlisted),
+        [("FatalXID".to_string(), Some(64))]
+    );
+
+    let mut quiet = self::state(t0);
+    quiet.apply(0, gpu(Some(1)), 1.0, t0);
+    assert_eq!(
+        xids(&quiet, &FromNode::default()),
+        [("GPUResetRequired".to_string(), None)],
+        "no XID seen: none named"
+    );
+    for i in 0..4 {
+        quiet.record_xid(0, 13, None, t0 + second * i);
+    }
+    let repeats = repeated(&quiet, &XidThresholds::default(), t0 + second * 4);
+    assert_eq!(
+        repeats[0].xid,
+        Some(mlnode_core::health::XidCause {
+            xid: 13,
+            repeated: true
+        })
+    );
+    let logged = with_log(
+        &self::state(t0),
+        &[
+            (
+                "NVRM: Xid (PCI:0000:18:00): 79, pid=77, GPU has fallen off the bus.",
+                t0 + second,
+            ),
+            (
+                "NVRM: Xid (PCI:0000:18:00): 48, pid=77, An uncorrectable double bit error",
+                t0,
+            ),
+        ],
+        &FromNode::default(),
+    );
+    assert_eq!(
+        logged
+            .problems
+            .iter()
+            .map(|p| p.xid.map(|c| c.xid))
+            .collect::<Vec<_>>(),
+        [Some(79)],
+        "{:?}",
+        logged.problems
+    );
+}
+
 /// A driver without the field (None): the catalog alone decides, and nothing clears a held XID.
 #[test]
 fn without_the_field_the_catalog_decides() {
