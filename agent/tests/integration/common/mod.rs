@@ -13,6 +13,7 @@ pub mod karpenter;
 pub mod kubelet;
 pub mod kustomize;
 pub mod neuron;
+pub mod node;
 pub mod nvml;
 pub mod own_control_plane;
 pub mod pods;
