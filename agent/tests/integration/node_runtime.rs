@@ -14,7 +14,7 @@ use common::node::{Runtime, REGISTRY};
 fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount() {
     let programs = common::needs!(common::node::programs());
     let runtime = Runtime::start().unwrap();
-    let digest = runtime.push_image("workload:v1", &[&programs.join("workload")]);
+    let digest = runtime.push_image("workload:v1", &[&programs.join("workload")], "/workload");
     let image = format!("{REGISTRY}/workload:v1");
     // The digest is the registry's manifest's own sha256: what was pushed is what is served.
     let manifest = runtime.crane(&["manifest", &image]);

@@ -25,6 +25,9 @@ pub struct Request {
     /// `pods`, `pods/status`, `nodes/status`, ...
     pub resource: String,
     pub code: u16,
+    /// Who asked, as the server authenticated them, and their groups.
+    pub user: String,
+    pub groups: Vec<String>,
     /// The node its token is bound to: the service-account token's node-name claim, which the
     /// server records in the user's `extra`.
     pub node: String,
@@ -130,6 +133,13 @@ fn first_sight(seen: &mut HashSet<String>, event: &Value) -> Option<Request> {
         verb: event["verb"].as_str().unwrap_or("").to_string(),
         resource,
         code: event["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+        user: event["user"]["username"].as_str().unwrap_or("").to_string(),
+        groups: event["user"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| Some(g.as_str()?.to_string()))
+            .collect(),
         node: event["user"]["extra"]["authentication.kubernetes.io/node-name"][0]
             .as_str()
             .unwrap_or("")

@@ -9,9 +9,9 @@
 //! the run ends; it stops gracefully on SIGTERM.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, OnceLock};
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -56,7 +56,6 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let kubeconfig = dir.join("admin.kubeconfig");
     let log = dir.join("control-plane.log");
-    let (sender, exits) = mpsc::channel::<String>();
     // One open file for both streams, so neither writes over the other.
     let output = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut command = Command::new(binary);
@@ -68,19 +67,7 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
         .stdin(Stdio::null())
         .stdout(output.try_clone().unwrap())
         .stderr(output);
-    stopped_with_spawner(&mut command);
-    let owner = std::thread::Builder::new().name("control-plane".into());
-    owner
-        .spawn(move || match command.spawn() {
-            Err(e) => {
-                let _ = sender.send(format!("could not start: {e}"));
-            }
-            Ok(mut child) => {
-                let status = child.wait();
-                let _ = sender.send(format!("exited: {status:?}"));
-            }
-        })
-        .map_err(|e| e.to_string())?;
+    let mut child = spawn_for_the_run(&mut command).map_err(|e| format!("could not start: {e}"))?;
     let started = Instant::now();
     let fail = |why: String| {
         Err(format!(
@@ -91,8 +78,8 @@ fn start(binary: &Path) -> Result<ControlPlane, String> {
         ))
     };
     while !kubeconfig.exists() {
-        if let Ok(exit) = exits.try_recv() {
-            return fail(exit);
+        if let Ok(Some(status)) = child.try_wait() {
+            return fail(format!("exited: {status}"));
         }
         if started.elapsed() > START_LIMIT {
             return fail(format!("was not ready within {START_LIMIT:?}"));
@@ -120,16 +107,47 @@ pub fn log_tail(log: &Path, lines: usize) -> String {
     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
-/// `command`'s process is sent SIGTERM when the thread that spawns it ends (`PR_SET_PDEATHSIG`),
-/// however the test run ends.
-pub fn stopped_with_spawner(command: &mut Command) {
+/// `command` spawned by a thread that lives as long as the test process, its process sent SIGTERM
+/// when that thread dies (`PR_SET_PDEATHSIG`): a program a test starts, or one shared by the run,
+/// stops with the test process however the run ends, and not when the test's own thread ends.
+pub fn spawn_for_the_run(command: &mut Command) -> std::io::Result<Child> {
+    spawn_for_the_run_ended_by(command, nix::sys::signal::Signal::SIGTERM)
+}
+
+/// [`spawn_for_the_run`], with `signal` sent when the run ends: SIGKILL for a program that
+/// ignores SIGTERM (`unshare --fork` leaves it to its child).
+pub fn spawn_for_the_run_ended_by(
+    command: &mut Command,
+    signal: nix::sys::signal::Signal,
+) -> std::io::Result<Child> {
+    type Spawn = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Spawn>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (sender, requests) = mpsc::channel::<Spawn>();
+        std::thread::Builder::new()
+            .name("spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in requests {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("the spawner thread");
+        Mutex::new(sender)
+    });
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(command, || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                .map_err(std::io::Error::from)
+        std::os::unix::process::CommandExt::pre_exec(command, move || {
+            nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)
         });
     }
+    let (reply, spawned) = mpsc::channel();
+    let taken = std::mem::replace(command, Command::new(""));
+    spawner
+        .lock()
+        .unwrap()
+        .send((taken, reply))
+        .expect("the spawner thread lives as long as the run");
+    spawned.recv().expect("the spawner thread answers")
 }
 
 /// Folders of earlier runs whose test process is gone.

@@ -1,16 +1,23 @@
 //! A node's container runtime, the real one: containerd 2.4 with runc (seccomp on) and the CNCF
 //! registry, built from their Go modules (tests/node, pinned by its go.mod and go.sum) by
-//! scripts/test.sh, running in a network and mount namespace of their own. The machine's `/run`,
-//! links and mounts are left as they were: the namespace gets a `/run` tmpfs and its own loopback,
-//! every mount made in it (the snapshots' overlays, the containers' roots) goes with it, and the
-//! registry listens on the namespace's loopback only. Images are made and pushed with crane
-//! (go-containerregistry). This is the first part of the tests' real node (kubelet next).
+//! scripts/test.sh, running in a mount, network and PID namespace of their own. The machine's
+//! `/run`, `/var/lib`, `/var/log`, kernel settings, links and mounts are left as they were: the
+//! namespace gets tmpfs over those folders, copies over the kernel settings the kubelet writes, its
+//! own loopback and a bridge (`mlnode0`, the node's address), and every mount made in it (the
+//! snapshots' overlays, the containers' roots) goes with it; the registry listens on the
+//! namespace's loopback only. Images are made and pushed with crane (go-containerregistry).
+//! common::node::cluster adds the kubelet and a control plane of its own.
+
+pub mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::control_plane::stopped_with_spawner;
+use nix::sys::signal::Signal;
+
+use super::control_plane::{spawn_for_the_run, spawn_for_the_run_ended_by};
 
 /// Where scripts/test.sh puts the node's programs.
 pub fn programs() -> Result<PathBuf, String> {
@@ -25,24 +32,68 @@ pub fn programs() -> Result<PathBuf, String> {
 /// The registry's address inside the namespace.
 pub const REGISTRY: &str = "127.0.0.1:5000";
 
+/// The node's address: its bridge's, inside the namespace.
+pub const NODE_IP: &str = "10.201.0.1";
+
+/// The kernel settings the kubelet sets at start (pkg/kubelet/cm's setupKernelTunables, with
+/// `protectKernelDefaults: false`): each covered, in the namespace, by a copy of the machine's
+/// value, which the kubelet may write.
+pub const KERNEL_TUNABLES: [&str; 6] = [
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// Every node of this test process gets a number, for its folder and cgroup root.
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
 pub struct Runtime {
     namespace: Child,
+    /// The namespaces' first process (unshare's child, the script): the one whose PID namespace
+    /// is the node's, as unshare itself stays in the machine's.
+    first: u32,
     programs: PathBuf,
-    dir: tempfile::TempDir,
+    dir: PathBuf,
     /// The node's cgroup root, in each of the machine's cgroup v1 hierarchies (the namespace
-    /// shares them): created by runc under it, removed with the node.
+    /// shares them): the containers' cgroups are made under it, and it is removed with the node,
+    /// or by the next test run where the node's test process ended first.
     cgroup_root: String,
 }
 
 impl Runtime {
-    /// containerd and the registry started in namespaces of their own (mount, network, PID: every
-    /// process of the node dies with the namespace's first); a component that does not come up
-    /// fails the test, naming it, with its log's tail. Err: the programs are not built.
+    /// containerd (its CRI off: containers run through its own API) and the registry started in
+    /// namespaces of their own; see [`Runtime::launch`].
     pub fn start() -> Result<Runtime, String> {
+        Runtime::launch(false)
+    }
+
+    /// containerd with its CRI on, for a kubelet: the CNI plugins on the node's bridge, the
+    /// registry's images pulled over plain HTTP, the tests' pause image as the pod sandbox's.
+    pub fn start_for_kubelet() -> Result<Runtime, String> {
+        Runtime::launch(true)
+    }
+
+    /// containerd and the registry in namespaces of their own (mount, network, PID: every process
+    /// of the node dies with the namespace's first, and that one with the test process); a
+    /// component that does not come up fails the test, naming it, with its log's tail. Err: the
+    /// programs are not built.
+    fn launch(cri: bool) -> Result<Runtime, String> {
         let programs = programs()?;
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let at = dir.path().to_path_buf();
-        let at = at.as_path();
+        let runs = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        remove_stale_nodes(runs);
+        let name = format!(
+            "mlnode-test-node-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = runs.join(&name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("kernel"))
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let at = dir.as_path();
         std::fs::write(
             at.join("registry.yml"),
             format!(
@@ -51,19 +102,29 @@ impl Runtime {
             ),
         )
         .map_err(|e| e.to_string())?;
-        // CRI off: this part runs containers through containerd's own API (ctr), no kubelet yet.
         std::fs::write(
             at.join("containerd.toml"),
-            format!(
-                "version = 3\nroot = {root:?}\nstate = {state:?}\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\"]\n[grpc]\n  address = {socket:?}\n",
-                root = at.join("containerd/root").display().to_string(),
-                state = "/run/containerd",
-                socket = at.join("containerd.sock").display().to_string(),
-            ),
+            containerd_config(at, &programs, cri),
         )
         .map_err(|e| e.to_string())?;
+        if cri {
+            write_cni_config(at).map_err(|e| e.to_string())?;
+        }
+        let covers: String = KERNEL_TUNABLES
+            .iter()
+            .map(|tunable| {
+                let copy = at.join("kernel").join(tunable.replace('/', "."));
+                format!(
+                    "cat /proc/sys/{tunable} >{copy}\nmount --bind {copy} /proc/sys/{tunable}\n",
+                    copy = copy.display()
+                )
+            })
+            .collect();
         let script = format!(
-            "set -e\nmount -t tmpfs tmpfs /run\nip link set lo up\nregistry serve {dir}/registry.yml >{dir}/registry.log 2>&1 &\ncontainerd --config {dir}/containerd.toml >{dir}/containerd.log 2>&1 &\nwait\n",
+            "set -e\nmount -t tmpfs tmpfs /run\nmount -t tmpfs tmpfs /var/lib\nmount -t tmpfs tmpfs /var/log\n{covers}\
+             ip link set lo up\nip link add mlnode0 type bridge\nip addr add {NODE_IP}/24 dev mlnode0\nip link set mlnode0 up\n\
+             registry serve {dir}/registry.yml >{dir}/registry.log 2>&1 &\n\
+             containerd --config {dir}/containerd.toml >{dir}/containerd.log 2>&1 &\nwait\n",
             dir = at.display()
         );
         let mut command = Command::new("unshare");
@@ -85,21 +146,16 @@ impl Runtime {
             .env("PATH", path_with(&programs))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        stopped_with_spawner(&mut command);
-        let namespace = command
-            .spawn()
+            .stderr(std::fs::File::create(at.join("namespace.log")).map_err(|e| e.to_string())?);
+        // unshare ignores SIGTERM while its child runs.
+        let namespace = spawn_for_the_run_ended_by(&mut command, Signal::SIGKILL)
             .map_err(|e| format!("unshare (the node's namespace): {e}"))?;
+        let first = first_child(namespace.id());
         let runtime = Runtime {
             namespace,
+            first,
             programs,
-            cgroup_root: format!(
-                "mlnode-test-node-{}",
-                at.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .trim_start_matches('.')
-            ),
+            cgroup_root: name,
             dir,
         };
         let socket = runtime.socket();
@@ -116,16 +172,31 @@ impl Runtime {
         Ok(runtime)
     }
 
-    fn socket(&self) -> String {
-        self.dir
-            .path()
-            .join("containerd.sock")
-            .display()
-            .to_string()
+    /// containerd's socket, which the kubelet and ctr dial.
+    pub fn socket(&self) -> String {
+        self.dir.join("containerd.sock").display().to_string()
     }
 
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        &self.dir
+    }
+
+    pub fn programs(&self) -> &Path {
+        &self.programs
+    }
+
+    /// The node's cgroup root, as the kubelet's `cgroupRoot` names it.
+    pub fn cgroup_root(&self) -> String {
+        format!("/{}", self.cgroup_root)
+    }
+
+    /// The node's cgroup root made in every hierarchy, as a node's init system would have it
+    /// before the kubelet starts (the kubelet refuses a `cgroupRoot` that does not exist).
+    pub fn make_cgroup_root(&self) {
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+            let root = hierarchy.path().join(&self.cgroup_root);
+            std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display()));
+        }
     }
 
     /// The cgroup path for a container of the node: under the node's own root.
@@ -135,19 +206,12 @@ impl Runtime {
 
     /// The node's cgroup root in each hierarchy of the machine, where one exists.
     pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
-        std::fs::read_dir("/sys/fs/cgroup")
-            .map(|hierarchies| {
-                hierarchies
-                    .filter_map(|h| Some(h.ok()?.path().join(&self.cgroup_root)))
-                    .filter(|root| root.is_dir())
-                    .collect()
-            })
-            .unwrap_or_default()
+        cgroup_dirs(&self.cgroup_root)
     }
 
     /// Waits for `probe` to succeed inside the namespace; fails naming `what` with its log's tail.
     fn await_up(&self, what: &str, log: &str, probe: &[&str]) {
-        let log = self.dir.path().join(log);
+        let log = self.dir.join(log);
         super::wait::wait_until(
             &format!("{what} up in the node's namespace"),
             Duration::from_secs(30),
@@ -166,10 +230,31 @@ impl Runtime {
 
     /// A program run inside the node's namespaces, with the node's programs on its PATH.
     pub fn inside(&self, command: &[&str]) -> Output {
-        Command::new("nsenter")
+        self.nsenter(command)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("nsenter {command:?}: {e}"))
+    }
+
+    /// A long-running program of the node started inside its namespaces, its output in `log`
+    /// under the node's folder; it dies with the namespace at the latest.
+    pub fn spawn_inside(&self, command: &[&str], log: &str) -> Child {
+        let output = std::fs::File::create(self.dir.join(log)).unwrap();
+        spawn_for_the_run(
+            self.nsenter(command)
+                .stdin(Stdio::null())
+                .stdout(output.try_clone().unwrap())
+                .stderr(output),
+        )
+        .unwrap_or_else(|e| panic!("nsenter {command:?}: {e}"))
+    }
+
+    fn nsenter(&self, command: &[&str]) -> Command {
+        let mut nsenter = Command::new("nsenter");
+        nsenter
             .args([
                 "-t",
-                &self.namespace.id().to_string(),
+                &self.first.to_string(),
                 "--mount",
                 "--net",
                 // The namespace's /proc is its PID namespace's: a program sees itself there only
@@ -178,10 +263,8 @@ impl Runtime {
                 "--",
             ])
             .args(command)
-            .env("PATH", path_with(&self.programs))
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("nsenter {command:?}: {e}"))
+            .env("PATH", path_with(&self.programs));
+        nsenter
     }
 
     /// `ctr` against the node's containerd; panics with its output if it fails.
@@ -201,11 +284,10 @@ impl Runtime {
     }
 
     /// An image of `files` (each copied to the image's root, executable) pushed to the registry as
-    /// `name`, for linux/amd64; its digest as the registry reports it.
-    pub fn push_image(&self, name: &str, files: &[&Path]) -> String {
+    /// `name`, for linux/amd64, running `entrypoint`; its digest as the registry reports it.
+    pub fn push_image(&self, name: &str, files: &[&Path], entrypoint: &str) -> String {
         let layer = self
             .dir
-            .path()
             .join(format!("{}.layer", name.replace(['/', ':'], "_")));
         std::fs::create_dir_all(&layer).unwrap();
         for file in files {
@@ -223,14 +305,21 @@ impl Runtime {
         checked(&["tar"], output);
         let image = format!("{REGISTRY}/{name}");
         self.crane(&["append", "-f", tar.to_str().unwrap(), "-t", &image]);
-        self.crane(&["mutate", &image, "--set-platform", "linux/amd64"]);
+        self.crane(&[
+            "mutate",
+            &image,
+            "--set-platform",
+            "linux/amd64",
+            "--entrypoint",
+            entrypoint,
+        ]);
         self.crane(&["digest", &image]).trim().to_string()
     }
 
     /// Whether any mount of the machine's own namespace is under the node's folder.
     pub fn host_mounts_under_dir(&self) -> Vec<String> {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let dir = self.dir.path().display().to_string();
+        let dir = self.dir.display().to_string();
         mounts
             .lines()
             .filter(|l| l.contains(&dir))
@@ -245,23 +334,152 @@ impl Drop for Runtime {
         // one of its PID namespace; the mounts go with the last.
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.namespace.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
+            Signal::SIGKILL,
         );
         let _ = self.namespace.wait();
-        // Deepest first: a cgroup goes only once it has no children and no processes.
-        for root in self.cgroup_dirs() {
-            let mut dirs: Vec<PathBuf> = walkdir::WalkDir::new(&root)
-                .into_iter()
-                .filter_map(Result::ok)
-                .filter(|e| e.file_type().is_dir())
-                .map(|e| e.into_path())
-                .collect();
-            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-            for dir in dirs {
-                let _ = std::fs::remove_dir(dir);
-            }
+        remove_cgroup_root(&self.cgroup_root);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The first child of `parent`, once it has forked it.
+fn first_child(parent: u32) -> u32 {
+    super::wait::wait_until(
+        "the node's namespace's first process",
+        Duration::from_secs(10),
+        || {
+            std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+                .ok()
+                .and_then(|children| children.split_whitespace().next()?.parse().ok())
+                .ok_or_else(|| format!("unshare ({parent}) has not forked yet"))
+        },
+    )
+}
+
+/// `root` in each of the machine's cgroup hierarchies, where it exists.
+fn cgroup_dirs(root: &str) -> Vec<PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .map(|hierarchies| {
+            hierarchies
+                .filter_map(|h| Some(h.ok()?.path().join(root)))
+                .filter(|dir| dir.is_dir())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A node's cgroup root removed from every hierarchy, deepest first: a cgroup goes only once it
+/// has no children and no processes.
+fn remove_cgroup_root(root: &str) {
+    for dir in cgroup_dirs(root) {
+        let mut dirs: Vec<PathBuf> = walkdir::WalkDir::new(&dir)
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_dir())
+            .map(|e| e.into_path())
+            .collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// The folders and cgroup roots of nodes whose test process has ended: a node shared by a run
+/// lives until its process exits, which runs no destructor.
+fn remove_stale_nodes(runs: &Path) {
+    let ended = |name: &str| {
+        name.strip_prefix("mlnode-test-node-")
+            .and_then(|rest| rest.split('-').next())
+            .is_some_and(|pid| !Path::new("/proc").join(pid).exists())
+    };
+    let roots = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|hierarchy| {
+            std::fs::read_dir(hierarchy.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        });
+    for root in roots {
+        let name = root.file_name().to_string_lossy().into_owned();
+        if ended(&name) {
+            remove_cgroup_root(&name);
+        }
+    }
+    for entry in std::fs::read_dir(runs).into_iter().flatten().flatten() {
+        if ended(&entry.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// containerd's configuration: its state under the namespace's `/run`, its content and snapshots
+/// in the node's folder; with `cri`, the CRI plugin as a kubelet needs it.
+fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
+    let mut config = format!(
+        "version = 3\nroot = {root:?}\nstate = \"/run/containerd\"\n[grpc]\n  address = {socket:?}\n",
+        root = dir.join("containerd/root").display().to_string(),
+        socket = dir.join("containerd.sock").display().to_string(),
+    );
+    if !cri {
+        config.push_str(
+            "disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\"]\n",
+        );
+        return config;
+    }
+    let registry_hosts = dir.join("registry-hosts");
+    let hosts = registry_hosts.join(REGISTRY);
+    std::fs::create_dir_all(&hosts).unwrap();
+    // containerd's hosts.toml: the registry answers plain HTTP on the namespace's loopback.
+    std::fs::write(
+        hosts.join("hosts.toml"),
+        format!("server = \"http://{REGISTRY}\"\n[host.\"http://{REGISTRY}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+    )
+    .unwrap();
+    config.push_str(&format!(
+        "[plugins.'io.containerd.cri.v1.images']\n  snapshotter = \"overlayfs\"\n\
+         [plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"{REGISTRY}/{PAUSE_IMAGE}\"\n\
+         [plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = {hosts:?}\n\
+         [plugins.'io.containerd.cri.v1.runtime']\n\
+         \x20 # runc cannot raise oom_score_adj: the machine withholds CAP_SYS_RESOURCE.\n\
+         \x20 restrict_oom_score_adj = true\n\
+         [plugins.'io.containerd.cri.v1.runtime'.cni]\n  bin_dirs = [{bin:?}]\n  conf_dir = {conf:?}\n",
+        hosts = registry_hosts.display().to_string(),
+        bin = programs.display().to_string(),
+        conf = dir.join("cni").display().to_string(),
+    ));
+    config
+}
+
+/// The pod sandbox's image, which tests/node/pause's program runs.
+pub const PAUSE_IMAGE: &str = "pause:test";
+
+/// The pods' network: the CNI bridge plugin with host-local addresses (its state in the node's
+/// folder); containerd adds the loopback plugin itself.
+fn write_cni_config(dir: &Path) -> std::io::Result<()> {
+    let conf = dir.join("cni");
+    std::fs::create_dir_all(&conf)?;
+    let network = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "mlnode-test",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": true,
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.88.0.0/24"}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+                "dataDir": dir.join("cni-addresses"),
+            },
+        }],
+    });
+    std::fs::write(conf.join("10-mlnode-test.conflist"), network.to_string())
 }
 
 fn path_with(programs: &Path) -> String {

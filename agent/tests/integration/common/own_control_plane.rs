@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::control_plane::{self, log_tail, stopped_with_spawner, ControlPlane};
+use super::control_plane::{self, log_tail, spawn_for_the_run_ended_by, ControlPlane};
 
 /// A cold start of kube-apiserver on a loaded 2-core machine takes seconds; this bounds one that
 /// never becomes ready.
@@ -145,6 +145,11 @@ impl OwnControlPlane {
             .unwrap()
     }
 
+    /// Its `--dir`: etcd's data, the cluster's CA and the service-account key.
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
     pub fn etcd_pid(&self) -> u32 {
         self.etcd.id()
     }
@@ -174,12 +179,14 @@ impl Drop for OwnControlPlane {
 
 fn spawn(command: &mut Command, log: &Path) -> Child {
     let output = std::fs::File::create(log).unwrap();
-    stopped_with_spawner(command);
     command
         .stdin(Stdio::null())
         .stdout(output.try_clone().unwrap())
-        .stderr(output)
-        .spawn()
+        .stderr(output);
+    // Drop stops them gracefully, kube-apiserver first; at the end of the run (a control plane
+    // shared by it is never dropped) both are killed, since kube-apiserver's graceful stop waits
+    // on an etcd that stops at the same time.
+    spawn_for_the_run_ended_by(command, nix::sys::signal::Signal::SIGKILL)
         .unwrap_or_else(|e| panic!("the control plane program: {e}"))
 }
 

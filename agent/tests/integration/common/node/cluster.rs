@@ -1,0 +1,378 @@
+//! A cluster of one real node for the tests: a control plane of its own (etcd and kube-apiserver,
+//! common::own_control_plane, with an audit log), kube-controller-manager and kube-scheduler beside
+//! it on the machine's loopback, and the node in namespaces of its own (common::node::Runtime):
+//! containerd with its CRI, runc, the CNI bridge and the kubelet, every Kubernetes program from
+//! the control plane's one build (tests/control-plane's subcommands, v1.36.3).
+//!
+//! The controllers act on every object of their server, which is why this cluster has a server of
+//! its own: on the shared one they would make pods for the DaemonSets other tests install on nodes
+//! no kubelet runs, and taint those nodes unreachable.
+//!
+//! The kubelet authenticates as `system:node:mlnode-test-node` with a client certificate in
+//! `system:nodes` signed by the cluster's CA, so the Node authorizer and NodeRestriction judge it;
+//! its own endpoint authenticates and authorizes every request through the server (webhook). It
+//! reaches the server at 127.0.0.1:6443 inside its namespace, through two forwarders that join
+//! the namespace's loopback and the machine's by a unix socket in the node's folder.
+//!
+//! One cluster per test run, started by the first test that asks and shared: each test works in
+//! namespaces of its own. It stops with the test process (every program is spawned for the run:
+//! common::control_plane::spawn_for_the_run), and the next run removes what it left on disk and
+//! in the cgroup hierarchies.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::Runtime;
+use crate::common::control_plane::{self, log_tail, spawn_for_the_run, ControlPlane};
+use crate::common::own_control_plane::OwnControlPlane;
+
+/// The node's name, as the kubelet registers it and its certificate names it.
+pub const NODE: &str = "mlnode-test-node";
+
+/// Where the kubelet and the node's pods reach the API server, inside the node's namespace.
+const APISERVER_IN_NODE: &str = "127.0.0.1:6443";
+
+/// The kubelet registers and reports Ready seconds after it starts; a cold one on a loaded 2-core
+/// machine takes longer.
+const READY_LIMIT: Duration = Duration::from_secs(120);
+
+/// Every request's metadata, once it is answered: who asked what, for the tests that count.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+";
+
+pub struct OneNodeCluster {
+    /// The cluster's admin, on the machine's loopback.
+    pub admin: ControlPlane,
+    pub runtime: Runtime,
+    control_plane: OwnControlPlane,
+    /// The forwarders to the server (one on each side), kube-controller-manager and
+    /// kube-scheduler.
+    _programs: Vec<Child>,
+    kubelet: Mutex<Option<Child>>,
+    /// What the node must leave as it was on the machine, read before it started.
+    machine_before: MachineState,
+}
+
+static SHARED: OnceLock<OneNodeCluster> = OnceLock::new();
+
+/// The run's one-node cluster, started on first use; Err when its programs are not built (see
+/// `needs!`). A component that does not start fails the test, naming it, with its log's tail.
+pub fn shared() -> Result<&'static OneNodeCluster, String> {
+    let binary = control_plane::binary()?;
+    super::programs()?;
+    Ok(SHARED.get_or_init(|| OneNodeCluster::start(&binary)))
+}
+
+impl OneNodeCluster {
+    fn start(binary: &Path) -> OneNodeCluster {
+        let started = Instant::now();
+        let machine_before = MachineState::read();
+        let runtime = Runtime::start_for_kubelet().expect("the node's programs are built");
+        let dir = runtime.dir().to_path_buf();
+        let (control_plane, admin) =
+            OwnControlPlane::start(&dir.join("control-plane"), AUDIT_POLICY, &[])
+                .expect("the control plane is built");
+        let state = control_plane.state();
+        let port = admin.server().rsplit(':').next().unwrap().to_string();
+        let socket = dir.join("apiserver.sock");
+        let mut programs = vec![
+            beside(
+                binary,
+                &[
+                    "--forward",
+                    &format!("unix:{}=tcp:127.0.0.1:{port}", socket.display()),
+                ],
+                &dir.join("forwarder.log"),
+            ),
+            beside(
+                binary,
+                &[
+                    "kube-controller-manager",
+                    &format!("--kubeconfig={}", admin.kubeconfig().display()),
+                    "--leader-elect=false",
+                    "--secure-port=0",
+                    // Each controller with a service account of its own, as kubeadm runs it.
+                    "--use-service-account-credentials=true",
+                    &format!(
+                        "--service-account-private-key-file={}",
+                        state.join("pki/service-account.key").display()
+                    ),
+                    // kube-root-ca.crt in every namespace, which projected tokens mount.
+                    &format!("--root-ca-file={}", state.join("pki/ca.crt").display()),
+                ],
+                &dir.join("controller-manager.log"),
+            ),
+            beside(
+                binary,
+                &[
+                    "kube-scheduler",
+                    &format!("--kubeconfig={}", admin.kubeconfig().display()),
+                    "--leader-elect=false",
+                    "--secure-port=0",
+                ],
+                &dir.join("scheduler.log"),
+            ),
+        ];
+        let binary_path = binary.display().to_string();
+        programs.push(runtime.spawn_inside(
+            &[
+                &binary_path,
+                "--forward",
+                &format!("tcp:{APISERVER_IN_NODE}=unix:{}", socket.display()),
+            ],
+            "apiserver-forwarder.log",
+        ));
+        let credentials = dir.join("kubelet");
+        let output = Command::new(binary)
+            .arg("--dir")
+            .arg(&state)
+            .args([
+                "--node-credentials",
+                NODE,
+                "--server",
+                &format!("https://{APISERVER_IN_NODE}"),
+                "--out",
+            ])
+            .arg(&credentials)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "the node's credentials: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let pause = runtime.programs().join("pause");
+        runtime.push_image(super::PAUSE_IMAGE, &[&pause], "/pause");
+        runtime.make_cgroup_root();
+        std::fs::write(
+            credentials.join("config.json"),
+            kubelet_config(&runtime, &credentials).to_string(),
+        )
+        .unwrap();
+        let cluster = OneNodeCluster {
+            admin,
+            runtime,
+            control_plane,
+            _programs: programs,
+            kubelet: Mutex::new(None),
+            machine_before,
+        };
+        cluster.start_kubelet();
+        cluster.await_node_ready();
+        eprintln!(
+            "the one-node cluster is ready after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        cluster
+    }
+
+    /// The kubelet started (again) on the same folder, credentials and configuration.
+    pub fn start_kubelet(&self) {
+        let mut kubelet = self.kubelet.lock().unwrap();
+        assert!(kubelet.is_none(), "the kubelet is running");
+        let credentials = self.runtime.dir().join("kubelet");
+        let binary = control_plane::binary().unwrap();
+        *kubelet = Some(self.runtime.spawn_inside(
+            &[
+                binary.to_str().unwrap(),
+                "kubelet",
+                &format!("--config={}", credentials.join("config.json").display()),
+                &format!(
+                    "--kubeconfig={}",
+                    credentials.join("kubelet.kubeconfig").display()
+                ),
+                &format!(
+                    "--root-dir={}",
+                    self.runtime.dir().join("kubelet-root").display()
+                ),
+                &format!("--hostname-override={NODE}"),
+                &format!("--node-ip={}", super::NODE_IP),
+                // Its pod startup latency tracker's lines ("Observed pod startup duration").
+                "--v=2",
+            ],
+            "kubelet.log",
+        ));
+    }
+
+    /// Waits for the node's Ready condition to be True; fails with the node's components' logs.
+    pub fn await_node_ready(&self) {
+        crate::common::wait_until(&format!("node {NODE} Ready"), READY_LIMIT, || {
+            match self.node_condition("Ready") {
+                Some(ready) if ready["status"] == "True" => Ok(()),
+                ready => Err(format!("Ready: {ready:?}\n{}", self.logs())),
+            }
+        })
+    }
+
+    /// The Node object, as the admin reads it; None before the kubelet registered it.
+    pub fn node(&self) -> Option<Value> {
+        let output = self.admin.kubectl(&["get", "node", NODE, "-o", "json"], "");
+        output
+            .status
+            .success()
+            .then(|| serde_json::from_slice(&output.stdout).unwrap())
+    }
+
+    /// The node's condition of `kind`, if the node and it exist.
+    pub fn node_condition(&self, kind: &str) -> Option<Value> {
+        self.node()?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind)
+            .cloned()
+    }
+
+    /// The tail of each component's log, for a failure message.
+    pub fn logs(&self) -> String {
+        let dir = self.runtime.dir();
+        [
+            "kubelet.log",
+            "containerd.log",
+            "apiserver-forwarder.log",
+            "namespace.log",
+            "forwarder.log",
+            "controller-manager.log",
+            "scheduler.log",
+        ]
+        .iter()
+        .map(|log| format!("--- {log}:\n{}", log_tail(&dir.join(log), 15)))
+        .collect::<Vec<_>>()
+        .join("\n")
+    }
+
+    /// What the node must leave as it was on the machine, as read before it started.
+    pub fn machine_before(&self) -> &MachineState {
+        &self.machine_before
+    }
+
+    /// Every audit log of the cluster's server so far.
+    pub fn audit_logs(&self) -> &[PathBuf] {
+        self.control_plane.audit_logs()
+    }
+
+    /// A namespace of the cluster's, made for one test, once the service account controller has
+    /// given it the `default` ServiceAccount that admission requires of a pod.
+    pub fn namespace(&self, prefix: &str) -> String {
+        let name = self.admin.unique(prefix);
+        self.admin.admin(&["create", "namespace", &name], "");
+        crate::common::wait_until(
+            &format!("the default ServiceAccount of namespace {name}"),
+            Duration::from_secs(60),
+            || {
+                let output = self
+                    .admin
+                    .kubectl(&["get", "serviceaccount", "default", "-n", &name], "");
+                output
+                    .status
+                    .success()
+                    .then_some(())
+                    .ok_or_else(|| self.logs())
+            },
+        );
+        name
+    }
+}
+
+fn beside(binary: &Path, args: &[&str], log: &Path) -> Child {
+    let output = std::fs::File::create(log).unwrap();
+    spawn_for_the_run(
+        Command::new(binary)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(output.try_clone().unwrap())
+            .stderr(output),
+    )
+    .unwrap_or_else(|e| panic!("{} {args:?}: {e}", binary.display()))
+}
+
+/// What a node could change on the machine and must not: the kernel settings the kubelet
+/// writes, the entries of `/run` (containerd's and runc's state, the pods' network namespaces),
+/// the network links (the node's bridge, the pods' veths), and the cgroup hierarchies' top level
+/// (the kubelet's `kubepods`).
+#[derive(Debug, PartialEq)]
+pub struct MachineState {
+    pub tunables: Vec<(String, String)>,
+    pub run: Vec<String>,
+    pub links: Vec<String>,
+    pub cgroups: Vec<String>,
+}
+
+impl MachineState {
+    pub fn read() -> MachineState {
+        let entries = |dir: &str, only_folders: bool| -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| !only_folders || e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let tunables = super::KERNEL_TUNABLES
+            .iter()
+            .map(|tunable| {
+                let value = std::fs::read_to_string(Path::new("/proc/sys").join(tunable))
+                    .unwrap_or_else(|e| format!("unreadable: {e}"));
+                (tunable.to_string(), value.trim().to_string())
+            })
+            .collect();
+        let cgroups = entries("/sys/fs/cgroup", true)
+            .iter()
+            .flat_map(|hierarchy| {
+                entries(&format!("/sys/fs/cgroup/{hierarchy}"), true)
+                    .into_iter()
+                    // The tests' own nodes' roots come and go with them.
+                    .filter(|name| !name.starts_with("mlnode-test-node-"))
+                    .map(move |name| format!("{hierarchy}/{name}"))
+            })
+            .collect();
+        MachineState {
+            tunables,
+            run: entries("/run", false),
+            links: entries("/sys/class/net", false),
+            cgroups,
+        }
+    }
+}
+
+/// The kubelet's configuration (kubelet.config.k8s.io/v1beta1), as a cluster's node has it where
+/// this machine allows: cgroup v1 through cgroupfs under the node's own root, webhook
+/// authentication and authorization of its endpoint, no read-only port.
+fn kubelet_config(runtime: &Runtime, credentials: &Path) -> Value {
+    json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        // The machine has cgroup v1 only; 1.36's kubelet refuses it unless told.
+        "failCgroupV1": false,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": runtime.cgroup_root(),
+        "containerRuntimeEndpoint": format!("unix://{}", runtime.socket()),
+        "address": super::NODE_IP,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": credentials.join("ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        // The machine's disk is shared with everything else on it: evict only when it is all but
+        // full, not at the default 10 % and 15 % free.
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+    })
+}

@@ -1,0 +1,307 @@
+//! The tests' real node (common::node::cluster): a kubelet that registers with a node's own
+//! certificate and is judged by the Node authorizer, an endpoint that asks the server who may
+//! read it, a pod placed by the real scheduler, pulled from the node's registry, started under
+//! runc with the runtime's default seccomp filter, and probed Ready by the kubelet; and nothing
+//! of it left on the machine's kernel settings, `/run`, links or cgroup hierarchies.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common;
+use common::node::cluster::{MachineState, OneNodeCluster, NODE};
+use common::node::{NODE_IP, REGISTRY};
+
+#[test]
+fn the_kubelet_registers_its_node_as_system_nodes_and_leaves_the_machine_as_it_was() {
+    let cluster = common::needs!(common::node::cluster::shared());
+    let node = cluster.node().expect("the kubelet registered its node");
+    let addresses = node["status"]["addresses"].as_array().unwrap();
+    assert!(
+        addresses
+            .iter()
+            .any(|a| a["type"] == "InternalIP" && a["address"] == NODE_IP),
+        "the node's address is its bridge's: {addresses:?}"
+    );
+    // The server's audit log says who the kubelet was: the node's identity, in system:nodes.
+    let node_status_writers: Vec<(String, Vec<String>)> = common::audit::AuditReader::default()
+        .read(cluster.audit_logs())
+        .into_iter()
+        .filter(|r| r.resource == "nodes/status" && r.is_write())
+        .map(|r| (r.user, r.groups))
+        .collect();
+    assert!(
+        node_status_writers.iter().any(|(user, groups)| *user
+                == format!("system:node:{NODE}")
+                && groups.iter().any(|g| g == "system:nodes")),
+        "the kubelet writes its node's status as system:node:{NODE} in system:nodes: {node_status_writers:?}"
+    );
+    // The Node authorizer lets a node read only what its pods need: no Secret of its choosing.
+    let kubeconfig = cluster.runtime.dir().join("kubelet/kubelet.kubeconfig");
+    let as_node = cluster.runtime.inside(&[
+        "kubectl",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "get",
+        "secrets",
+        "-n",
+        "kube-system",
+    ]);
+    assert!(
+        !as_node.status.success() && String::from_utf8_lossy(&as_node.stderr).contains("Forbidden"),
+        "the node may not list Secrets: {}",
+        String::from_utf8_lossy(&as_node.stderr)
+    );
+
+    // The kubelet's own endpoint: no anonymous reader, and a token only as far as the server's
+    // SubjectAccessReview grants it (nodes/proxy for /pods).
+    let namespace = cluster.namespace("kubelet-endpoint");
+    let granted = "pod-lister";
+    for account in ["nobody", granted] {
+        cluster
+            .admin
+            .admin(&["create", "serviceaccount", "-n", &namespace, account], "");
+    }
+    let role = format!("{namespace}-nodes-proxy");
+    cluster.admin.admin(
+        &[
+            "create",
+            "clusterrole",
+            &role,
+            "--verb=get",
+            "--resource=nodes/proxy",
+        ],
+        "",
+    );
+    cluster.admin.admin(
+        &[
+            "create",
+            "clusterrolebinding",
+            &role,
+            "--clusterrole",
+            &role,
+            &format!("--serviceaccount={namespace}:{granted}"),
+        ],
+        "",
+    );
+    let endpoint = format!("https://{NODE_IP}:10250/pods");
+    let status_for = |token: Option<String>| {
+        let mut curl = vec![
+            "curl".to_string(),
+            "-sk".into(),
+            "-o".into(),
+            "/dev/null".into(),
+            "-w".into(),
+            "%{http_code}".into(),
+        ];
+        if let Some(token) = token {
+            curl.extend(["-H".into(), format!("Authorization: Bearer {token}")]);
+        }
+        curl.push(endpoint.clone());
+        let curl: Vec<&str> = curl.iter().map(String::as_str).collect();
+        String::from_utf8_lossy(&cluster.runtime.inside(&curl).stdout).to_string()
+    };
+    assert_eq!(
+        status_for(None),
+        "401",
+        "no anonymous reader of the kubelet"
+    );
+    assert_eq!(
+        status_for(Some(cluster.admin.token(&namespace, "nobody", &[]))),
+        "403",
+        "a token the server grants nothing on the node"
+    );
+    assert_eq!(
+        status_for(Some(cluster.admin.token(&namespace, granted, &[]))),
+        "200",
+        "a token the server grants nodes/proxy"
+    );
+
+    // The kubelet's kernel settings, the runtime's state, the node's links and the pods' cgroups
+    // all stayed in the node's namespaces and under its cgroup root.
+    assert_eq!(
+        &MachineState::read(),
+        cluster.machine_before(),
+        "the machine as it was before the node started"
+    );
+    let kubepods = format!(
+        "/sys/fs/cgroup/memory{}/kubepods",
+        cluster.runtime.cgroup_root()
+    );
+    assert!(
+        std::path::Path::new(&kubepods).is_dir(),
+        "the kubelet's pods' cgroups under the node's own root, {kubepods}"
+    );
+}
+
+#[test]
+fn a_pod_is_placed_by_the_scheduler_pulled_started_and_probed_ready_by_the_kubelet() {
+    let cluster = common::needs!(common::node::cluster::shared());
+    let programs = cluster.runtime.programs().to_path_buf();
+    let digest = cluster.runtime.push_image(
+        "workload:placed",
+        &[&programs.join("workload")],
+        "/workload",
+    );
+    let image = format!("{REGISTRY}/workload:placed");
+    let model = common::PlainModel::new();
+    // The server runs as a user of its own, as inference images do; the model is readable by all.
+    open_to_all(model.root());
+    let namespace = cluster.namespace("placed");
+    let pod = workload_pod("server", &image, model.root(), 1);
+    cluster
+        .admin
+        .admin(&["create", "-n", &namespace, "-f", "-"], &pod.to_string());
+    let ready = await_pod_ready(cluster, &namespace, "server");
+    assert_eq!(ready["spec"]["nodeName"], NODE);
+    let pod_ip = ready["status"]["podIP"].as_str().unwrap_or_default();
+    assert!(
+        pod_ip.starts_with("10.88.0."),
+        "the pod's address from the CNI bridge's range: {pod_ip:?}"
+    );
+    assert_eq!(
+        ready["status"]["containerStatuses"][0]["imageID"],
+        format!("{image}@{digest}").replacen(":placed", "", 1),
+        "the kubelet reports the image by the registry's digest"
+    );
+
+    let events = events_of(cluster, &namespace, "server");
+    let event = |reason: &str| {
+        events
+            .iter()
+            .find(|e| e["reason"] == reason)
+            .unwrap_or_else(|| panic!("no {reason} event: {events:#?}"))
+            .clone()
+    };
+    assert_eq!(
+        event("Scheduled")["reportingComponent"],
+        "default-scheduler",
+        "the real scheduler placed it"
+    );
+    let pulled = event("Pulled")["message"].as_str().unwrap().to_string();
+    assert!(
+        pulled.starts_with(&format!("Successfully pulled image \"{image}\" in ")),
+        "{pulled}"
+    );
+    event("Started");
+
+    let lines = container_output(cluster, &namespace, "server", "server");
+    let line = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l["event"] == name)
+            .unwrap_or_else(|| panic!("no {name} in the container's output: {lines:?}"))
+            .clone()
+    };
+    assert_eq!(
+        line("started")["seccomp"],
+        "2",
+        "RuntimeDefault: containerd's default filter"
+    );
+    assert_eq!(
+        line("model_loaded")["bytes"],
+        model.files.values().map(|f| f.len() as u64).sum::<u64>()
+    );
+    line("ready");
+    cluster
+        .admin
+        .admin(&["delete", "namespace", &namespace, "--wait=false"], "");
+}
+
+/// The tests' inference server as a pod: non-root, nothing added, RuntimeDefault seccomp, its
+/// model through a read-only hostPath, its readiness endpoint probed every second.
+fn workload_pod(name: &str, image: &str, model: &std::path::Path, ready_after_s: u64) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [{
+                "name": name,
+                "image": image,
+                "args": [
+                    "--model", "/model",
+                    "--listen", "0.0.0.0:8000",
+                    "--ready-after", format!("{ready_after_s}s"),
+                ],
+                "ports": [{"containerPort": 8000}],
+                "readinessProbe": {
+                    "httpGet": {"path": "/health", "port": 8000},
+                    "periodSeconds": 1,
+                },
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [{"name": "model", "mountPath": "/model", "readOnly": true}],
+            }],
+            "volumes": [{
+                "name": "model",
+                "hostPath": {"path": model, "type": "Directory"},
+            }],
+        },
+    })
+}
+
+fn open_to_all(root: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in walkdir::WalkDir::new(root).into_iter().flatten() {
+        let mode = if entry.file_type().is_dir() {
+            0o755
+        } else {
+            0o644
+        };
+        std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+}
+
+/// The pod once the kubelet reports it Ready; fails with its state and the node's logs.
+fn await_pod_ready(cluster: &OneNodeCluster, namespace: &str, name: &str) -> Value {
+    common::wait_until(
+        &format!("pod {namespace}/{name} Ready"),
+        Duration::from_secs(120),
+        || {
+            let pod = cluster.admin.get(&["pod", "-n", namespace, name]);
+            let ready = common::control_plane::condition(&pod, "Ready");
+            if ready["status"] == "True" {
+                Ok(pod)
+            } else {
+                Err(format!("{:#}\n{}", pod["status"], cluster.logs()))
+            }
+        },
+    )
+}
+
+fn events_of(cluster: &OneNodeCluster, namespace: &str, pod: &str) -> Vec<Value> {
+    let events = cluster.admin.get(&[
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        &format!("involvedObject.name={pod}"),
+    ]);
+    events["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The JSON lines a container wrote, from the kubelet's log of it (CRI format: time, stream,
+/// tag, line) under the node's `/var/log/pods`.
+fn container_output(
+    cluster: &OneNodeCluster,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+) -> Vec<Value> {
+    let script = format!("cat /var/log/pods/{namespace}_{pod}_*/{container}/*.log");
+    let output = cluster.runtime.inside(&["sh", "-c", &script]);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.splitn(4, ' ').nth(3))
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// writeNodeCredentials gives node `name` what kubeadm's TLS bootstrap ends with: a client
+// certificate for system:node:<name> in system:nodes, so that the Node authorizer and
+// NodeRestriction judge the kubelet as they judge a cluster's, and a kubeconfig naming it and the
+// cluster's CA. The CA's key stays in the control plane's folder.
+func writeNodeCredentials(pkiDir, name, server, out string) error {
+	caPair, err := tls.LoadX509KeyPair(filepath.Join(pkiDir, "ca.crt"), filepath.Join(pkiDir, "ca.key"))
+	if err != nil {
+		return fmt.Errorf("the cluster's CA in %s: %w", pkiDir, err)
+	}
+	ca, err := x509.ParseCertificate(caPair.Certificate[0])
+	if err != nil {
+		return err
+	}
+	caKey, ok := caPair.PrivateKey.(*ecdsa.PrivateKey)
+	if !ok {
+		return errors.New("the cluster's CA key is not ECDSA")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	der, err := sign(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, &key.PublicKey, ca, caKey)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return err
+	}
+	cert, keyFile := filepath.Join(out, "kubelet.crt"), filepath.Join(out, "kubelet.key")
+	if err := writeCertAndKey(cert, der, keyFile, key); err != nil {
+		return err
+	}
+	caPEM, err := os.ReadFile(filepath.Join(pkiDir, "ca.crt"))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, "ca.crt"), caPEM, 0o644); err != nil {
+		return err
+	}
+	config := clientcmdapi.NewConfig()
+	config.Clusters["mlnode-test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	config.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{ClientCertificate: cert, ClientKey: keyFile}
+	config.Contexts["kubelet"] = &clientcmdapi.Context{Cluster: "mlnode-test", AuthInfo: "kubelet"}
+	config.CurrentContext = "kubelet"
+	content, err := clientcmd.Write(*config)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	return writeThroughRename(filepath.Join(out, "kubelet.kubeconfig"), content, 0o600)
+}
+
+// forward copies every connection accepted on FROM to a new connection to TO, both ways, until
+// killed. The node lives in a network namespace of its own, and a unix socket's path is the one
+// address both it and the machine's loopback can reach: one forwarder on each side joins them.
+func forward(spec string) error {
+	from, to, ok := strings.Cut(spec, "=")
+	if !ok {
+		return fmt.Errorf("--forward %q: want FROM=TO", spec)
+	}
+	fromNetwork, fromAddress, err := endpoint(from)
+	if err != nil {
+		return err
+	}
+	toNetwork, toAddress, err := endpoint(to)
+	if err != nil {
+		return err
+	}
+	if fromNetwork == "unix" {
+		_ = os.Remove(fromAddress) // a socket file left by a forwarder that was killed
+	}
+	listener, err := net.Listen(fromNetwork, fromAddress)
+	if err != nil {
+		return fmt.Errorf("--forward: listening on %s: %w", from, err)
+	}
+	fmt.Printf("control-plane: forwarding %s to %s\n", from, to)
+	for {
+		accepted, err := listener.Accept()
+		if err != nil {
+			return fmt.Errorf("--forward: accepting on %s: %w", from, err)
+		}
+		go func() {
+			defer accepted.Close()
+			dialed, err := net.Dial(toNetwork, toAddress)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "control-plane: --forward: %s: %v\n", to, err)
+				return
+			}
+			defer dialed.Close()
+			var copies sync.WaitGroup
+			copies.Add(2)
+			go func() { defer copies.Done(); halfCopy(dialed, accepted) }()
+			go func() { defer copies.Done(); halfCopy(accepted, dialed) }()
+			copies.Wait()
+		}()
+	}
+}
+
+// halfCopy copies one direction, then passes the end of the stream on, so that each side sees the
+// other close as it would without the forwarder.
+func halfCopy(to, from net.Conn) {
+	_, _ = io.Copy(to, from)
+	if closer, ok := to.(interface{ CloseWrite() error }); ok {
+		_ = closer.CloseWrite()
+	} else {
+		_ = to.Close()
+	}
+}
+
+func endpoint(spec string) (network, address string, err error) {
+	network, address, ok := strings.Cut(spec, ":")
+	if !ok || (network != "tcp" && network != "unix") || address == "" {
+		return "", "", fmt.Errorf("--forward: %q is neither tcp:HOST:PORT nor unix:PATH", spec)
+	}
+	return network, address, nil
+}
