@@ -137,6 +137,7 @@ fn the_kubelet_registers_its_node_as_system_nodes_and_leaves_the_machine_as_it_w
 #[test]
 fn a_pod_is_placed_by_the_scheduler_pulled_started_and_probed_ready_by_the_kubelet() {
     let cluster = common::needs!(common::node::cluster::shared());
+    let _node_as_it_is = cluster.sharing();
     let programs = cluster.runtime.programs().to_path_buf();
     let digest = cluster.runtime.push_image(
         "workload:placed",
@@ -206,6 +207,195 @@ fn a_pod_is_placed_by_the_scheduler_pulled_started_and_probed_ready_by_the_kubel
     cluster
         .admin
         .admin(&["delete", "namespace", &namespace, "--wait=false"], "");
+}
+
+#[test]
+fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_honours() {
+    let cluster = common::needs!(common::node::cluster::shared());
+    let objects = common::needs!(common::kustomize::render_with(
+        "overlays/gpu",
+        &[
+            "components/startup-taint",
+            "components/nvidia-runtime-class"
+        ]
+    ));
+    let _node_wide = cluster.exclusive();
+    // A new GPU node as GPU Feature Discovery labels it and Karpenter's startupTaints hold it.
+    cluster.admin.admin(
+        &[
+            "label",
+            "node",
+            NODE,
+            "nvidia.com/gpu.present=true",
+            "--overwrite",
+        ],
+        "",
+    );
+    cluster.admin.admin(
+        &[
+            "taint",
+            "node",
+            NODE,
+            "mlnode.dev/not-ready:NoSchedule",
+            "--overwrite",
+        ],
+        "",
+    );
+    // The user's model where the overlay's hostPath points, and its manifest (README step 2).
+    let model = common::PlainModel::new();
+    let on_node = cluster.runtime.dir().join("models/llama-3.1-8b");
+    for (path, bytes) in &model.files {
+        let file = on_node.join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, bytes).unwrap();
+    }
+    open_to_all(&on_node);
+    let manifest = model.manifest_json("0e9e39f249a16976918f6564b8830bc894c89659", true);
+
+    // An inference pod that does not tolerate the startup taint: the scheduler holds it.
+    let namespace = cluster.namespace("held");
+    let pod = workload_pod(
+        "server",
+        &format!("{REGISTRY}/workload:held"),
+        std::path::Path::new("/var/lib/models/llama-3.1-8b"),
+        0,
+    );
+    let programs = cluster.runtime.programs().to_path_buf();
+    cluster
+        .runtime
+        .push_image("workload:held", &[&programs.join("workload")], "/workload");
+    cluster
+        .admin
+        .admin(&["create", "-n", &namespace, "-f", "-"], &pod.to_string());
+    let held = common::wait_until(
+        "the scheduler refusing the pod the startup taint",
+        Duration::from_secs(60),
+        || {
+            let pod = cluster.admin.get(&["pod", "-n", &namespace, "server"]);
+            let scheduled = common::control_plane::condition(&pod, "PodScheduled");
+            (scheduled["reason"] == "Unschedulable")
+                .then(|| scheduled.clone())
+                .ok_or_else(|| format!("{scheduled}"))
+        },
+    );
+    assert!(
+        held["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("untolerated taint")),
+        "{held}"
+    );
+    // The scheduler does not name the taint: the node's only one is the startup taint.
+    let taints = cluster.node().unwrap()["spec"]["taints"].clone();
+    assert_eq!(
+        taints,
+        json!([{"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}])
+    );
+
+    // The agent installed as the README says, its image from the node's registry, the handler's
+    // RuntimeClass made as the GPU Operator makes it.
+    let image = cluster.agent_image().to_string();
+    let objects: Vec<Value> = objects
+        .into_iter()
+        // The Prometheus Operator's kinds: no operator on this cluster.
+        .filter(|o| {
+            !o["apiVersion"]
+                .as_str()
+                .unwrap()
+                .starts_with("monitoring.coreos.com/")
+        })
+        .map(|mut o| {
+            if o["kind"] == "DaemonSet" {
+                o["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+            }
+            if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-model-manifests" {
+                o["data"]["llama-3.1-8b.json"] = json!(manifest);
+            }
+            o
+        })
+        .collect();
+    cluster.admin.create(&json!({
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia"},
+        "handler": "nvidia",
+    }));
+    cluster.admin.apply(&objects).unwrap();
+    let agent = common::wait_until(
+        "the DaemonSet's pod Ready on the node",
+        Duration::from_secs(180),
+        || {
+            let pods = cluster.admin.get(&[
+                "pods",
+                "-n",
+                "mlnode-system",
+                "-l",
+                "app.kubernetes.io/name=mlnode-agent",
+            ]);
+            let pod = pods["items"].get(0).cloned().unwrap_or(Value::Null);
+            (common::control_plane::condition(&pod, "Ready")["status"] == "True")
+                .then(|| pod.clone())
+                .ok_or_else(|| format!("{:#}\n{}", pod["status"], cluster.logs()))
+        },
+    );
+    assert_eq!(agent["metadata"]["ownerReferences"][0]["kind"], "DaemonSet");
+    assert_eq!(agent["spec"]["nodeName"], NODE);
+    common::wait_until(
+        "the agent lifting its startup taint",
+        Duration::from_secs(60),
+        || {
+            let taints = cluster.node().unwrap()["spec"]["taints"].clone();
+            taints
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|t| t["key"] != "mlnode.dev/not-ready")
+                .then_some(())
+                .ok_or_else(|| format!("{taints}"))
+        },
+    );
+    for condition in ["ModelCacheVerified", "AcceleratorHealthy"] {
+        assert_eq!(
+            cluster.node_condition(condition).unwrap_or_default()["status"],
+            "True",
+            "{condition}: {:?}",
+            cluster.node_condition(condition)
+        );
+    }
+    // The pod the taint held, placed once it was lifted.
+    let ready = await_pod_ready(cluster, &namespace, "server");
+    assert_eq!(ready["spec"]["nodeName"], NODE);
+
+    // The kubelet ran the agent as the manifest says, under the runtime's default seccomp filter:
+    // UID 0 with no capability in any set, no new privileges; and its requests carried the
+    // service-account token the kubelet projected, bound to its pod on this node.
+    let status = cluster.runtime.inside(&[
+        "sh",
+        "-c",
+        "cat /proc/$(pgrep -f 'mlnode-agent serve' | head -n1)/status",
+    ]);
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|| panic!("no {name} in the agent's status: {status}"))
+    };
+    assert_eq!(field("Uid"), "0 0 0 0");
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(field(set), "0000000000000000", "{set}");
+    }
+    assert_eq!(field("NoNewPrivs"), "1");
+    assert_eq!(field("Seccomp"), "2");
+    let agent_requests: Vec<common::audit::Request> = common::audit::AuditReader::default()
+        .read(cluster.audit_logs())
+        .into_iter()
+        .filter(|r| r.user == "system:serviceaccount:mlnode-system:mlnode-agent")
+        .collect();
+    assert!(
+        !agent_requests.is_empty() && agent_requests.iter().all(|r| r.node == NODE),
+        "the agent's requests with its projected token, bound to {NODE}: {agent_requests:?}"
+    );
 }
 
 /// The tests' inference server as a pod: non-root, nothing added, RuntimeDefault seccomp, its

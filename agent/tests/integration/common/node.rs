@@ -35,6 +35,18 @@ pub const REGISTRY: &str = "127.0.0.1:5000";
 /// The node's address: its bridge's, inside the namespace.
 pub const NODE_IP: &str = "10.201.0.1";
 
+/// The `kubernetes` Service's cluster IP (the control plane's `--service-cluster-ip-range`'s
+/// first address), where pods' in-cluster clients dial the server: an address of the node's own,
+/// with no kube-proxy, where a forwarder listens.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+
+/// Folders of the node's filesystem (inside its namespace) and the folders of the node's folder
+/// bound there.
+pub const NODE_FOLDERS: [(&str, &str); 2] = [
+    ("/var/lib/kubelet", "kubelet-root"),
+    ("/var/lib/models", "models"),
+];
+
 /// The kernel settings the kubelet sets at start (pkg/kubelet/cm's setupKernelTunables, with
 /// `protectKernelDefaults: false`): each covered, in the namespace, by a copy of the machine's
 /// value, which the kubelet may write.
@@ -120,9 +132,24 @@ impl Runtime {
                 )
             })
             .collect();
+        // The node's own folders where a node has them: the kubelet's (its pod-resources
+        // socket where the agent's hostPath points) and the model caches', kept in the node's
+        // folder, where the tests write models.
+        let node_folders: String = NODE_FOLDERS
+            .iter()
+            .map(|(path, folder)| {
+                let folder = at.join(folder);
+                std::fs::create_dir_all(&folder).unwrap();
+                format!(
+                    "mkdir -p {path}\nmount --bind {} {path}\n",
+                    folder.display()
+                )
+            })
+            .collect();
         let script = format!(
-            "set -e\nmount -t tmpfs tmpfs /run\nmount -t tmpfs tmpfs /var/lib\nmount -t tmpfs tmpfs /var/log\n{covers}\
-             ip link set lo up\nip link add mlnode0 type bridge\nip addr add {NODE_IP}/24 dev mlnode0\nip link set mlnode0 up\n\
+            "set -e\nmount -t tmpfs tmpfs /run\nmount -t tmpfs tmpfs /var/lib\nmount -t tmpfs tmpfs /var/log\n{covers}{node_folders}\
+             ip link set lo up\nip link add mlnode0 type bridge\nip addr add {NODE_IP}/24 dev mlnode0\n\
+             ip addr add {KUBERNETES_SERVICE_IP}/32 dev mlnode0\nip link set mlnode0 up\n\
              registry serve {dir}/registry.yml >{dir}/registry.log 2>&1 &\n\
              containerd --config {dir}/containerd.toml >{dir}/containerd.log 2>&1 &\nwait\n",
             dir = at.display()
@@ -293,10 +320,19 @@ impl Runtime {
         for file in files {
             std::fs::copy(file, layer.join(file.file_name().unwrap())).unwrap();
         }
-        let tar = layer.with_extension("tar");
+        self.push_layer(name, &layer, &["--entrypoint", entrypoint])
+    }
+
+    /// An image of one layer, the folder `layer` as its root, pushed to the registry as `name`
+    /// for linux/amd64, its configuration set by `config` (crane mutate's flags: `--entrypoint`,
+    /// `--cmd`, `--user`); its digest as the registry reports it.
+    pub fn push_layer(&self, name: &str, layer: &Path, config: &[&str]) -> String {
+        let tar = self
+            .dir
+            .join(format!("{}.tar", name.replace(['/', ':'], "_")));
         let output = Command::new("tar")
             .arg("-C")
-            .arg(&layer)
+            .arg(layer)
             .arg("-cf")
             .arg(&tar)
             .arg(".")
@@ -305,14 +341,10 @@ impl Runtime {
         checked(&["tar"], output);
         let image = format!("{REGISTRY}/{name}");
         self.crane(&["append", "-f", tar.to_str().unwrap(), "-t", &image]);
-        self.crane(&[
-            "mutate",
-            &image,
-            "--set-platform",
-            "linux/amd64",
-            "--entrypoint",
-            entrypoint,
-        ]);
+        let mut mutate = vec!["mutate", &image, "--set-platform", "linux/amd64"];
+        mutate.extend_from_slice(config);
+        self.crane(&mutate);
+        let _ = std::fs::remove_file(tar);
         self.crane(&["digest", &image]).trim().to_string()
     }
 
@@ -430,6 +462,49 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
         );
         return config;
     }
+    // The NVIDIA container toolkit's work as a runtime handler of its own (`nvidia`, as the GPU
+    // Operator installs it): the driver's NVML library (here the fake's) where the image's loader
+    // finds it, and the fake driver's state beside it, bound into every container it runs.
+    let default_spec = Command::new(programs.join("ctr"))
+        .args(["oci", "spec"])
+        .output()
+        .unwrap();
+    assert!(
+        default_spec.status.success(),
+        "ctr oci spec: {default_spec:?}"
+    );
+    let mut nvidia_spec: serde_json::Value = serde_json::from_slice(&default_spec.stdout).unwrap();
+    let gpus = dir.join("nvidia");
+    std::fs::create_dir_all(&gpus).unwrap();
+    let scenario = gpus.join("scenario.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({
+            "driver_version": "580.95.05",
+            "devices": [super::nvml::device(0), super::nvml::device(1)],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    for (source, target) in [
+        (
+            super::nvml::fake_nvml(),
+            "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        ),
+        (scenario.as_path(), "/run/fake-nvml/scenario.json"),
+    ] {
+        nvidia_spec["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "destination": target,
+                "type": "bind",
+                "source": source,
+                "options": ["rbind", "ro"],
+            }));
+    }
+    let nvidia_spec_file = gpus.join("runtime-spec.json");
+    std::fs::write(&nvidia_spec_file, nvidia_spec.to_string()).unwrap();
     let registry_hosts = dir.join("registry-hosts");
     let hosts = registry_hosts.join(REGISTRY);
     std::fs::create_dir_all(&hosts).unwrap();
@@ -446,7 +521,10 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
          [plugins.'io.containerd.cri.v1.runtime']\n\
          \x20 # runc cannot raise oom_score_adj: the machine withholds CAP_SYS_RESOURCE.\n\
          \x20 restrict_oom_score_adj = true\n\
-         [plugins.'io.containerd.cri.v1.runtime'.cni]\n  bin_dirs = [{bin:?}]\n  conf_dir = {conf:?}\n",
+         [plugins.'io.containerd.cri.v1.runtime'.cni]\n  bin_dirs = [{bin:?}]\n  conf_dir = {conf:?}\n\
+         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n\
+         \x20 runtime_type = \"io.containerd.runc.v2\"\n  base_runtime_spec = {nvidia:?}\n",
+        nvidia = nvidia_spec_file.display().to_string(),
         hosts = registry_hosts.display().to_string(),
         bin = programs.display().to_string(),
         conf = dir.join("cni").display().to_string(),

@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -57,6 +57,11 @@ pub struct OneNodeCluster {
     /// kube-scheduler.
     _programs: Vec<Child>,
     kubelet: Mutex<Option<Child>>,
+    /// Held exclusively by a test that changes the node for every pod (its taints, the agent
+    /// installed on it), shared by tests that only run pods on it.
+    node_wide: RwLock<()>,
+    /// The agent's image, pushed once: its reference by digest.
+    agent_image: OnceLock<String>,
     /// What the node must leave as it was on the machine, read before it started.
     machine_before: MachineState,
 }
@@ -122,14 +127,24 @@ impl OneNodeCluster {
             ),
         ];
         let binary_path = binary.display().to_string();
-        programs.push(runtime.spawn_inside(
-            &[
-                &binary_path,
-                "--forward",
-                &format!("tcp:{APISERVER_IN_NODE}=unix:{}", socket.display()),
-            ],
-            "apiserver-forwarder.log",
-        ));
+        // The kubelet at 127.0.0.1:6443, the pods' in-cluster clients at the `kubernetes`
+        // Service's address.
+        for (listen, log) in [
+            (APISERVER_IN_NODE.to_string(), "apiserver-forwarder.log"),
+            (
+                format!("{}:443", super::KUBERNETES_SERVICE_IP),
+                "service-forwarder.log",
+            ),
+        ] {
+            programs.push(runtime.spawn_inside(
+                &[
+                    &binary_path,
+                    "--forward",
+                    &format!("tcp:{listen}=unix:{}", socket.display()),
+                ],
+                log,
+            ));
+        }
         let credentials = dir.join("kubelet");
         let output = Command::new(binary)
             .arg("--dir")
@@ -163,6 +178,8 @@ impl OneNodeCluster {
             control_plane,
             _programs: programs,
             kubelet: Mutex::new(None),
+            node_wide: RwLock::new(()),
+            agent_image: OnceLock::new(),
             machine_before,
         };
         cluster.start_kubelet();
@@ -188,10 +205,6 @@ impl OneNodeCluster {
                 &format!(
                     "--kubeconfig={}",
                     credentials.join("kubelet.kubeconfig").display()
-                ),
-                &format!(
-                    "--root-dir={}",
-                    self.runtime.dir().join("kubelet-root").display()
                 ),
                 &format!("--hostname-override={NODE}"),
                 &format!("--node-ip={}", super::NODE_IP),
@@ -237,6 +250,7 @@ impl OneNodeCluster {
             "kubelet.log",
             "containerd.log",
             "apiserver-forwarder.log",
+            "service-forwarder.log",
             "namespace.log",
             "forwarder.log",
             "controller-manager.log",
@@ -251,6 +265,54 @@ impl OneNodeCluster {
     /// What the node must leave as it was on the machine, as read before it started.
     pub fn machine_before(&self) -> &MachineState {
         &self.machine_before
+    }
+
+    /// For a test that changes the node for every pod: no other test's pods meanwhile.
+    pub fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.node_wide.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// For a test that runs pods on the node as it is.
+    pub fn sharing(&self) -> RwLockReadGuard<'_, ()> {
+        self.node_wide.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The agent's image in the node's registry, as the Dockerfile's final stage lays it out
+    /// (common::container::Image: the binary, distroless/cc's glibc and loader from this machine,
+    /// the libsystemd stage, its entrypoint, arguments and user), from the tests' build of the
+    /// agent with its debug sections stripped; its reference by the registry's digest.
+    pub fn agent_image(&self) -> &str {
+        self.agent_image.get_or_init(|| {
+            let dir = self.runtime.dir().join("agent-image");
+            let binary = dir.join("mlnode-agent");
+            std::fs::create_dir_all(&dir).unwrap();
+            let output = Command::new("objcopy")
+                .arg("--strip-debug")
+                .arg(assert_cmd::cargo::cargo_bin("mlnode-agent"))
+                .arg(&binary)
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "objcopy: {output:?}");
+            let dockerfile = std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile"),
+            )
+            .unwrap();
+            let image = crate::common::container::Image::from_dockerfile(&dockerfile);
+            let rootfs = dir.join("rootfs");
+            image.unpack(&rootfs, &binary);
+            let flags: Vec<String> = image
+                .entrypoint
+                .iter()
+                .map(|e| format!("--entrypoint={e}"))
+                .chain(image.cmd.iter().map(|c| format!("--cmd={c}")))
+                .chain([format!("--user={}:{}", image.user.0, image.user.1)])
+                .collect();
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let digest = self
+                .runtime
+                .push_layer("mlnode-agent:test", &rootfs, &flags);
+            format!("{}/mlnode-agent@{digest}", super::REGISTRY)
+        })
     }
 
     /// Every audit log of the cluster's server so far.
