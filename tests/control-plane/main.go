@@ -26,8 +26,9 @@
 //	control-plane kubelet|kube-scheduler|kube-controller-manager [flags]   that component's own command
 //	control-plane --dir STATE --node-credentials NAME --server URL --out DIR
 //	    a kubelet's kubeconfig for node NAME: a client certificate in system:nodes signed by STATE's CA
-//	control-plane --forward FROM=TO   every connection accepted on FROM copied both ways to TO, each
-//	    tcp:HOST:PORT or unix:PATH: the bridge between the node's network namespace and loopback
+//	control-plane --forward FROM=TO [--rate BYTES]   every connection accepted on FROM copied both
+//	    ways to TO, each tcp:HOST:PORT or unix:PATH: the bridge between the node's network namespace
+//	    and loopback; with --rate, TO's answers held to that many bytes a second (a registry's link)
 package main
 
 import (
@@ -103,12 +104,16 @@ func run() error {
 	nodeServer := flag.String("server", "", "the API server's URL as the node reaches it, for --node-credentials")
 	nodeOut := flag.String("out", "", "the folder for --node-credentials' kubeconfig, certificate and key")
 	forwarding := flag.String("forward", "", "FROM=TO: copy every connection accepted on FROM to TO (tcp:HOST:PORT or unix:PATH)")
+	forwardRate := flag.Int("rate", 0, "with --forward: hold what TO sends back to this many bytes a second over all connections (0: as fast as it goes)")
 	flag.Parse()
 	if *compact != "" {
 		return compactToHead(*compact)
 	}
 	if *forwarding != "" {
-		return forward(*forwarding)
+		if *forwardRate < 0 {
+			return fmt.Errorf("--rate %d: a rate is 0 (none) or more bytes a second", *forwardRate)
+		}
+		return forward(*forwarding, *forwardRate)
 	}
 	if *nodeName != "" {
 		if *dir == "" || *nodeServer == "" || *nodeOut == "" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"sync"
 
+	"golang.org/x/time/rate"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -78,7 +80,9 @@ func writeNodeCredentials(pkiDir, name, server, out string) error {
 // forward copies every connection accepted on FROM to a new connection to TO, both ways, until
 // killed. The node lives in a network namespace of its own, and a unix socket's path is the one
 // address both it and the machine's loopback can reach: one forwarder on each side joins them.
-func forward(spec string) error {
+// With bytesPerSecond above 0, what TO sends back over all connections together is held to that
+// rate, as a node's link to its registry holds a pull.
+func forward(spec string, bytesPerSecond int) error {
 	from, to, ok := strings.Cut(spec, "=")
 	if !ok {
 		return fmt.Errorf("--forward %q: want FROM=TO", spec)
@@ -98,6 +102,10 @@ func forward(spec string) error {
 	if err != nil {
 		return fmt.Errorf("--forward: listening on %s: %w", from, err)
 	}
+	var link *rate.Limiter
+	if bytesPerSecond > 0 {
+		link = rate.NewLimiter(rate.Limit(bytesPerSecond), linkBurst)
+	}
 	fmt.Printf("control-plane: forwarding %s to %s\n", from, to)
 	for {
 		accepted, err := listener.Accept()
@@ -114,17 +122,39 @@ func forward(spec string) error {
 			defer dialed.Close()
 			var copies sync.WaitGroup
 			copies.Add(2)
-			go func() { defer copies.Done(); halfCopy(dialed, accepted) }()
-			go func() { defer copies.Done(); halfCopy(accepted, dialed) }()
+			go func() { defer copies.Done(); halfCopy(dialed, accepted, nil) }()
+			go func() { defer copies.Done(); halfCopy(accepted, dialed, link) }()
 			copies.Wait()
 		}()
 	}
 }
 
-// halfCopy copies one direction, then passes the end of the stream on, so that each side sees the
-// other close as it would without the forwarder.
-func halfCopy(to, from net.Conn) {
-	_, _ = io.Copy(to, from)
+// The most a rate-held link sends at once: small beside a second's worth at the rates the tests
+// set, so a transfer's time follows the rate.
+const linkBurst = 32 << 10
+
+// halfCopy copies one direction, held to `link`'s rate where it is set, then passes the end of the
+// stream on, so that each side sees the other close as it would without the forwarder.
+func halfCopy(to, from net.Conn, link *rate.Limiter) {
+	if link == nil {
+		_, _ = io.Copy(to, from)
+	} else {
+		buffer := make([]byte, linkBurst)
+		for {
+			n, err := from.Read(buffer)
+			if n > 0 {
+				if link.WaitN(context.Background(), n) != nil {
+					break
+				}
+				if _, err := to.Write(buffer[:n]); err != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
 	if closer, ok := to.(interface{ CloseWrite() error }); ok {
 		_ = closer.CloseWrite()
 	} else {

@@ -2,6 +2,7 @@
 //! serves when its annotation does not, and which of a pod's volumes expose a cache.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
@@ -78,6 +79,64 @@ impl ModelMount {
             .as_ref()
             .is_some_and(|c| self.pvc.as_deref() == Some(c.claim_name.as_str()));
         by_host_path || by_claim
+    }
+}
+
+/// The agent's own pod, from the downward API (`POD_NAMESPACE`, `POD_NAME`): where a model's host
+/// path is derived from.
+#[derive(Clone, Debug)]
+pub struct OwnPod {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl OwnPod {
+    /// The agent's own pod, as the DaemonSet passes it through the downward API.
+    pub fn from_env() -> Option<OwnPod> {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Some(OwnPod {
+            namespace: var("POD_NAMESPACE")?,
+            name: var("POD_NAME")?,
+        })
+    }
+}
+
+/// Derives, once, the host path of each model that sets none from the agent's own pod, when the
+/// node's pods first show it: every user of the node's pods that matches a pod to a model by its
+/// volumes (the pod gates, the startup tracker) needs the cache's path on the node.
+#[derive(Debug)]
+pub struct HostPaths {
+    own_pod: Option<OwnPod>,
+    derived: bool,
+}
+
+impl HostPaths {
+    pub fn new(own_pod: Option<OwnPod>) -> HostPaths {
+        HostPaths {
+            own_pod,
+            derived: false,
+        }
+    }
+
+    /// Fills in `mounts`' unset host paths from the agent's own pod among `pods`; true the one
+    /// time it does.
+    pub fn derive(&mut self, mounts: &mut [ModelMount], pods: &[Arc<Pod>]) -> bool {
+        let Some(own) = &self.own_pod else {
+            return false;
+        };
+        if self.derived {
+            return false;
+        }
+        let found = pods.iter().find(|p| {
+            p.metadata.namespace.as_deref() == Some(own.namespace.as_str())
+                && p.metadata.name.as_deref() == Some(own.name.as_str())
+        });
+        let Some(pod) = found else { return false };
+        self.derived = true;
+        for mount in mounts {
+            mount.derive_host_path(pod);
+        }
+        true
     }
 }
 
@@ -159,6 +218,36 @@ mod tests {
         let mut config_map = mount("/etc/mlnode/llama", None);
         config_map.derive_host_path(&pod);
         assert_eq!(config_map.host_path, None, "not a hostPath volume");
+    }
+
+    #[test]
+    fn host_paths_are_derived_once_the_agents_own_pod_is_among_the_nodes() {
+        let own = OwnPod {
+            namespace: "mlnode-system".into(),
+            name: "mlnode-agent-x7k2p".into(),
+        };
+        let mut host_paths = HostPaths::new(Some(own));
+        let mut mounts = vec![mount("/models/llama-3.1-8b", None)];
+        let other: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "vllm-0", "namespace": "inference"}}),
+        )
+        .unwrap();
+        assert!(!host_paths.derive(&mut mounts, &[Arc::new(other.clone())]));
+        assert_eq!(mounts[0].host_path, None, "not before its own pod is seen");
+        let agent = Arc::new(agent_pod(
+            json!({"name": "models", "mountPath": "/models", "readOnly": true}),
+        ));
+        assert!(host_paths.derive(&mut mounts, &[Arc::new(other), agent.clone()]));
+        assert_eq!(
+            mounts[0].node_path(),
+            Path::new("/var/lib/models/llama-3.1-8b")
+        );
+        assert!(!host_paths.derive(&mut mounts, &[agent]), "once");
+
+        let mut unknown = HostPaths::new(None);
+        let mut mounts = vec![mount("/models/llama-3.1-8b", None)];
+        assert!(!unknown.derive(&mut mounts, &[]));
+        assert_eq!(mounts[0].node_path(), Path::new("/models/llama-3.1-8b"));
     }
 
     #[test]

@@ -7,9 +7,10 @@ use futures_util::FutureExt;
 
 use super::ApiClient;
 use crate::models::ModelMount;
+use crate::models::{HostPaths, OwnPod};
 use crate::node_pods::{NodePods, NodePodsSlot};
 use crate::readiness::settings::ReadinessSettings;
-use crate::workloads::controller::{OwnPod, PodController, WorkloadMetrics};
+use crate::workloads::controller::{PodController, WorkloadMetrics};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::metrics::Subsystem;
 
@@ -20,15 +21,6 @@ pub struct PodGates {
     /// The node's one pod watch, shared with the pod directory.
     pub node_pods: NodePodsSlot,
     pub api: ApiClient,
-}
-
-/// The agent's own pod, as the DaemonSet passes it through the downward API.
-fn own_pod() -> Option<OwnPod> {
-    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
-    Some(OwnPod {
-        namespace: var("POD_NAMESPACE")?,
-        name: var("POD_NAME")?,
-    })
 }
 
 impl Component for PodGates {
@@ -49,7 +41,7 @@ impl Component for PodGates {
                 .for_feature(self.settings.enabled, "readiness")
                 .await
                 .map_err(NotStarted::Absent)?;
-            let own_pod = own_pod();
+            let own_pod = OwnPod::from_env();
             if own_pod.is_none() && self.mounts.iter().any(|m| m.host_path.is_none()) {
                 tracing::info!("POD_NAMESPACE and POD_NAME are not set: a model without host_path is taken to be at its root on the node");
             }
@@ -59,7 +51,7 @@ impl Component for PodGates {
                 node_name: cx.node_name.clone(),
                 models: cx.models.clone(),
                 mounts: self.mounts,
-                own_pod,
+                host_paths: HostPaths::new(own_pod),
                 interval: self.settings.interval.get(),
                 metrics: WorkloadMetrics::register(&cx.registry)?,
                 up: cx.up.clone(),

@@ -4,7 +4,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use super::ApiClient;
-use crate::models::ModelMount;
+use crate::models::{HostPaths, ModelMount, OwnPod};
 use crate::node_pods::{NodePods, NodePodsSlot};
 use crate::startup::settings::StartupSettings;
 use crate::startup::tracker::{StartupMetrics, Tracker};
@@ -52,7 +52,14 @@ impl Component for Startup {
                 &mut cx.tasks,
                 cx.shutdown.child_token(),
             );
-            let tracker = Tracker::new(client, self.models, self.loads, metrics, self.settings);
+            let tracker = Tracker::new(
+                client,
+                self.models,
+                HostPaths::new(OwnPod::from_env()),
+                self.loads,
+                metrics,
+                self.settings,
+            );
             cx.tasks.spawn(tracker.run(pods, cx.shutdown.child_token()));
             Ok(Started::up(format!("pods on node {}", cx.node_name)))
         }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::common;
 use common::node::cluster::{MachineState, OneNodeCluster, NODE};
-use common::node::{NODE_IP, REGISTRY};
+use common::node::{NODE_IP, REGISTRY, REGISTRY_RATE};
 
 #[test]
 fn the_kubelet_registers_its_node_as_system_nodes_and_leaves_the_machine_as_it_was() {
@@ -258,12 +258,23 @@ fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_hono
         "server",
         &format!("{REGISTRY}/workload:held"),
         std::path::Path::new("/var/lib/models/llama-3.1-8b"),
-        0,
+        2,
     );
+    // 64 MiB beside the server in its image, incompressible: two seconds over the node's link.
     let programs = cluster.runtime.programs().to_path_buf();
-    cluster
-        .runtime
-        .push_image("workload:held", &[&programs.join("workload")], "/workload");
+    let filler = cluster.runtime.dir().join("filler.bin");
+    let mut bytes = vec![0u8; 64 << 20];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").unwrap(),
+        &mut bytes,
+    )
+    .unwrap();
+    std::fs::write(&filler, bytes).unwrap();
+    cluster.runtime.push_image(
+        "workload:held",
+        &[&programs.join("workload"), &filler],
+        "/workload",
+    );
     cluster
         .admin
         .admin(&["create", "-n", &namespace, "-f", "-"], &pod.to_string());
@@ -364,6 +375,11 @@ fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_hono
     // The pod the taint held, placed once it was lifted.
     let ready = await_pod_ready(cluster, &namespace, "server");
     assert_eq!(ready["spec"]["nodeName"], NODE);
+    let agent_pod = agent["metadata"]["name"].as_str().unwrap();
+    phases_agree_with_the_kubelet_and_the_server(cluster, agent_pod, &namespace, "server");
+    let image = format!("{REGISTRY}/workload:held");
+    a_second_pod_on_the_image_is_a_cache_hit(cluster, agent_pod, &namespace, &image);
+    the_kubelet_folds_the_agents_gate_into_ready(cluster, &namespace, &image, &on_node);
 
     // The kubelet ran the agent as the manifest says, under the runtime's default seccomp filter:
     // UID 0 with no capability in any set, no new privileges; and its requests carried the
@@ -396,6 +412,242 @@ fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_hono
         !agent_requests.is_empty() && agent_requests.iter().all(|r| r.node == NODE),
         "the agent's requests with its projected token, bound to {NODE}: {agent_requests:?}"
     );
+}
+
+/// The agent's startup phases for `pod` against ground truth: `image_pull` is the kubelet's own
+/// figure; `container_start` ends, `model_load` spans and `readiness` spans, within a second, what
+/// the server logged with its own clock (its first line, its last weight file read, its readiness
+/// endpoint turning 200 plus the probe's period).
+fn phases_agree_with_the_kubelet_and_the_server(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+    pod: &str,
+) {
+    let startup = await_agent_startups(cluster, agent_pod, namespace, pod, 1).remove(0);
+    let phase = |name: &str| {
+        startup["phases"][name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {name} phase: {startup}"))
+    };
+    let events = events_of(cluster, namespace, pod);
+    let pulled = events
+        .iter()
+        .find(|e| e["reason"] == "Pulled")
+        .unwrap_or_else(|| panic!("no Pulled event: {events:#?}"));
+    let message = pulled["message"].as_str().unwrap();
+    let kubelet_pull = message
+        .split_once("\" in ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(go_duration)
+        .unwrap_or_else(|| panic!("the kubelet's pull time in {message:?}"));
+    assert!(
+        (phase("image_pull") - kubelet_pull).abs() < 1e-6,
+        "image_pull {} against the kubelet's {message:?}",
+        phase("image_pull")
+    );
+    // What the node's link allows: the image's blobs at its rate, plus the pull's own work.
+    let image = pulled["message"]
+        .as_str()
+        .unwrap()
+        .split('"')
+        .nth(1)
+        .unwrap();
+    let manifest: Value =
+        serde_json::from_str(&cluster.runtime.crane(&["manifest", image])).unwrap();
+    let blobs: u64 = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain([&manifest["config"]])
+        .map(|b| b["size"].as_u64().unwrap())
+        .sum();
+    let transfer = blobs as f64 / REGISTRY_RATE as f64;
+    eprintln!(
+        "{namespace}/{pod} image_pull: agent {:.3} s, kubelet {kubelet_pull:.3} s, {blobs} bytes at the link's rate {transfer:.3} s",
+        phase("image_pull")
+    );
+    assert!(
+        phase("image_pull") >= transfer * 0.95 && phase("image_pull") <= transfer + 3.0,
+        "image_pull {:.3} s for {blobs} bytes at {REGISTRY_RATE} bytes/s ({transfer:.3} s)",
+        phase("image_pull")
+    );
+    let lines = container_output(cluster, namespace, pod, pod);
+    let at = |event: &str| {
+        let line = lines
+            .iter()
+            .find(|l| l["event"] == event)
+            .unwrap_or_else(|| panic!("no {event} in the server's output: {lines:?}"));
+        seconds(line["at"].as_str().unwrap())
+    };
+    let pull_end = seconds(
+        pulled["lastTimestamp"]
+            .as_str()
+            .or(pulled["eventTime"].as_str())
+            .unwrap(),
+    );
+    let agree = |name: &str, truth: f64| {
+        eprintln!(
+            "{namespace}/{pod} {name}: agent {:.3} s, ground truth {truth:.3} s",
+            phase(name)
+        );
+        assert!(
+            (phase(name) - truth).abs() <= 1.0,
+            "{name}: the agent says {:.3} s, the server's own clock {truth:.3} s: {startup}",
+            phase(name)
+        );
+    };
+    agree("container_start", at("started") - pull_end);
+    agree("model_load", at("model_loaded") - at("started"));
+    agree("readiness", at("ready") - at("model_loaded"));
+    assert_eq!(startup["model_name"], "llama-3.1-8b");
+}
+
+/// A second pod on an image the node holds: the kubelet's "already present" event, counted by
+/// the agent as a cache hit of no pull time.
+fn a_second_pod_on_the_image_is_a_cache_hit(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+    image: &str,
+) {
+    let pod = workload_pod(
+        "server-2",
+        image,
+        std::path::Path::new("/var/lib/models/llama-3.1-8b"),
+        0,
+    );
+    cluster
+        .admin
+        .admin(&["create", "-n", namespace, "-f", "-"], &pod.to_string());
+    await_pod_ready(cluster, namespace, "server-2");
+    let startup = await_agent_startups(cluster, agent_pod, namespace, "server-2", 1).remove(0);
+    assert_eq!(startup["phases"]["image_pull"], 0.0, "{startup}");
+    assert_eq!(startup["pulls"][0]["cache_hit"], true, "{startup}");
+    assert!(
+        events_of(cluster, namespace, "server-2")
+            .iter()
+            .any(|e| e["reason"] == "Pulled"
+                && e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("already present on machine")),
+        "the kubelet found the image on the node"
+    );
+}
+
+/// A pod with the model's readiness gate: the kubelet's `Ready` turns True only once the agent's
+/// gate condition is, and False when the model no longer verifies; the kubelet's own
+/// `ContainersReady` stays True throughout, and the agent's condition is left as it wrote it.
+fn the_kubelet_folds_the_agents_gate_into_ready(
+    cluster: &OneNodeCluster,
+    namespace: &str,
+    image: &str,
+    model_on_node: &std::path::Path,
+) {
+    let mut pod = workload_pod(
+        "gated",
+        image,
+        std::path::Path::new("/var/lib/models/llama-3.1-8b"),
+        0,
+    );
+    pod["metadata"]["annotations"] = json!({"mlnode.dev/model": "llama-3.1-8b"});
+    pod["spec"]["readinessGates"] = json!([{"conditionType": GATE}]);
+    cluster
+        .admin
+        .admin(&["create", "-n", namespace, "-f", "-"], &pod.to_string());
+    let ready = await_pod_ready(cluster, namespace, "gated");
+    let gate = common::control_plane::condition(&ready, GATE);
+    assert_eq!(gate["status"], "True", "{gate}");
+    let transition = |condition: &Value| seconds(condition["lastTransitionTime"].as_str().unwrap());
+    assert!(
+        transition(&common::control_plane::condition(&ready, "Ready")) >= transition(&gate),
+        "Ready turned True no earlier than the agent's gate: {:#}",
+        ready["status"]["conditions"]
+    );
+
+    // A weight file rewritten: the agent re-verifies it and turns the gate False; the kubelet
+    // folds that into Ready, the container still running and ready.
+    let shard = model_on_node.join("model-00001-of-00002.safetensors");
+    let original = std::fs::read(&shard).unwrap();
+    let mut corrupt = original.clone();
+    corrupt[0] ^= 0xff;
+    std::fs::write(&shard, &corrupt).unwrap();
+    let unready = common::wait_until(
+        "the kubelet's Ready False on the agent's gate",
+        Duration::from_secs(60),
+        || {
+            let pod = cluster.admin.get(&["pod", "-n", namespace, "gated"]);
+            let ready = common::control_plane::condition(&pod, "Ready");
+            (ready["status"] == "False")
+                .then(|| pod.clone())
+                .ok_or_else(|| format!("{:#}", pod["status"]["conditions"]))
+        },
+    );
+    assert_eq!(
+        common::control_plane::condition(&unready, GATE)["status"],
+        "False"
+    );
+    assert_eq!(
+        common::control_plane::condition(&unready, "ContainersReady")["status"],
+        "True",
+        "the agent leaves the kubelet's conditions alone"
+    );
+    std::fs::write(&shard, &original).unwrap();
+    let ready = await_pod_ready(cluster, namespace, "gated");
+    assert_eq!(
+        common::control_plane::condition(&ready, GATE)["status"],
+        "True"
+    );
+}
+
+/// The pod readiness gate the agent keeps for a pod's model.
+const GATE: &str = "mlnode.dev/ModelVerified";
+
+/// The breakdowns of `pod`'s startups the agent logged ("pod startup" lines), once it has logged
+/// `count` of them.
+fn await_agent_startups(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+    pod: &str,
+    count: usize,
+) -> Vec<Value> {
+    common::wait_until(
+        &format!("the agent's startup of {namespace}/{pod}"),
+        Duration::from_secs(60),
+        || {
+            let lines = container_output(cluster, "mlnode-system", agent_pod, "agent");
+            let startups: Vec<Value> = lines
+                .iter()
+                .filter(|l| {
+                    l["message"] == "pod startup" && l["namespace"] == namespace && l["pod"] == pod
+                })
+                .map(|l| serde_json::from_str(l["phases"].as_str().unwrap()).unwrap())
+                .collect();
+            (startups.len() >= count)
+                .then(|| startups.clone())
+                .ok_or_else(|| format!("{} lines of the agent's, none for {pod}", lines.len()))
+        },
+    )
+}
+
+/// An RFC 3339 time as Unix seconds.
+fn seconds(time: &str) -> f64 {
+    humantime::parse_rfc3339(time)
+        .unwrap_or_else(|e| panic!("{time}: {e}"))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A Go duration as the kubelet prints a pull's: `812ms`, `1.5s`, `2m3.5s`.
+fn go_duration(text: &str) -> Option<f64> {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse::<f64>().ok().map(|ms| ms / 1000.0);
+    }
+    let (minutes, rest) = text.split_once('m').unwrap_or(("0", text));
+    Some(minutes.parse::<f64>().ok()? * 60.0 + rest.strip_suffix('s')?.parse::<f64>().ok()?)
 }
 
 /// The tests' inference server as a pod: non-root, nothing added, RuntimeDefault seccomp, its

@@ -53,7 +53,7 @@ fn a_cold_start_splits_into_every_phase() {
         kubelet_event("u1", "vllm-0", "Started", "Started container vllm", Some(MAIN), 1060.0),
     ];
     let (pod, events) = typed(pod, events);
-    let s = compute(&pod, &events, Some("llama".into()), Some(1150.0)).unwrap();
+    let s = compute(&pod, &events, Some("llama".into()), Some(1150.0), None).unwrap();
     assert_eq!(s.phases[&Phase::Scheduling], 2.0);
     assert_eq!(s.phases[&Phase::ImagePull], 52.3);
     assert_eq!(s.phases[&Phase::ContainerStart], 5.0);
@@ -74,7 +74,7 @@ fn a_cached_image_an_old_kubelet_and_a_failed_pull() {
         1004.0,
     )];
     let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(Some(1200.0))), cached);
-    let s = compute(&pod, &events, None, None).unwrap();
+    let s = compute(&pod, &events, None, None, None).unwrap();
     assert_eq!(s.phases[&Phase::ImagePull], 0.0);
     assert!(s.pulls[0].cache_hit);
     assert_eq!(s.phases[&Phase::ContainerStart], 56.0);
@@ -110,7 +110,7 @@ fn a_cached_image_an_old_kubelet_and_a_failed_pull() {
         ),
     ];
     let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(Some(1200.0))), retried);
-    let s = compute(&pod, &events, None, None).unwrap();
+    let s = compute(&pod, &events, None, None, None).unwrap();
     assert_eq!(
         s.phases[&Phase::ImagePull],
         40.0,
@@ -126,7 +126,7 @@ fn init_containers_pulls_count_and_the_main_container_starts_after_its_own_pull(
         kubelet_event("u1", "p", "Pulled", "Successfully pulled image \"vllm/vllm-openai:v0.11.0\" in 30s (30s including waiting). Image size: 10234567890 bytes.", Some(MAIN), 1050.0),
     ];
     let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(Some(1200.0))), events);
-    let s = compute(&pod, &events, None, None).unwrap();
+    let s = compute(&pod, &events, None, None, None).unwrap();
     assert_eq!(s.phases[&Phase::ImagePull], 32.5);
     assert_eq!(
         s.phases[&Phase::ContainerStart],
@@ -164,7 +164,7 @@ fn a_restart_is_measured_from_the_previous_exit() {
         ),
     ];
     let (pod, events) = typed(vllm_pod("u1", "p", "/m", &t), events);
-    let s = compute(&pod, &events, None, Some(2060.0)).unwrap();
+    let s = compute(&pod, &events, None, Some(2060.0), None).unwrap();
     assert_eq!(s.total_seconds, 100.0);
     assert!(
         !s.phases.contains_key(&Phase::Scheduling),
@@ -191,11 +191,11 @@ fn clock_skew_makes_a_phase_unknown_and_not_ready_is_no_startup() {
         last_finished: None,
     };
     let (pod, events) = typed(vllm_pod("u1", "p", "/m", &skewed), vec![]);
-    let s = compute(&pod, &events, None, None).unwrap();
+    let s = compute(&pod, &events, None, None, None).unwrap();
     assert!(!s.phases.contains_key(&Phase::Scheduling));
     assert_eq!(s.total_seconds, 200.0, "the total is always known");
     let (pod, events) = typed(vllm_pod("u1", "p", "/m", &times(None)), vec![]);
-    assert!(compute(&pod, &events, None, None).is_none());
+    assert!(compute(&pod, &events, None, None, None).is_none());
 }
 
 #[test]

@@ -194,6 +194,15 @@ pub fn main_container(pod: &Pod) -> Option<String> {
     })
 }
 
+/// When the pod turned Ready. The condition's `lastTransitionTime` is whole seconds, rounded down:
+/// the transition happened within the second after it, and no later than the agent saw it. A
+/// sighting within that second narrows it to the watch's delay (milliseconds) rather than up to
+/// a second early; one later (a relist after an outage) or earlier (clock skew) says nothing.
+fn ready_time(transition: f64, seen: Option<f64>) -> f64 {
+    seen.filter(|seen| (transition..transition + 1.0).contains(seen))
+        .unwrap_or(transition)
+}
+
 /// `end - start`, unknown (None) when either end is missing or the clocks disagree by more than
 /// rounding.
 fn span(start: Option<f64>, end: Option<f64>) -> Option<f64> {
@@ -202,14 +211,16 @@ fn span(start: Option<f64>, end: Option<f64>) -> Option<f64> {
 }
 
 /// The startup of a pod that is Ready, or None while it is not. `model_load_end` is the time of
-/// the last weight-file open seen after the main container started.
+/// the last weight-file open seen after the main container started; `ready_seen`, when the agent
+/// saw the pod turn Ready as it happened (its pod watch's event).
 pub fn compute(
     pod: &Pod,
     events: &[Event],
     model_name: Option<String>,
     model_load_end: Option<f64>,
+    ready_seen: Option<f64>,
 ) -> Option<Startup> {
-    let ready = condition_time(pod, "Ready")?;
+    let ready = ready_time(condition_time(pod, "Ready")?, ready_seen);
     let created = pod.metadata.creation_timestamp.as_ref().map(seconds_of)?;
     let main = main_container(pod)?;
     let status = pod.status.as_ref()?;
@@ -308,6 +319,19 @@ pub fn compute(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sighting_within_the_second_of_readys_transition_narrows_it() {
+        assert_eq!(ready_time(100.0, Some(100.35)), 100.35);
+        assert_eq!(ready_time(100.0, None), 100.0);
+        assert_eq!(
+            ready_time(100.0, Some(130.0)),
+            100.0,
+            "seen after a relist: late"
+        );
+        assert_eq!(ready_time(100.0, Some(99.5)), 100.0, "skewed clocks");
+        assert_eq!(ready_time(100.0, Some(101.0)), 100.0, "past the second");
+    }
 
     #[test]
     fn go_durations() {

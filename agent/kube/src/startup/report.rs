@@ -45,7 +45,7 @@ pub async fn collect(
                     pod.metadata.name.clone().unwrap_or_default()
                 )
             })?;
-        if let Some(startup) = compute(&pod, &events.items, model_of(&pod, models), None) {
+        if let Some(startup) = compute(&pod, &events.items, model_of(&pod, models), None, None) {
             startups.push(startup);
         }
     }

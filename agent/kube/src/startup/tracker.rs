@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::phases::{self, Phase, Startup};
 use super::settings::StartupSettings;
-use crate::models::{model_of, ModelMount};
+use crate::models::{model_of, HostPaths, ModelMount};
 use crate::node_pods::NodePods;
 use mlnode_core::loads::{unix_now, LoadActivity};
 
@@ -101,6 +101,9 @@ impl StartupMetrics {
 pub struct Tracker {
     client: kube::Client,
     models: Vec<ModelMount>,
+    /// A pod is matched to a model by the cache's path on the node, which may be derived from
+    /// the agent's own pod (as the pod gates derive it).
+    host_paths: HostPaths,
     loads: LoadActivity,
     metrics: StartupMetrics,
     settings: StartupSettings,
@@ -110,6 +113,7 @@ impl Tracker {
     pub fn new(
         client: kube::Client,
         models: Vec<ModelMount>,
+        host_paths: HostPaths,
         loads: LoadActivity,
         metrics: StartupMetrics,
         settings: StartupSettings,
@@ -117,6 +121,7 @@ impl Tracker {
         Tracker {
             client,
             models,
+            host_paths,
             loads,
             metrics,
             settings,
@@ -125,7 +130,7 @@ impl Tracker {
 
     /// Follows the node's pods through its one watch (`pods`): at each change, each pod newly
     /// Ready (or Ready again after a restart) is measured once.
-    pub async fn run(self, mut pods: NodePods, shutdown: CancellationToken) {
+    pub async fn run(mut self, mut pods: NodePods, shutdown: CancellationToken) {
         let started_at = unix_now();
         // (pod uid, restart count) already reported; pruned to the pods the watch still has, so
         // it stays as small as the node's pod count.
@@ -136,11 +141,14 @@ impl Tracker {
                 _ = shutdown.cancelled() => return,
                 changed = pods.changes.changed() => if changed.is_err() { return },
             }
+            // When the change arrived: a pod Ready in it turned Ready by then.
+            let seen = unix_now();
             // The watch says its failures itself; meanwhile its store is as it was.
             if pods.changes.borrow_and_update().is_err() {
                 continue;
             }
             let listed = pods.store.state();
+            self.host_paths.derive(&mut self.models, &listed);
             let uids: HashSet<&str> = listed
                 .iter()
                 .filter_map(|pod| pod.metadata.uid.as_deref())
@@ -153,15 +161,16 @@ impl Tracker {
                 if !reported.insert(key) {
                     continue;
                 }
-                if let Some(startup) = self.measure(pod).await {
+                if let Some(startup) = self.measure(pod, seen).await {
                     self.record(&startup, &mut recent);
                 }
             }
         }
     }
 
-    /// Lists the pod's events (one request) and computes its phases.
-    async fn measure(&self, pod: &Pod) -> Option<Startup> {
+    /// Lists the pod's events (one request) and computes its phases; `seen`: when the watch told
+    /// of the pod as it is.
+    async fn measure(&self, pod: &Pod, seen: f64) -> Option<Startup> {
         let namespace = pod.metadata.namespace.clone()?;
         let uid = pod.metadata.uid.clone()?;
         let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
@@ -181,7 +190,7 @@ impl Tracker {
             (Some(model), Some((from, until))) => self.loads.last_open(model, from, until),
             _ => None,
         };
-        phases::compute(pod, &listed, model, load_end)
+        phases::compute(pod, &listed, model, load_end, Some(seen))
     }
 
     fn record(&self, startup: &Startup, recent: &mut VecDeque<(f64, String, String)>) {

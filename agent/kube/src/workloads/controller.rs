@@ -20,7 +20,7 @@ use super::exposure::{writable_mounts, WritableMount};
 use super::gate::{self, PodGate, Written};
 use crate::api::Backoff;
 use crate::events::{self, About};
-use crate::models::ModelMount;
+use crate::models::{HostPaths, ModelMount};
 use crate::node_pods::NodePods;
 use crate::readiness::node::FIELD_MANAGER;
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
@@ -82,20 +82,13 @@ impl WorkloadMetrics {
     }
 }
 
-/// The agent's own pod, from the downward API (`POD_NAMESPACE`, `POD_NAME`): where a model's host
-/// path is derived from.
-#[derive(Clone, Debug)]
-pub struct OwnPod {
-    pub namespace: String,
-    pub name: String,
-}
-
 pub struct PodController {
     pub client: kube::Client,
     pub node_name: String,
     pub models: Vec<Arc<ModelState>>,
     pub mounts: Vec<ModelMount>,
-    pub own_pod: Option<OwnPod>,
+    /// Derives each model's path on the node from the agent's own pod.
+    pub host_paths: HostPaths,
     /// Told when the API server answers again after trouble: pods backing off are tried then.
     pub recoveries: crate::api::Recoveries,
     /// How often the pods are looked at without a change, and how long a write may take to show.
@@ -114,7 +107,6 @@ struct Memory {
     series: HashMap<String, Series>,
     /// (pod uid, model) pairs whose writable mount was warned about.
     warned: HashSet<(String, String)>,
-    host_paths_derived: bool,
     /// The pods (by uid) whose last write was refused.
     failing: HashMap<String, Failing>,
     /// Whether the pods' watch works: while it fails, the pods as last seen are stale.
@@ -173,29 +165,18 @@ impl PodController {
 
     /// Once the agent's own pod is seen: the host path of each model that sets none, from the
     /// hostPath the agent mounts it from.
-    fn derive_host_paths(&mut self, store: &Store<Pod>, memory: &mut Memory) {
-        let Some(own) = &self.own_pod else { return };
-        if memory.host_paths_derived {
+    fn derive_host_paths(&mut self, store: &Store<Pod>) {
+        if !self.host_paths.derive(&mut self.mounts, &store.state()) {
             return;
         }
-        let found = store.state().into_iter().find(|p| {
-            p.metadata.namespace.as_deref() == Some(own.namespace.as_str())
-                && p.metadata.name.as_deref() == Some(own.name.as_str())
-        });
-        let Some(pod) = found else { return };
-        memory.host_paths_derived = true;
-        for mount in &mut self.mounts {
-            let was_set = mount.host_path.is_some();
-            mount.derive_host_path(&pod);
-            if !was_set {
-                tracing::info!(model_name = %mount.name, root = %mount.root.display(), host_path = %mount.node_path().display(),
-                    derived = mount.host_path.is_some(), "the model cache's path on the node, for pods mounting it");
-            }
+        for mount in &self.mounts {
+            tracing::info!(model_name = %mount.name, root = %mount.root.display(), host_path = %mount.node_path().display(),
+                derived = mount.host_path.is_some(), "the model cache's path on the node, for pods mounting it");
         }
     }
 
     async fn round(&mut self, store: &Store<Pod>, memory: &mut Memory) {
-        self.derive_host_paths(store, memory);
+        self.derive_host_paths(store);
         let verdicts: BTreeMap<String, Readiness> = self
             .models
             .iter()

@@ -32,6 +32,13 @@ pub fn programs() -> Result<PathBuf, String> {
 /// The registry's address inside the namespace.
 pub const REGISTRY: &str = "127.0.0.1:5000";
 
+/// Where the node's containerd pulls the registry's images from: a forwarder that holds the
+/// registry's answers to [`REGISTRY_RATE`], as a node's link to its registry holds a pull.
+pub const REGISTRY_LINK: &str = "127.0.0.1:5001";
+
+/// The rate of the node's link to its registry, bytes a second.
+pub const REGISTRY_RATE: u64 = 32 << 20;
+
 /// The node's address: its bridge's, inside the namespace.
 pub const NODE_IP: &str = "10.201.0.1";
 
@@ -508,10 +515,11 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
     let registry_hosts = dir.join("registry-hosts");
     let hosts = registry_hosts.join(REGISTRY);
     std::fs::create_dir_all(&hosts).unwrap();
-    // containerd's hosts.toml: the registry answers plain HTTP on the namespace's loopback.
+    // containerd's hosts.toml: the registry answers plain HTTP on the namespace's loopback, and
+    // pulls go through the rate-held link.
     std::fs::write(
         hosts.join("hosts.toml"),
-        format!("server = \"http://{REGISTRY}\"\n[host.\"http://{REGISTRY}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
+        format!("server = \"http://{REGISTRY}\"\n[host.\"http://{REGISTRY_LINK}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
     )
     .unwrap();
     config.push_str(&format!(

@@ -128,22 +128,33 @@ impl OneNodeCluster {
         ];
         let binary_path = binary.display().to_string();
         // The kubelet at 127.0.0.1:6443, the pods' in-cluster clients at the `kubernetes`
-        // Service's address.
-        for (listen, log) in [
-            (APISERVER_IN_NODE.to_string(), "apiserver-forwarder.log"),
+        // Service's address; containerd's pulls through the registry's rate-held link.
+        let to_server = format!("unix:{}", socket.display());
+        let rate = format!("--rate={}", super::REGISTRY_RATE);
+        for (listen, to, flags, log) in [
+            (
+                APISERVER_IN_NODE.to_string(),
+                to_server.as_str(),
+                "",
+                "apiserver-forwarder.log",
+            ),
             (
                 format!("{}:443", super::KUBERNETES_SERVICE_IP),
+                to_server.as_str(),
+                "",
                 "service-forwarder.log",
             ),
+            (
+                super::REGISTRY_LINK.to_string(),
+                &format!("tcp:{}", super::REGISTRY),
+                rate.as_str(),
+                "registry-link.log",
+            ),
         ] {
-            programs.push(runtime.spawn_inside(
-                &[
-                    &binary_path,
-                    "--forward",
-                    &format!("tcp:{listen}=unix:{}", socket.display()),
-                ],
-                log,
-            ));
+            let forward = format!("tcp:{listen}={to}");
+            let mut command = vec![binary_path.as_str(), "--forward", &forward];
+            command.extend([flags].into_iter().filter(|f| !f.is_empty()));
+            programs.push(runtime.spawn_inside(&command, log));
         }
         let credentials = dir.join("kubelet");
         let output = Command::new(binary)
@@ -251,6 +262,7 @@ impl OneNodeCluster {
             "containerd.log",
             "apiserver-forwarder.log",
             "service-forwarder.log",
+            "registry-link.log",
             "namespace.log",
             "forwarder.log",
             "controller-manager.log",
