@@ -210,7 +210,8 @@ fn a_pod_is_placed_by_the_scheduler_pulled_started_and_probed_ready_by_the_kubel
 }
 
 #[test]
-fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_honours() {
+fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollout_and_a_kubelet_restart(
+) {
     let cluster = common::needs!(common::node::cluster::shared());
     let objects = common::needs!(common::kustomize::render_with(
         "overlays/gpu",
@@ -251,6 +252,8 @@ fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_hono
     }
     open_to_all(&on_node);
     let manifest = model.manifest_json("0e9e39f249a16976918f6564b8830bc894c89659", true);
+    // Older than the racy window when the agent hashes it: the rolled agent trusts it unchanged.
+    common::wait_until_settled(&on_node);
 
     // An inference pod that does not tolerate the startup taint: the scheduler holds it.
     let namespace = cluster.namespace("held");
@@ -331,23 +334,7 @@ fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_hono
         "handler": "nvidia",
     }));
     cluster.admin.apply(&objects).unwrap();
-    let agent = common::wait_until(
-        "the DaemonSet's pod Ready on the node",
-        Duration::from_secs(180),
-        || {
-            let pods = cluster.admin.get(&[
-                "pods",
-                "-n",
-                "mlnode-system",
-                "-l",
-                "app.kubernetes.io/name=mlnode-agent",
-            ]);
-            let pod = pods["items"].get(0).cloned().unwrap_or(Value::Null);
-            (common::control_plane::condition(&pod, "Ready")["status"] == "True")
-                .then(|| pod.clone())
-                .ok_or_else(|| format!("{:#}\n{}", pod["status"], cluster.logs()))
-        },
-    );
+    let agent = await_agent_pod(cluster, None);
     assert_eq!(agent["metadata"]["ownerReferences"][0]["kind"], "DaemonSet");
     assert_eq!(agent["spec"]["nodeName"], NODE);
     common::wait_until(
@@ -379,11 +366,22 @@ fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_hono
     phases_agree_with_the_kubelet_and_the_server(cluster, agent_pod, &namespace, "server");
     let image = format!("{REGISTRY}/workload:held");
     a_second_pod_on_the_image_is_a_cache_hit(cluster, agent_pod, &namespace, &image);
+    an_init_container_and_a_sidecar_pull_beside_the_server(cluster, agent_pod, &namespace, &image);
+    a_server_that_crashes_once_is_measured_from_its_restart(cluster, agent_pod, &namespace, &image);
+    a_pull_that_fails_then_succeeds_counts_the_pull_alone(cluster, agent_pod, &namespace);
+    the_agent_runs_as_its_manifest_says(cluster);
+    the_admission_policies_type_check_without_warnings(cluster, &objects);
+    let agent = the_daemonset_controller_rolls_the_agent_without_a_read(cluster, &agent);
     the_kubelet_folds_the_agents_gate_into_ready(cluster, &namespace, &image, &on_node);
+    a_stopped_kubelet_leaves_the_agents_conditions_and_a_restart_reports_nothing_twice(
+        cluster, &agent, &namespace,
+    );
+}
 
-    // The kubelet ran the agent as the manifest says, under the runtime's default seccomp filter:
-    // UID 0 with no capability in any set, no new privileges; and its requests carried the
-    // service-account token the kubelet projected, bound to its pod on this node.
+/// The kubelet ran the agent as the manifest says, under the runtime's default seccomp filter:
+/// UID 0 with no capability in any set, no new privileges; and its requests carried the
+/// service-account token the kubelet projected, bound to its pod on this node.
+fn the_agent_runs_as_its_manifest_says(cluster: &OneNodeCluster) {
     let status = cluster.runtime.inside(&[
         "sh",
         "-c",
@@ -412,6 +410,246 @@ fn the_shipped_gpu_overlay_runs_the_agent_whose_startup_taint_the_scheduler_hono
         !agent_requests.is_empty() && agent_requests.iter().all(|r| r.node == NODE),
         "the agent's requests with its projected token, bound to {NODE}: {agent_requests:?}"
     );
+}
+
+/// The shipped ValidatingAdmissionPolicies as the controller manager's type checker finds them:
+/// every expression checked against the types it reads, no warning.
+fn the_admission_policies_type_check_without_warnings(cluster: &OneNodeCluster, objects: &[Value]) {
+    let mut get = vec!["validatingadmissionpolicies"];
+    get.extend(
+        objects
+            .iter()
+            .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
+            .map(|o| o["metadata"]["name"].as_str().unwrap()),
+    );
+    assert!(get.len() > 1, "the install ships admission policies");
+    let policies = common::wait_until(
+        "the type checker's verdict on every shipped policy",
+        Duration::from_secs(60),
+        || {
+            let policies = cluster.admin.get(&get);
+            let items = policies["items"].as_array().cloned().unwrap_or_default();
+            items
+                .iter()
+                .all(|p| !p["status"]["typeChecking"].is_null())
+                .then_some(items)
+                .ok_or_else(|| format!("{policies:#}"))
+        },
+    );
+    for policy in policies {
+        assert_eq!(
+            policy["status"]["typeChecking"]["expressionWarnings"],
+            Value::Null,
+            "{}: {:#}",
+            policy["metadata"]["name"],
+            policy["status"]
+        );
+    }
+}
+
+/// A changed pod template rolled out by the DaemonSet controller (`kubectl rollout restart`, one
+/// pod unavailable at a time): the new pod trusts the unchanged cache, reading none of it, and the
+/// node's conditions stay True throughout, untouched; the requests of the rollout, from the
+/// server's audit log. Returns the new agent pod.
+fn the_daemonset_controller_rolls_the_agent_without_a_read(
+    cluster: &OneNodeCluster,
+    old: &Value,
+) -> Value {
+    let conditions = || {
+        ["ModelCacheVerified", "AcceleratorHealthy"].map(|kind| {
+            let c = cluster.node_condition(kind).unwrap_or_default();
+            (c["status"].clone(), c["lastTransitionTime"].clone())
+        })
+    };
+    let before = conditions();
+    let mut audit = common::audit::AuditReader::default();
+    audit.read(cluster.audit_logs());
+    let daemonset = old["metadata"]["ownerReferences"][0]["name"]
+        .as_str()
+        .unwrap();
+    cluster.admin.admin(
+        &[
+            "rollout",
+            "restart",
+            "-n",
+            "mlnode-system",
+            &format!("daemonset/{daemonset}"),
+        ],
+        "",
+    );
+    let old_uid = old["metadata"]["uid"].as_str().unwrap();
+    let new = common::wait_until(
+        "the rolled agent Ready, its conditions unchanged meanwhile",
+        Duration::from_secs(120),
+        || {
+            let now = conditions();
+            assert_eq!(now, before, "the node's conditions during the rollout");
+            ready_agent_pod(cluster, Some(old_uid))
+        },
+    );
+    assert_eq!(conditions(), before);
+    // Its verdict on the previous agent's record, whichever it is.
+    let metrics = common::wait_until(
+        "the rolled agent's verdict on its predecessor's record",
+        Duration::from_secs(60),
+        || {
+            let metrics = agent_metrics(cluster, &new);
+            let verdicts: f64 = ["trusted", "partial", "unusable", "malformed", "none"]
+                .iter()
+                .filter_map(|result| {
+                    common::agent::sample(
+                        &metrics,
+                        "mlnode_model_cache_restart_records_total",
+                        &[("model_name", "llama-3.1-8b"), ("result", result)],
+                    )
+                })
+                .sum();
+            (verdicts >= 1.0).then_some(metrics.clone()).ok_or(metrics)
+        },
+    );
+    let model = [("model_name", "llama-3.1-8b")];
+    assert_eq!(
+        common::agent::sample(&metrics, "mlnode_model_cache_hashed_bytes_total", &model),
+        Some(0.0),
+        "no byte of the cache read again"
+    );
+    assert_eq!(
+        common::agent::sample(
+            &metrics,
+            "mlnode_model_cache_restart_records_total",
+            &[("model_name", "llama-3.1-8b"), ("result", "trusted")]
+        ),
+        Some(1.0),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("restart_records") || l.contains("hashed_bytes"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let requests: Vec<common::audit::Request> = audit
+        .read(cluster.audit_logs())
+        .into_iter()
+        .filter(|r| r.user == "system:serviceaccount:mlnode-system:mlnode-agent")
+        .collect();
+    for ((verb, resource, code), count) in common::audit::counts(&requests) {
+        eprintln!("rollout: the agents' {verb} {resource} {code}: {count}");
+    }
+    // The conditions and the taint already say it all: nothing written to the Node itself, and
+    // to its status at most the once a restarted agent finds its heartbeat due (docs/performance.md,
+    // "The fleet on a real API server": 0.16 to 0.4 writes per restart).
+    let writes = |resource: &str| {
+        requests
+            .iter()
+            .filter(|r| r.is_write() && r.resource == resource)
+            .count()
+    };
+    assert_eq!(writes("nodes"), 0, "{requests:?}");
+    assert!(writes("nodes/status") <= 1, "{requests:?}");
+    new
+}
+
+/// The kubelet killed: the node lifecycle controller marks the node's own conditions Unknown and
+/// taints it unreachable, and leaves the agent's conditions as they are; started again, the
+/// kubelet finds the agent and the pods running, the node Ready, and the agent reports no startup
+/// a second time.
+fn a_stopped_kubelet_leaves_the_agents_conditions_and_a_restart_reports_nothing_twice(
+    cluster: &OneNodeCluster,
+    agent: &Value,
+    namespace: &str,
+) {
+    let agent_pod = agent["metadata"]["name"].as_str().unwrap();
+    let startups_before = agent_startup_lines(cluster, agent_pod).len();
+    let agents_conditions = || {
+        ["ModelCacheVerified", "AcceleratorHealthy"]
+            .map(|kind| cluster.node_condition(kind).unwrap_or_default())
+    };
+    let before = agents_conditions();
+    cluster.stop_kubelet();
+    let unknown = common::wait_until(
+        "the node lifecycle controller's verdict on the silent kubelet",
+        Duration::from_secs(60),
+        || {
+            let node = cluster.node().unwrap();
+            let ready = common::control_plane::condition(&node, "Ready");
+            (ready["status"] == "Unknown")
+                .then(|| node.clone())
+                .ok_or_else(|| format!("{ready}"))
+        },
+    );
+    assert!(
+        unknown["spec"]["taints"].as_array().is_some_and(|t| t
+            .iter()
+            .any(|t| t["key"] == "node.kubernetes.io/unreachable")),
+        "{:#}",
+        unknown["spec"]["taints"]
+    );
+    assert_eq!(
+        agents_conditions(),
+        before,
+        "the agent's conditions left alone"
+    );
+    cluster.start_kubelet();
+    cluster.await_node_ready();
+    for pod in ["server", "server-2", "gated"] {
+        await_pod_ready(cluster, namespace, pod);
+    }
+    let agent_now = await_agent_pod(cluster, None);
+    assert_eq!(
+        agent_now["metadata"]["uid"], agent["metadata"]["uid"],
+        "the agent's pod ran on through the kubelet's restart"
+    );
+    assert_eq!(agents_conditions(), before);
+    assert_eq!(
+        agent_startup_lines(cluster, agent_pod).len(),
+        startups_before,
+        "no startup reported twice"
+    );
+}
+
+/// The agent's pod on the node once it is Ready, the one whose uid is not `not` where given.
+fn await_agent_pod(cluster: &OneNodeCluster, not: Option<&str>) -> Value {
+    common::wait_until(
+        "the DaemonSet's pod Ready on the node",
+        Duration::from_secs(180),
+        || ready_agent_pod(cluster, not),
+    )
+}
+
+/// The node's one agent pod, if it is Ready (and its uid is not `not` where given).
+fn ready_agent_pod(cluster: &OneNodeCluster, not: Option<&str>) -> Result<Value, String> {
+    let pods = cluster.admin.get(&[
+        "pods",
+        "-n",
+        "mlnode-system",
+        "-l",
+        "app.kubernetes.io/name=mlnode-agent",
+    ]);
+    let items = pods["items"].as_array().cloned().unwrap_or_default();
+    match &items[..] {
+        [pod]
+            if not.is_none_or(|uid| pod["metadata"]["uid"] != uid)
+                && common::control_plane::condition(pod, "Ready")["status"] == "True" =>
+        {
+            Ok(pod.clone())
+        }
+        _ => Err(format!(
+            "{:#?}\n{}",
+            items.iter().map(|p| &p["status"]).collect::<Vec<_>>(),
+            cluster.logs()
+        )),
+    }
+}
+
+/// The agent's metrics, scraped at its pod's address from the node, as Prometheus would.
+fn agent_metrics(cluster: &OneNodeCluster, agent: &Value) -> String {
+    let url = format!(
+        "http://{}:9400/metrics",
+        agent["status"]["podIP"].as_str().unwrap()
+    );
+    let output = cluster.runtime.inside(&["curl", "-sf", &url]);
+    assert!(output.status.success(), "{url}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).to_string()
 }
 
 /// The agent's startup phases for `pod` against ground truth: `image_pull` is the kubelet's own
@@ -497,6 +735,34 @@ fn phases_agree_with_the_kubelet_and_the_server(
             phase(name)
         );
     };
+    // The kubelet's own pod startup latency tracker, for the same pod: its end-to-end time runs
+    // to the moment its pod watch saw every container running, not to Ready; its pull time is the
+    // agent's image_pull.
+    let tracked = kubelet_tracked_startup(cluster, namespace, pod);
+    let field = |name: &str| {
+        tracked
+            .split(&format!(" {name}="))
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_else(|| panic!("no {name} in the kubelet's line: {tracked}"))
+    };
+    let kubelet_pulling = go_duration(&field("totalImagesPullingTime")).unwrap();
+    let kubelet_e2e = go_duration(&field("podStartE2EDuration")).unwrap();
+    eprintln!(
+        "{namespace}/{pod} kubelet: podStartSLOduration {} s, podStartE2EDuration {kubelet_e2e:.3} s, totalImagesPullingTime {kubelet_pulling:.3} s; agent: total {} s",
+        field("podStartSLOduration"),
+        startup["total_seconds"]
+    );
+    assert!(
+        (kubelet_pulling - phase("image_pull")).abs() < 0.1,
+        "the kubelet's pulling time {kubelet_pulling} against image_pull {}",
+        phase("image_pull")
+    );
+    assert!(
+        kubelet_e2e <= startup["total_seconds"].as_f64().unwrap() + 1.0,
+        "running (the kubelet's end) comes before Ready (the agent's)"
+    );
     agree("container_start", at("started") - pull_end);
     agree("model_load", at("model_loaded") - at("started"));
     agree("readiness", at("ready") - at("model_loaded"));
@@ -534,6 +800,156 @@ fn a_second_pod_on_the_image_is_a_cache_hit(
                     .contains("already present on machine")),
         "the kubelet found the image on the node"
     );
+}
+
+/// A pod with an init container that reads the model first and a sidecar (an init container that
+/// runs on, `restartPolicy: Always`): each container's `Pulled` event counts in the pulls, the
+/// phases follow the main container.
+fn an_init_container_and_a_sidecar_pull_beside_the_server(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+    image: &str,
+) {
+    let mut pod = workload_pod("with-init", image, &model_on_node(), 0);
+    let main = pod["spec"]["containers"][0].clone();
+    let mut fetch = main.clone();
+    fetch["name"] = json!("fetch");
+    fetch["args"] = json!(["--model", "/model", "--exit-after-load"]);
+    fetch.as_object_mut().unwrap().remove("readinessProbe");
+    fetch.as_object_mut().unwrap().remove("ports");
+    let mut sidecar = fetch.clone();
+    sidecar["name"] = json!("proxy");
+    sidecar["args"] = json!(["--listen", "0.0.0.0:9000"]);
+    sidecar["restartPolicy"] = json!("Always");
+    sidecar.as_object_mut().unwrap().remove("volumeMounts");
+    pod["spec"]["initContainers"] = json!([fetch, sidecar]);
+    create_and_await_ready(cluster, namespace, &pod);
+    let startup = await_agent_startups(cluster, agent_pod, namespace, "with-init", 1).remove(0);
+    let pulls = startup["pulls"].as_array().unwrap();
+    assert_eq!(
+        pulls.len(),
+        3,
+        "the init container's, the sidecar's, the server's: {startup}"
+    );
+    assert!(pulls.iter().all(|p| p["cache_hit"] == true), "{startup}");
+    for phase in ["container_start", "model_load", "readiness"] {
+        assert!(startup["phases"][phase].is_number(), "{phase}: {startup}");
+    }
+}
+
+/// A server that exits once its model is read, the first time: the kubelet restarts it, and the
+/// agent measures the one startup that turned Ready, from the first container's exit, with no
+/// scheduling phase.
+fn a_server_that_crashes_once_is_measured_from_its_restart(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+    image: &str,
+) {
+    let mut pod = workload_pod("crashes-once", image, &model_on_node(), 0);
+    let container = &mut pod["spec"]["containers"][0];
+    container["args"]
+        .as_array_mut()
+        .unwrap()
+        .extend([json!("--crash-once"), json!("/scratch/crashed")]);
+    container["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "scratch", "mountPath": "/scratch"}));
+    pod["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "scratch", "emptyDir": {}}));
+    let ready = create_and_await_ready(cluster, namespace, &pod);
+    let status = &ready["status"]["containerStatuses"][0];
+    assert_eq!(status["restartCount"], 1, "{status}");
+    let startups = await_agent_startups(cluster, agent_pod, namespace, "crashes-once", 1);
+    assert_eq!(startups.len(), 1, "one startup turned Ready: {startups:?}");
+    let startup = &startups[0];
+    assert_eq!(startup["restarts"], 1, "{startup}");
+    assert!(startup["phases"]["scheduling"].is_null(), "{startup}");
+    assert!(startup["phases"]["model_load"].is_number(), "{startup}");
+    let exited = seconds(
+        status["lastState"]["terminated"]["finishedAt"]
+            .as_str()
+            .unwrap(),
+    );
+    let ready_at = seconds(
+        common::control_plane::condition(&ready, "Ready")["lastTransitionTime"]
+            .as_str()
+            .unwrap(),
+    );
+    assert!(
+        (startup["total_seconds"].as_f64().unwrap() - (ready_at - exited)).abs() <= 1.0,
+        "measured from the first container's exit: {startup}"
+    );
+}
+
+/// An image pushed only after its pod asked for it: the kubelet's pull fails (`ErrImagePull`),
+/// backs off and then succeeds; the agent counts the successful pull's time alone in
+/// `image_pull`, the back-off in the total.
+fn a_pull_that_fails_then_succeeds_counts_the_pull_alone(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+) {
+    let image = format!("{REGISTRY}/workload:late");
+    let pod = workload_pod("late-image", &image, &model_on_node(), 0);
+    cluster
+        .admin
+        .admin(&["create", "-n", namespace, "-f", "-"], &pod.to_string());
+    common::wait_until("the kubelet's failed pull", Duration::from_secs(60), || {
+        let events = events_of(cluster, namespace, "late-image");
+        events
+            .iter()
+            .any(|e| {
+                e["reason"] == "Failed" && e["message"].as_str().unwrap().contains("ErrImagePull")
+            })
+            .then_some(())
+            .ok_or_else(|| format!("{events:#?}"))
+    });
+    let programs = cluster.runtime.programs().to_path_buf();
+    cluster
+        .runtime
+        .push_image("workload:late", &[&programs.join("workload")], "/workload");
+    await_pod_ready(cluster, namespace, "late-image");
+    let startup = await_agent_startups(cluster, agent_pod, namespace, "late-image", 1).remove(0);
+    let events = events_of(cluster, namespace, "late-image");
+    let pulled: Vec<&Value> = events.iter().filter(|e| e["reason"] == "Pulled").collect();
+    assert_eq!(pulled.len(), 1, "{events:#?}");
+    let message = pulled[0]["message"].as_str().unwrap();
+    let kubelet_pull = message
+        .split_once("\" in ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(go_duration)
+        .unwrap();
+    assert_eq!(startup["pulls"].as_array().unwrap().len(), 1, "{startup}");
+    assert!(
+        (startup["phases"]["image_pull"].as_f64().unwrap() - kubelet_pull).abs() < 1e-6,
+        "{startup} against {message}"
+    );
+    assert!(
+        startup["total_seconds"].as_f64().unwrap() > kubelet_pull + 1.0,
+        "the back-off is in the total: {startup}"
+    );
+}
+
+/// The model's cache as the node's pods mount it.
+fn model_on_node() -> std::path::PathBuf {
+    std::path::PathBuf::from("/var/lib/models/llama-3.1-8b")
+}
+
+/// `pod` created in `namespace`, once the kubelet reports it Ready.
+fn create_and_await_ready(cluster: &OneNodeCluster, namespace: &str, pod: &Value) -> Value {
+    cluster
+        .admin
+        .admin(&["create", "-n", namespace, "-f", "-"], &pod.to_string());
+    await_pod_ready(
+        cluster,
+        namespace,
+        pod["metadata"]["name"].as_str().unwrap(),
+    )
 }
 
 /// A pod with the model's readiness gate: the kubelet's `Ready` turns True only once the agent's
@@ -613,21 +1029,49 @@ fn await_agent_startups(
     pod: &str,
     count: usize,
 ) -> Vec<Value> {
-    common::wait_until(
+    let startups = common::wait_until(
         &format!("the agent's startup of {namespace}/{pod}"),
         Duration::from_secs(60),
         || {
-            let lines = container_output(cluster, "mlnode-system", agent_pod, "agent");
-            let startups: Vec<Value> = lines
-                .iter()
-                .filter(|l| {
-                    l["message"] == "pod startup" && l["namespace"] == namespace && l["pod"] == pod
-                })
+            let startups: Vec<Value> = agent_startup_lines(cluster, agent_pod)
+                .into_iter()
+                .filter(|l| l["namespace"] == namespace && l["pod"] == pod)
                 .map(|l| serde_json::from_str(l["phases"].as_str().unwrap()).unwrap())
                 .collect();
             (startups.len() >= count)
                 .then(|| startups.clone())
-                .ok_or_else(|| format!("{} lines of the agent's, none for {pod}", lines.len()))
+                .ok_or_else(|| format!("{} startups for {pod}", startups.len()))
+        },
+    );
+    for startup in &startups {
+        eprintln!("{namespace}/{pod} the agent's startup: {startup}");
+    }
+    startups
+}
+
+/// Every "pod startup" line of the agent's log (by its pod's name, restarts included).
+fn agent_startup_lines(cluster: &OneNodeCluster, agent_pod: &str) -> Vec<Value> {
+    container_output(cluster, "mlnode-system", agent_pod, "agent")
+        .into_iter()
+        .filter(|l| l["message"] == "pod startup")
+        .collect()
+}
+
+/// The kubelet's "Observed pod startup duration" line for `pod` (its pod startup latency
+/// tracker, pkg/kubelet/util/pod_startup_latency_tracker.go), from its log.
+fn kubelet_tracked_startup(cluster: &OneNodeCluster, namespace: &str, pod: &str) -> String {
+    let log = cluster.runtime.dir().join("kubelet.log");
+    let wanted = format!("pod=\"{namespace}/{pod}\"");
+    common::wait_until(
+        &format!("the kubelet's startup duration of {namespace}/{pod}"),
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.contains("Observed pod startup duration") && l.contains(&wanted))
+                .map(str::to_string)
+                .ok_or_else(|| "not logged yet".to_string())
         },
     )
 }

@@ -8,9 +8,8 @@
 use crate::common;
 
 use std::io::{Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::agent::{sample, Agent};
 use common::cluster_node::ClusterNode;
@@ -101,30 +100,6 @@ impl Node {
     }
 }
 
-/// Until every file under `root` last changed more than the racy window (2 s) ago: a file changed
-/// later than that before its hash is never trusted unchanged at a restart
-/// (`mlnode_verify::fingerprint`), so a test of trust starts from files older than that.
-fn wait_until_settled(root: &Path) {
-    let newest = walkdir::WalkDir::new(root)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter_map(|e| std::fs::symlink_metadata(e.path()).ok())
-        .map(|m| m.ctime().max(m.mtime()))
-        .max()
-        .unwrap_or(0);
-    common::wait_until(
-        "files older than the racy window",
-        Duration::from_secs(10),
-        || {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_secs() as i64;
-            (now > newest + 2).then_some(()).ok_or_else(String::new)
-        },
-    );
-}
-
 /// /readyz once the model has a verdict, either way.
 fn ready(agent: &Agent) -> String {
     common::wait_until("a verdict on /readyz", Duration::from_secs(30), || {
@@ -156,7 +131,7 @@ fn restart_records(agent: &Agent, result: &str) -> f64 {
 
 /// A model verified by a first agent, which left its record on the node and was stopped.
 fn verified_then_stopped(node: &Node, model: &PlainModel, manifest: &Path) {
-    wait_until_settled(model.root());
+    common::wait_until_settled(model.root());
     let mut first = node.agent(model.root(), manifest, "");
     assert_eq!(ready(&first).lines().count(), 1);
     node.wait_for_record();
@@ -177,7 +152,7 @@ fn an_unchanged_cache_is_verified_at_restart_without_a_read_and_every_gate_stays
         json!({"mlnode.dev/model": "llama"}),
     ));
     let gate = || node.api.pod_condition("vllm-0", "mlnode.dev/ModelVerified");
-    wait_until_settled(model.root());
+    common::wait_until_settled(model.root());
     let mut first = node.agent(model.root(), &manifest, "");
     ready(&first);
     node.wait_for_record();
@@ -249,7 +224,7 @@ fn a_write_beside_the_manifest_during_a_restart_reads_nothing() {
     let node = common::needs!(Node::new());
     let model = PlainModel::new();
     let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    wait_until_settled(model.root());
+    common::wait_until_settled(model.root());
     let mut first = node.agent(model.root(), &manifest, "");
     ready(&first);
     node.wait_for_record();
@@ -459,7 +434,7 @@ fn an_unchanged_hub_cache_is_trusted_and_a_rewritten_blob_is_not() {
     let node = common::needs!(Node::new());
     let cache = common::HfCache::new();
     let (_dir, manifest) = common::write_temp(&cache.manifest_json(common::COMMIT));
-    wait_until_settled(cache.hub.path());
+    common::wait_until_settled(cache.hub.path());
     let mut first = node.agent(&cache.root(), &manifest, "");
     ready(&first);
     node.wait_for_record();

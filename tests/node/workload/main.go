@@ -32,6 +32,7 @@ func main() {
 	readyAfter := flag.Duration("ready-after", 0, "how long after loading the readiness endpoint starts answering 200")
 	listen := flag.String("listen", "127.0.0.1:8000", "where /health is served")
 	exitAfterLoad := flag.Bool("exit-after-load", false, "exit once the model is read, serving nothing")
+	crashOnce := flag.String("crash-once", "", "a file that, where it does not exist yet, is created and the program exits 1 once the model is read: a server that crashes on its first start (the file on a volume that outlives the container)")
 	flag.Parse()
 	// The seccomp mode the runtime put it under (2: a filter), from the kernel's own account.
 	status, _ := os.ReadFile("/proc/self/status")
@@ -65,6 +66,15 @@ func main() {
 	say("model_loaded", map[string]any{"files": files, "bytes": bytes})
 	if *exitAfterLoad {
 		return
+	}
+	if *crashOnce != "" {
+		if _, err := os.Stat(*crashOnce); os.IsNotExist(err) {
+			if err := os.WriteFile(*crashOnce, nil, 0o644); err != nil {
+				say("failed", map[string]any{"error": err.Error()})
+			}
+			say("crashed", nil)
+			os.Exit(1)
+		}
 	}
 	readyAt := time.Now().Add(*readyAfter)
 	var ready sync.Once

@@ -132,8 +132,8 @@ impl Tracker {
     /// Ready (or Ready again after a restart) is measured once.
     pub async fn run(mut self, mut pods: NodePods, shutdown: CancellationToken) {
         let started_at = unix_now();
-        // (pod uid, restart count) already reported; pruned to the pods the watch still has, so
-        // it stays as small as the node's pod count.
+        // (pod uid, restart count) seen Ready, reported or not; pruned to the pods the watch
+        // still has, so it stays as small as the node's pod count.
         let mut reported: HashSet<(String, i32)> = HashSet::new();
         let mut recent: VecDeque<(f64, String, String)> = VecDeque::new();
         loop {
@@ -155,10 +155,7 @@ impl Tracker {
                 .collect();
             reported.retain(|(uid, _)| uids.contains(uid.as_str()));
             for pod in &listed {
-                let Some(key) = startup_key(pod, started_at) else {
-                    continue;
-                };
-                if !reported.insert(key) {
+                if !newly_ready(pod, started_at, &mut reported) {
                     continue;
                 }
                 if let Some(startup) = self.measure(pod, seen).await {
@@ -223,9 +220,22 @@ impl Tracker {
     }
 }
 
-/// A pod worth measuring now: Ready, after the agent started (earlier startups' model loads were not
-/// seen), keyed by its main container's restart count so each restart is measured once.
-fn startup_key(pod: &Pod, started_at: f64) -> Option<(String, i32)> {
+/// Whether `pod` is a startup to measure now: Ready for the first time that `seen` (the pod
+/// uids and main-container restart counts seen Ready so far) knows of, and Ready after the agent
+/// started. A pod already Ready when the agent first sees it is added to `seen` unmeasured (its
+/// load was not seen), so that its later Ready transitions, after a kubelet restart, a probe's
+/// flap or a readiness gate, are not taken for startups; each restart of the main container is
+/// a startup of its own.
+fn newly_ready(pod: &Pod, started_at: f64, seen: &mut HashSet<(String, i32)>) -> bool {
+    let Some((key, ready_at)) = ready_key(pod) else {
+        return false;
+    };
+    // API times are whole seconds: a second's slack.
+    seen.insert(key) && ready_at + 1.0 >= started_at
+}
+
+/// A Ready pod's key (uid, main-container restart count) and when it turned Ready.
+fn ready_key(pod: &Pod) -> Option<((String, i32), f64)> {
     let status = pod.status.as_ref()?;
     let ready = status
         .conditions
@@ -233,9 +243,6 @@ fn startup_key(pod: &Pod, started_at: f64) -> Option<(String, i32)> {
         .iter()
         .find(|c| c.type_ == "Ready" && c.status == "True")?;
     let ready_at = ready.last_transition_time.as_ref()?.0.as_millisecond() as f64 / 1000.0;
-    if ready_at + 1.0 < started_at {
-        return None;
-    }
     let main = phases::main_container(pod)?;
     let restarts = status
         .container_statuses
@@ -243,7 +250,7 @@ fn startup_key(pod: &Pod, started_at: f64) -> Option<(String, i32)> {
         .iter()
         .find(|c| c.name == main)?
         .restart_count;
-    Some((pod.metadata.uid.clone()?, restarts))
+    Some(((pod.metadata.uid.clone()?, restarts), ready_at))
 }
 
 /// From the main container's start to Ready: where a model load can be.
@@ -272,4 +279,73 @@ fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
         t.0.as_millisecond() as f64 / 1000.0
     };
     Some((seconds(started) - 1.0, seconds(ready) + 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ready: &str, restarts: i32) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "vllm-0", "namespace": "inference", "uid": "u1"},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm"}]},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ready}],
+                "containerStatuses": [{
+                    "name": "vllm", "image": "vllm", "imageID": "", "ready": true,
+                    "restartCount": restarts,
+                }],
+            },
+        }))
+        .unwrap()
+    }
+
+    // The agent started at 12:00:10.
+    const AGENT: f64 = 1_796_472_010.0;
+
+    #[test]
+    fn a_pod_ready_before_the_agent_is_no_startup_even_when_ready_again() {
+        let mut seen = HashSet::new();
+        assert!(!newly_ready(
+            &pod("2026-12-05T11:00:00Z", 0),
+            AGENT,
+            &mut seen
+        ));
+        // The kubelet restarted: Ready again, later, with the same container.
+        assert!(!newly_ready(
+            &pod("2026-12-05T12:05:00Z", 0),
+            AGENT,
+            &mut seen
+        ));
+        // The container restarted: a startup of its own.
+        assert!(newly_ready(
+            &pod("2026-12-05T12:06:00Z", 1),
+            AGENT,
+            &mut seen
+        ));
+        assert!(
+            !newly_ready(&pod("2026-12-05T12:07:00Z", 1), AGENT, &mut seen),
+            "once"
+        );
+    }
+
+    #[test]
+    fn a_pod_that_turns_ready_after_the_agent_started_is_measured_once() {
+        let mut seen = HashSet::new();
+        assert!(newly_ready(
+            &pod("2026-12-05T12:00:40Z", 0),
+            AGENT,
+            &mut seen
+        ));
+        assert!(!newly_ready(
+            &pod("2026-12-05T12:01:40Z", 0),
+            AGENT,
+            &mut seen
+        ));
+        let mut seen = HashSet::new();
+        assert!(
+            newly_ready(&pod("2026-12-05T12:00:09Z", 0), AGENT, &mut seen),
+            "within the API's second"
+        );
+    }
 }

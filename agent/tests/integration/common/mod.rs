@@ -325,3 +325,29 @@ pub fn write_temp(text: &str) -> (tempfile::TempDir, PathBuf) {
     std::fs::write(&path, text).unwrap();
     (dir, path)
 }
+
+/// Until every file under `root` last changed more than the racy window (2 s) ago: a file changed
+/// later than that before its hash is never trusted unchanged at a restart
+/// (`mlnode_verify::fingerprint`), so a test of trust starts from files older than that.
+pub fn wait_until_settled(root: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let newest = walkdir::WalkDir::new(root)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::symlink_metadata(e.path()).ok())
+        .map(|m| m.ctime().max(m.mtime()))
+        .max()
+        .unwrap_or(0);
+    wait_until(
+        "files older than the racy window",
+        Duration::from_secs(10),
+        || {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            (now > newest + 2).then_some(()).ok_or_else(String::new)
+        },
+    );
+}

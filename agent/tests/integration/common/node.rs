@@ -270,10 +270,15 @@ impl Runtime {
             .unwrap_or_else(|e| panic!("nsenter {command:?}: {e}"))
     }
 
-    /// A long-running program of the node started inside its namespaces, its output in `log`
-    /// under the node's folder; it dies with the namespace at the latest.
+    /// A long-running program of the node started inside its namespaces, its output appended to
+    /// `log` under the node's folder (a restarted program's after its earlier run's); it dies
+    /// with the namespace at the latest.
     pub fn spawn_inside(&self, command: &[&str], log: &str) -> Child {
-        let output = std::fs::File::create(self.dir.join(log)).unwrap();
+        let output = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(log))
+            .unwrap();
         spawn_for_the_run(
             self.nsenter(command)
                 .stdin(Stdio::null())

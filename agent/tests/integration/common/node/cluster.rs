@@ -112,6 +112,10 @@ impl OneNodeCluster {
                     ),
                     // kube-root-ca.crt in every namespace, which projected tokens mount.
                     &format!("--root-ca-file={}", state.join("pki/ca.crt").display()),
+                    // A silent kubelet is Unknown after 8 s rather than 50: its lease is renewed
+                    // every second (nodeLeaseDurationSeconds 4).
+                    "--node-monitor-grace-period=8s",
+                    "--node-monitor-period=1s",
                 ],
                 &dir.join("controller-manager.log"),
             ),
@@ -224,6 +228,18 @@ impl OneNodeCluster {
             ],
             "kubelet.log",
         ));
+    }
+
+    /// The kubelet killed, as a crash or an OOM kill ends it: its pods' containers run on.
+    pub fn stop_kubelet(&self) {
+        let mut kubelet = self.kubelet.lock().unwrap();
+        let mut nsenter = kubelet.take().expect("the kubelet is not running");
+        // nsenter forked the kubelet into the node's PID namespace: it is nsenter's only child.
+        let kill = self
+            .runtime
+            .inside(&["pkill", "-KILL", "-f", "control-plane kubelet"]);
+        assert!(kill.status.success(), "pkill the kubelet: {kill:?}");
+        let _ = nsenter.wait();
     }
 
     /// Waits for the node's Ready condition to be True; fails with the node's components' logs.
@@ -440,6 +456,8 @@ fn kubelet_config(runtime: &Runtime, credentials: &Path) -> Value {
             "x509": {"clientCAFile": credentials.join("ca.crt")},
         },
         "authorization": {"mode": "Webhook"},
+        // Its lease renewed every second (a quarter of it), for the controller manager's 8 s grace.
+        "nodeLeaseDurationSeconds": 4,
         // The machine's disk is shared with everything else on it: evict only when it is all but
         // full, not at the default 10 % and 15 % free.
         "evictionHard": {
