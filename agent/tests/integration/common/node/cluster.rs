@@ -81,10 +81,12 @@ impl OneNodeCluster {
         let started = Instant::now();
         let machine_before = MachineState::read();
         let runtime = Runtime::start_for_kubelet().expect("the node's programs are built");
+        let runtime_up = started.elapsed();
         let dir = runtime.dir().to_path_buf();
         let (control_plane, admin) =
             OwnControlPlane::start(&dir.join("control-plane"), AUDIT_POLICY, &[])
                 .expect("the control plane is built");
+        let control_plane_up = started.elapsed();
         let state = control_plane.state();
         let port = admin.server().rsplit(':').next().unwrap().to_string();
         let socket = dir.join("apiserver.sock");
@@ -197,11 +199,16 @@ impl OneNodeCluster {
             agent_image: OnceLock::new(),
             machine_before,
         };
+        let kubelet_started = started.elapsed();
         cluster.start_kubelet();
         cluster.await_node_ready();
         eprintln!(
-            "the one-node cluster is ready after {:.1} s",
-            started.elapsed().as_secs_f64()
+            "the one-node cluster is ready after {:.1} s: containerd and the registry up at {:.1} s, \
+             the control plane at {:.1} s, the kubelet started at {:.1} s",
+            started.elapsed().as_secs_f64(),
+            runtime_up.as_secs_f64(),
+            control_plane_up.as_secs_f64(),
+            kubelet_started.as_secs_f64(),
         );
         cluster
     }
