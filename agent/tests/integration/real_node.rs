@@ -117,6 +117,12 @@ fn the_kubelet_registers_its_node_as_system_nodes_and_leaves_the_machine_as_it_w
         "a token the server grants nodes/proxy"
     );
 
+    // Nothing of the cluster listens beyond the machine's loopback.
+    let listeners = cluster.machine_listeners();
+    assert!(
+        !listeners.is_empty() && listeners.iter().all(|(_, loopback)| *loopback),
+        "the cluster's listening sockets on the machine, all on loopback: {listeners:?}"
+    );
     // The kubelet's kernel settings, the runtime's state, the node's links and the pods' cgroups
     // all stayed in the node's namespaces and under its cgroup root.
     assert_eq!(

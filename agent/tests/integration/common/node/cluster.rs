@@ -55,7 +55,7 @@ pub struct OneNodeCluster {
     control_plane: OwnControlPlane,
     /// The forwarders to the server (one on each side), kube-controller-manager and
     /// kube-scheduler.
-    _programs: Vec<Child>,
+    programs: Vec<Child>,
     kubelet: Mutex<Option<Child>>,
     /// Held exclusively by a test that changes the node for every pod (its taints, the agent
     /// installed on it), shared by tests that only run pods on it.
@@ -193,7 +193,7 @@ impl OneNodeCluster {
             admin,
             runtime,
             control_plane,
-            _programs: programs,
+            programs,
             kubelet: Mutex::new(None),
             node_wide: RwLock::new(()),
             agent_image: OnceLock::new(),
@@ -295,6 +295,61 @@ impl OneNodeCluster {
         .map(|log| format!("--- {log}:\n{}", log_tail(&dir.join(log), 15)))
         .collect::<Vec<_>>()
         .join("\n")
+    }
+
+    /// The TCP sockets the cluster's programs on the machine (etcd, kube-apiserver, the
+    /// controller manager, the scheduler, the forwarders) listen on, in the machine's network
+    /// namespace, from the kernel's tables (`/proc/net/tcp`, `tcp6`): each local address and
+    /// port, and whether it is loopback. The node's own programs listen in its namespace.
+    pub fn machine_listeners(&self) -> Vec<(String, bool)> {
+        let mut pids = vec![
+            self.control_plane.etcd_pid(),
+            self.control_plane.apiserver_pid(),
+        ];
+        pids.extend(self.programs.iter().map(Child::id));
+        let sockets: std::collections::HashSet<String> = pids
+            .iter()
+            .flat_map(|pid| {
+                std::fs::read_dir(format!("/proc/{pid}/fd"))
+                    .into_iter()
+                    .flatten()
+            })
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .filter_map(|link| {
+                let link = link.to_string_lossy().into_owned();
+                Some(
+                    link.strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .to_string(),
+                )
+            })
+            .collect();
+        // Loopback as the kernel writes it: 127.0.0.0/8 little-endian, ::1 as four
+        // little-endian words.
+        let loopback = |address: &str| {
+            address.len() == 8 && address.ends_with("7F")
+                || address == "00000000000000000000000001000000"
+        };
+        ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .flat_map(|table| {
+                std::fs::read_to_string(table)
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+                (*state == "0A" && sockets.contains(*inode)).then(|| {
+                    let address = local.split(':').next().unwrap_or_default();
+                    (local.to_string(), loopback(address))
+                })
+            })
+            .collect()
     }
 
     /// What the node must leave as it was on the machine, as read before it started.
