@@ -227,6 +227,150 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
         ]
     ));
     let _node_wide = cluster.exclusive();
+    // 64 MiB beside the server in its image, incompressible: two seconds over the node's link.
+    let filler = cluster.runtime.dir().join("filler.bin");
+    let mut bytes = vec![0u8; 64 << 20];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").unwrap(),
+        &mut bytes,
+    )
+    .unwrap();
+    std::fs::write(&filler, bytes).unwrap();
+    let mut installed = Vec::new();
+    let Held {
+        agent,
+        namespace,
+        on_node,
+    } = held_until_the_agent_lifts_its_startup_taint(cluster, "held", &[&filler], |manifest| {
+        // The agent installed as the README says, its image from the node's registry.
+        let image = cluster.agent_image().to_string();
+        installed = objects
+            .into_iter()
+            // The Prometheus Operator's kinds: no operator on this cluster.
+            .filter(|o| {
+                !o["apiVersion"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("monitoring.coreos.com/")
+            })
+            .map(|mut o| {
+                if o["kind"] == "DaemonSet" {
+                    o["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+                }
+                if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-model-manifests" {
+                    o["data"]["llama-3.1-8b.json"] = json!(manifest);
+                }
+                o
+            })
+            .collect();
+        cluster.admin.apply(&installed).unwrap();
+    });
+    let objects = installed;
+    let agent_pod = agent["metadata"]["name"].as_str().unwrap();
+    phases_agree_with_the_kubelet_and_the_server(cluster, agent_pod, &namespace, "server");
+    let image = format!("{REGISTRY}/workload:held");
+    a_second_pod_on_the_image_is_a_cache_hit(cluster, agent_pod, &namespace, &image);
+    an_init_container_and_a_sidecar_pull_beside_the_server(cluster, agent_pod, &namespace, &image);
+    a_server_that_crashes_once_is_measured_from_its_restart(cluster, agent_pod, &namespace, &image);
+    a_pull_that_fails_then_succeeds_counts_the_pull_alone(cluster, agent_pod, &namespace);
+    the_agent_runs_as_its_manifest_says(cluster);
+    the_admission_policies_type_check_without_warnings(cluster, &objects);
+    let agent = the_daemonset_controller_rolls_the_agent_without_a_read(cluster, &agent);
+    the_kubelet_folds_the_agents_gate_into_ready(cluster, &namespace, &image, &on_node);
+    a_stopped_kubelet_leaves_the_agents_conditions_and_a_restart_reports_nothing_twice(
+        cluster, &agent, &namespace,
+    );
+    let list = common::control_plane::list(objects);
+    cluster
+        .admin
+        .admin(&["delete", "--wait", "-f", "-"], &list.to_string());
+    await_no_agent(cluster, &namespace);
+}
+
+#[test]
+fn the_charts_gpu_daemonset_installed_by_helm_runs_on_the_real_node() {
+    let cluster = common::needs!(common::node::cluster::shared());
+    common::needs!(common::helm::helm(&["version"]).map(|_| ()));
+    let _node_wide = cluster.exclusive();
+    let values = cluster.runtime.dir().join("chart-values.json");
+    let Held { namespace, .. } =
+        held_until_the_agent_lifts_its_startup_taint(cluster, "charted", &[], |manifest| {
+            // As the README installs the chart, into a namespace labelled privileged, with the
+            // values a cluster without the Prometheus Operator and with the NVIDIA handler sets.
+            let image = cluster.agent_image();
+            let (repository, digest) = image.split_once('@').unwrap();
+            std::fs::write(
+                &values,
+                json!({
+                    "image": {"repository": repository, "tag": format!("test@{digest}")},
+                    "modelManifests": {"llama-3.1-8b.json": manifest},
+                    "startupTaint": {"enabled": true},
+                    "runtimeClassName": "nvidia",
+                    "podMonitor": {"enabled": false},
+                    "prometheusRule": {"enabled": false},
+                })
+                .to_string(),
+            )
+            .unwrap();
+            helm(
+                cluster,
+                &[
+                    "install",
+                    "mlnode-agent",
+                    &chart(),
+                    "--namespace",
+                    "mlnode-system",
+                    "--create-namespace",
+                    "-f",
+                    values.to_str().unwrap(),
+                ],
+            );
+            cluster.admin.admin(
+                &[
+                    "label",
+                    "namespace",
+                    "mlnode-system",
+                    "pod-security.kubernetes.io/enforce=privileged",
+                    "--overwrite",
+                ],
+                "",
+            );
+        });
+    helm(
+        cluster,
+        &[
+            "uninstall",
+            "mlnode-agent",
+            "--namespace",
+            "mlnode-system",
+            "--wait",
+        ],
+    );
+    await_no_agent(cluster, &namespace);
+}
+
+/// What the startup-taint scenario leaves for the stages after it.
+struct Held {
+    /// The agent's pod, Ready.
+    agent: Value,
+    /// The inference pods' namespace.
+    namespace: String,
+    /// The model's cache, in the node's folder.
+    on_node: std::path::PathBuf,
+}
+
+/// A new GPU node as GPU Feature Discovery labels it and Karpenter's startupTaints hold it, the
+/// user's model where the manifests' hostPath points, and an inference pod (its image the
+/// workload and `extra` files) that does not tolerate the taint: the real scheduler holds it.
+/// Then `install` (given the model's manifest, README step 2) installs the agent: its DaemonSet's
+/// pod runs, the agent verifies the model, sets its conditions and lifts the taint, and the held
+/// pod is placed and turns Ready.
+fn held_until_the_agent_lifts_its_startup_taint(
+    cluster: &OneNodeCluster,
+    prefix: &str,
+    extra: &[&std::path::Path],
+    install: impl FnOnce(String),
+) -> Held {
     // A new GPU node as GPU Feature Discovery labels it and Karpenter's startupTaints hold it.
     cluster.admin.admin(
         &[
@@ -262,28 +406,18 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
     common::wait_until_settled(&on_node);
 
     // An inference pod that does not tolerate the startup taint: the scheduler holds it.
-    let namespace = cluster.namespace("held");
+    let namespace = cluster.namespace(prefix);
+    let image = format!("workload:{prefix}");
     let pod = workload_pod(
         "server",
-        &format!("{REGISTRY}/workload:held"),
-        std::path::Path::new("/var/lib/models/llama-3.1-8b"),
+        &format!("{REGISTRY}/{image}"),
+        &model_on_node(),
         2,
     );
-    // 64 MiB beside the server in its image, incompressible: two seconds over the node's link.
-    let programs = cluster.runtime.programs().to_path_buf();
-    let filler = cluster.runtime.dir().join("filler.bin");
-    let mut bytes = vec![0u8; 64 << 20];
-    std::io::Read::read_exact(
-        &mut std::fs::File::open("/dev/urandom").unwrap(),
-        &mut bytes,
-    )
-    .unwrap();
-    std::fs::write(&filler, bytes).unwrap();
-    cluster.runtime.push_image(
-        "workload:held",
-        &[&programs.join("workload"), &filler],
-        "/workload",
-    );
+    let workload = cluster.runtime.programs().join("workload");
+    let mut files = vec![workload.as_path()];
+    files.extend(extra);
+    cluster.runtime.push_image(&image, &files, "/workload");
     cluster
         .admin
         .admin(&["create", "-n", &namespace, "-f", "-"], &pod.to_string());
@@ -311,35 +445,21 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
         json!([{"key": "mlnode.dev/not-ready", "effect": "NoSchedule"}])
     );
 
-    // The agent installed as the README says, its image from the node's registry, the handler's
-    // RuntimeClass made as the GPU Operator makes it.
-    let image = cluster.agent_image().to_string();
-    let objects: Vec<Value> = objects
-        .into_iter()
-        // The Prometheus Operator's kinds: no operator on this cluster.
-        .filter(|o| {
-            !o["apiVersion"]
-                .as_str()
-                .unwrap()
-                .starts_with("monitoring.coreos.com/")
-        })
-        .map(|mut o| {
-            if o["kind"] == "DaemonSet" {
-                o["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
-            }
-            if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-model-manifests" {
-                o["data"]["llama-3.1-8b.json"] = json!(manifest);
-            }
-            o
-        })
-        .collect();
-    cluster.admin.create(&json!({
-        "apiVersion": "node.k8s.io/v1",
-        "kind": "RuntimeClass",
-        "metadata": {"name": "nvidia"},
-        "handler": "nvidia",
-    }));
-    cluster.admin.apply(&objects).unwrap();
+    // The handler's RuntimeClass, made as the GPU Operator makes it.
+    if !cluster
+        .admin
+        .kubectl(&["get", "runtimeclass", "nvidia"], "")
+        .status
+        .success()
+    {
+        cluster.admin.create(&json!({
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": "nvidia"},
+            "handler": "nvidia",
+        }));
+    }
+    install(manifest);
     let agent = await_agent_pod(cluster, None);
     assert_eq!(agent["metadata"]["ownerReferences"][0]["kind"], "DaemonSet");
     assert_eq!(agent["spec"]["nodeName"], NODE);
@@ -368,20 +488,40 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
     // The pod the taint held, placed once it was lifted.
     let ready = await_pod_ready(cluster, &namespace, "server");
     assert_eq!(ready["spec"]["nodeName"], NODE);
-    let agent_pod = agent["metadata"]["name"].as_str().unwrap();
-    phases_agree_with_the_kubelet_and_the_server(cluster, agent_pod, &namespace, "server");
-    let image = format!("{REGISTRY}/workload:held");
-    a_second_pod_on_the_image_is_a_cache_hit(cluster, agent_pod, &namespace, &image);
-    an_init_container_and_a_sidecar_pull_beside_the_server(cluster, agent_pod, &namespace, &image);
-    a_server_that_crashes_once_is_measured_from_its_restart(cluster, agent_pod, &namespace, &image);
-    a_pull_that_fails_then_succeeds_counts_the_pull_alone(cluster, agent_pod, &namespace);
-    the_agent_runs_as_its_manifest_says(cluster);
-    the_admission_policies_type_check_without_warnings(cluster, &objects);
-    let agent = the_daemonset_controller_rolls_the_agent_without_a_read(cluster, &agent);
-    the_kubelet_folds_the_agents_gate_into_ready(cluster, &namespace, &image, &on_node);
-    a_stopped_kubelet_leaves_the_agents_conditions_and_a_restart_reports_nothing_twice(
-        cluster, &agent, &namespace,
-    );
+    Held {
+        agent,
+        namespace,
+        on_node,
+    }
+}
+
+/// Waits until the agent's pods are gone and the node's inference pods' namespace deleted.
+fn await_no_agent(cluster: &OneNodeCluster, namespace: &str) {
+    cluster
+        .admin
+        .admin(&["delete", "namespace", namespace, "--wait=false"], "");
+    common::wait_until("the agent uninstalled", Duration::from_secs(120), || {
+        let pods = agent_pods(cluster);
+        pods.is_empty()
+            .then_some(())
+            .ok_or_else(|| format!("{pods:#?}"))
+    })
+}
+
+/// helm against the one-node cluster as its admin; fails with its output.
+fn helm(cluster: &OneNodeCluster, args: &[&str]) {
+    let mut with_cluster = args.to_vec();
+    with_cluster.extend(["--kubeconfig", cluster.admin.kubeconfig().to_str().unwrap()]);
+    let output = common::helm::helm(&with_cluster).unwrap();
+    assert!(output.status.success(), "helm {args:?}: {output:?}");
+}
+
+/// The chart's folder.
+fn chart() -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/helm/mlnode-agent")
+        .display()
+        .to_string()
 }
 
 /// The kubelet ran the agent as the manifest says, under the runtime's default seccomp filter:
@@ -624,14 +764,7 @@ fn await_agent_pod(cluster: &OneNodeCluster, not: Option<&str>) -> Value {
 
 /// The node's one agent pod, if it is Ready (and its uid is not `not` where given).
 fn ready_agent_pod(cluster: &OneNodeCluster, not: Option<&str>) -> Result<Value, String> {
-    let pods = cluster.admin.get(&[
-        "pods",
-        "-n",
-        "mlnode-system",
-        "-l",
-        "app.kubernetes.io/name=mlnode-agent",
-    ]);
-    let items = pods["items"].as_array().cloned().unwrap_or_default();
+    let items = agent_pods(cluster);
     match &items[..] {
         [pod]
             if not.is_none_or(|uid| pod["metadata"]["uid"] != uid)
@@ -645,6 +778,18 @@ fn ready_agent_pod(cluster: &OneNodeCluster, not: Option<&str>) -> Result<Value,
             cluster.logs()
         )),
     }
+}
+
+/// The agent's pods (of every DaemonSet of the install).
+fn agent_pods(cluster: &OneNodeCluster) -> Vec<Value> {
+    let pods = cluster.admin.get(&[
+        "pods",
+        "-n",
+        "mlnode-system",
+        "-l",
+        "app.kubernetes.io/name=mlnode-agent",
+    ]);
+    pods["items"].as_array().cloned().unwrap_or_default()
 }
 
 /// The agent's metrics, scraped at its pod's address from the node, as Prometheus would.
