@@ -20,6 +20,7 @@ pub mod pods;
 pub mod process_stats;
 pub mod prometheus;
 pub mod rdma;
+pub mod ttar;
 pub mod wait;
 
 pub use wait::wait_until;
