@@ -621,22 +621,8 @@ const PMA: &str = "mlnode_rdma_port_counter_total";
 /// what node_exporter exports and the agent does not is named (docs/fabric.md says why).
 #[test]
 fn node_exporters_infiniband_fixture_reads_as_node_exporter_reads_it() {
-    let fixtures =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/node_exporter");
-    let archive = fixtures.join("sys-class-infiniband.ttar");
-    let tree = tempfile::tempdir().unwrap();
-    common::ttar::unpack(&std::fs::read_to_string(&archive).unwrap(), tree.path())
-        .unwrap_or_else(|e| panic!("{}: {e}", archive.display()));
-    let no_pci = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&format!(
-        "models: []\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n  counters: [\"*\"]\n",
-        tree.path().join("sys/class/infiniband").display().to_string(),
-        no_pci.path().display().to_string()
-    ));
-    agent.wait_for("the RDMA collector", Duration::from_secs(20), |m| {
-        sample(m, "mlnode_rdma_device_count", &[]) == Some(2.0)
-    });
-    let ours = agent.metrics();
+    let fixtures = fixtures("node_exporter");
+    let (_tree, ours) = read_as_the_agent(&fixtures.join("sys-class-infiniband.ttar"), "sys", 2);
     let expected_file = fixtures.join("e2e-output-infiniband.txt");
     let expected = std::fs::read_to_string(&expected_file).unwrap();
     let mut compared = 0;
@@ -700,6 +686,96 @@ fn node_exporters_infiniband_fixture_reads_as_node_exporter_reads_it() {
         !expected.contains("_total{device=\"i40iw0\""),
         "node_exporter's neither"
     );
+}
+
+/// procfs's InfiniBand fixture (testdata/fixtures.ttar at v0.23.0: an Omni-Path hfi1_0, an mlx4_0
+/// with two ports, an mlx5_0 with its driver's hw_counters) read by the agent with every counter
+/// on: no value left unread or misread, each series the value of its file.
+#[test]
+fn procfs_infiniband_fixture_reads_whole() {
+    let archive = fixtures("procfs").join("sys-class-infiniband.ttar");
+    let (tree, ours) = read_as_the_agent(&archive, "fixtures/sys", 3);
+    assert_eq!(
+        sample(
+            &ours,
+            "mlnode_rdma_sysfs_read_errors_total",
+            &[("kind", "parse")]
+        ),
+        None
+    );
+    let class = tree.path().join("fixtures/sys/class/infiniband");
+    let mut compared = 0;
+    let files = walkdir::WalkDir::new(&class)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_file());
+    for file in files {
+        let relative = file.path().strip_prefix(&class).unwrap();
+        let parts: Vec<&str> = relative.iter().map(|p| p.to_str().unwrap()).collect();
+        let text = std::fs::read_to_string(file.path()).unwrap();
+        let (family, labels, value): (&str, Vec<(&str, &str)>, f64) = match parts[..] {
+            [device, "ports", port, folder, counter] if counter != "lifespan" => {
+                let Ok(value) = text.trim().parse::<u64>() else {
+                    assert!(text.starts_with("N/A"), "{}: {text:?}", relative.display());
+                    continue;
+                };
+                let family = match folder {
+                    "counters" => PMA,
+                    "hw_counters" => "mlnode_rdma_port_hw_counter_total",
+                    _ => continue,
+                };
+                let labels = vec![("device", device), ("port", port), ("counter", counter)];
+                (family, labels, value as f64)
+            }
+            [device, "ports", port, file @ ("state" | "phys_state")] => {
+                let family = if file == "state" {
+                    "mlnode_rdma_port_state"
+                } else {
+                    "mlnode_rdma_port_physical_state"
+                };
+                let id = text.split(':').next().unwrap().parse::<f64>().unwrap();
+                (family, vec![("device", device), ("port", port)], id)
+            }
+            _ => continue,
+        };
+        assert_eq!(
+            sample(&ours, family, &labels),
+            Some(value),
+            "{}",
+            relative.display()
+        );
+        compared += 1;
+    }
+    assert!(compared > 60, "{compared} values compared");
+}
+
+fn fixtures(upstream: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(upstream)
+}
+
+/// `archive` unpacked, its `sys` (at `sys` inside it) read by the agent with every counter on,
+/// once it has seen `devices`; the tree (kept while the caller reads it) and the agent's metrics.
+fn read_as_the_agent(
+    archive: &std::path::Path,
+    sys: &str,
+    devices: usize,
+) -> (tempfile::TempDir, String) {
+    let tree = tempfile::tempdir().unwrap();
+    common::ttar::unpack(&std::fs::read_to_string(archive).unwrap(), tree.path())
+        .unwrap_or_else(|e| panic!("{}: {e}", archive.display()));
+    let no_pci = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&format!(
+        "models: []\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n  counters: [\"*\"]\n",
+        tree.path().join(sys).join("class/infiniband").display().to_string(),
+        no_pci.path().display().to_string()
+    ));
+    agent.wait_for("the RDMA collector", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_rdma_device_count", &[]) == Some(devices as f64)
+    });
+    let metrics = agent.metrics();
+    (tree, metrics)
 }
 
 /// A ttar fixture that does not parse fails, naming the line and why.
