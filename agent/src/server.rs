@@ -82,13 +82,16 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// A client that takes none of a response's bytes for this long is dropped: pipelined requests
 /// whose replies are never read would otherwise hold their connection (and a descriptor) forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once, at most; past the cap a new connection is closed at once (a scraper
-/// retries). The cap in force is derived from the descriptors the process may open
-/// ([`connection_cap`]).
+/// Connections served at once, at most; past the cap a new connection takes the slot of the one
+/// served longest, which is closed. The cap in force is derived from the descriptors the process
+/// may open ([`connection_cap`]).
 const MAX_CONNECTIONS: usize = 2048;
 /// Descriptors kept for everything but connections: model files being hashed, the file watch,
 /// clients of the kubelet and the API server, NVML's device nodes, sysfs reads.
 const RESERVED_DESCRIPTORS: u64 = 256;
+/// How long an evicted connection may take to give its slot up (its task is dropped at its next
+/// poll: microseconds).
+const EVICTION_LIMIT: Duration = Duration::from_secs(1);
 /// How long in-flight requests get to finish at shutdown.
 const DRAIN: Duration = Duration::from_millis(500);
 
@@ -103,7 +106,8 @@ pub fn connection_cap(open_files: u64) -> usize {
 }
 
 /// Serves until `shutdown`, then stops accepting and lets in-flight requests finish, like a
-/// production exporter: bounded header-read, idle and write time, at most `max_connections`.
+/// production exporter: bounded header-read, idle and write time, at most `max_connections`, the
+/// oldest giving way to a new one.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -113,6 +117,9 @@ pub async fn serve(
     let app = router(state);
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut connections = tokio::task::JoinSet::new();
+    // The connections being served, oldest first (finished ones are dropped as they are met).
+    let mut live: std::collections::VecDeque<tokio::task::AbortHandle> =
+        std::collections::VecDeque::new();
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -128,13 +135,29 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            // Every slot taken, by clients that hold their connection as long as the timeouts
+            // let them: the one held longest gives its slot up, so that a scrape always gets one
+            // at once, rather than after the slow clients' timeouts.
+            Err(_) => {
+                let Some(oldest) = oldest_live(&mut live) else {
+                    drop(stream);
+                    continue;
+                };
+                oldest.abort();
+                match tokio::time::timeout(EVICTION_LIMIT, slots.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => {
+                        drop(stream);
+                        continue;
+                    }
+                }
+            }
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let shutdown = shutdown.clone();
-        connections.spawn(async move {
+        live.push_back(connections.spawn(async move {
             let _slot = slot;
             let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
             stream.set_write_timeout(Some(WRITE_TIMEOUT));
@@ -150,15 +173,30 @@ pub async fn serve(
                     let _ = tokio::time::timeout(DRAIN, connection).await;
                 }
             }
-        });
-        // Reap finished connections so the set does not grow with every scrape.
+        }));
+        // Reap finished connections so neither the set nor the queue grows with every scrape.
         while connections.try_join_next().is_some() {}
+        if live.len() > 2 * max_connections {
+            live.retain(|c| !c.is_finished());
+        }
     }
     let _ = tokio::time::timeout(DRAIN, async {
         while connections.join_next().await.is_some() {}
     })
     .await;
     Ok(())
+}
+
+/// The connection served longest that is still being served.
+fn oldest_live(
+    live: &mut std::collections::VecDeque<tokio::task::AbortHandle>,
+) -> Option<tokio::task::AbortHandle> {
+    while let Some(oldest) = live.pop_front() {
+        if !oldest.is_finished() {
+            return Some(oldest);
+        }
+    }
+    None
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {

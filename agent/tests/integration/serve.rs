@@ -469,14 +469,10 @@ fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
     );
 }
 
-/// Clients that send complete pipelined requests and never read a reply hold their connection only
-/// until the write timeout, and the agent, limited to 512 descriptors (a 128-connection cap
-/// derived from them), answers /metrics again while all 300 of them are still connected. Before,
-/// the reply write waited forever and the descriptors ran out.
-#[test]
-fn clients_that_never_read_their_replies_are_dropped() {
+/// An agent serving a model, limited to 512 descriptors: a 128-connection cap derived from them.
+fn serving_with_512_descriptors() -> ((PlainModel, tempfile::TempDir), Agent) {
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
     let agent = Agent::start_wrapped(
         &model_config("llama", model.root(), &manifest),
         &[],
@@ -485,6 +481,16 @@ fn clients_that_never_read_their_replies_are_dropped() {
     agent.wait_for("serving", Duration::from_secs(20), |m| {
         m.contains("mlnode_model_cache_verified")
     });
+    ((model, dir), agent)
+}
+
+/// Clients that send complete pipelined requests and never read a reply hold their connection only
+/// until the write timeout, and the agent, limited to 512 descriptors (a 128-connection cap
+/// derived from them), answers /metrics again while all 300 of them are still connected. Before,
+/// the reply write waited forever and the descriptors ran out.
+#[test]
+fn clients_that_never_read_their_replies_are_dropped() {
+    let (_model, agent) = serving_with_512_descriptors();
     let address = format!("127.0.0.1:{}", agent.port());
     let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(300);
     let held: Vec<std::net::TcpStream> = (0..300)
@@ -518,6 +524,39 @@ fn clients_that_never_read_their_replies_are_dropped() {
         "{log}"
     );
     drop(held);
+}
+
+/// Clients that connect and send nothing hold a connection until the header-read timeout (5 s).
+/// With every slot of the agent's 128-connection cap held by them, a scrape still gets one at
+/// once: the connection held longest gives its slot up. Each connection past the cap closes one
+/// older one, and nothing else is closed, so the scrape was answered before any timeout passed.
+#[test]
+fn a_scrape_gets_a_slot_while_silent_clients_hold_every_one() {
+    let (_model, agent) = serving_with_512_descriptors();
+    let address = format!("127.0.0.1:{}", agent.port());
+    let silent: Vec<std::net::TcpStream> = (0..200)
+        .map(|_| std::net::TcpStream::connect(&address).unwrap())
+        .collect();
+    let (status, body) = common::agent::http_get(agent.port(), "/metrics").unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("mlnode_model_cache_verified"));
+    // Which silent connections the agent closed: a read that ends (or is reset) at once.
+    let closed = silent
+        .iter()
+        .filter(|stream| {
+            stream.set_nonblocking(true).unwrap();
+            let mut byte = [0u8; 1];
+            !matches!(
+                std::io::Read::read(&mut &**stream, &mut byte),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            )
+        })
+        .count();
+    assert_eq!(
+        closed,
+        silent.len() - 128 + 1,
+        "one closed for each connection past the cap, the scrape's included"
+    );
 }
 
 /// A weight file the agent could not read (root without capabilities, as the DaemonSet runs it,
