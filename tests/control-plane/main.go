@@ -185,7 +185,7 @@ func run() error {
 			fmt.Fprintf(os.Stderr, "control-plane: kube-apiserver at %s: %v\n", server, err)
 			os.Exit(1)
 		}
-		if err := writeKubeconfig(*kubeconfig, server, pki); err != nil {
+		if err := writeKubeconfig(*kubeconfig, server, pki.caCert, "admin", pki.adminCert, pki.adminKey); err != nil {
 			fmt.Fprintf(os.Stderr, "control-plane: %v\n", err)
 			os.Exit(1)
 		}
@@ -454,14 +454,14 @@ func describe(response *http.Response, err error) string {
 	return response.Status
 }
 
-// writeKubeconfig writes the admin kubeconfig through a rename, so a caller waiting for the file
-// never reads half of it.
-func writeKubeconfig(path, server string, pki pkiFiles) error {
+// writeKubeconfig writes a kubeconfig for `user`'s client certificate, with it, its key and the
+// cluster's CA embedded, through a rename, so a caller waiting for the file never reads half of it.
+func writeKubeconfig(path, server, caCert, user, cert, key string) error {
 	config := clientcmdapi.NewConfig()
-	config.Clusters["mlnode-test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: pki.caCert}
-	config.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificate: pki.adminCert, ClientKey: pki.adminKey}
-	config.Contexts["admin"] = &clientcmdapi.Context{Cluster: "mlnode-test", AuthInfo: "admin"}
-	config.CurrentContext = "admin"
+	config.Clusters["mlnode-test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: caCert}
+	config.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificate: cert, ClientKey: key}
+	config.Contexts[user] = &clientcmdapi.Context{Cluster: "mlnode-test", AuthInfo: user}
+	config.CurrentContext = user
 	if err := clientcmdapi.FlattenConfig(config); err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}

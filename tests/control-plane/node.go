@@ -18,8 +18,6 @@ import (
 	"sync"
 
 	"golang.org/x/time/rate"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // writeNodeCredentials gives node `name` what kubeadm's TLS bootstrap ends with: a client
@@ -58,23 +56,16 @@ func writeNodeCredentials(pkiDir, name, server, out string) error {
 	if err := writeCertAndKey(cert, der, keyFile, key); err != nil {
 		return err
 	}
+	// The kubelet's endpoint trusts the same CA for its clients (clientCAFile).
 	caPEM, err := os.ReadFile(filepath.Join(pkiDir, "ca.crt"))
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(out, "ca.crt"), caPEM, 0o644); err != nil {
+	caFile := filepath.Join(out, "ca.crt")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
 		return err
 	}
-	config := clientcmdapi.NewConfig()
-	config.Clusters["mlnode-test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	config.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{ClientCertificate: cert, ClientKey: keyFile}
-	config.Contexts["kubelet"] = &clientcmdapi.Context{Cluster: "mlnode-test", AuthInfo: "kubelet"}
-	config.CurrentContext = "kubelet"
-	content, err := clientcmd.Write(*config)
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
-	}
-	return writeThroughRename(filepath.Join(out, "kubelet.kubeconfig"), content, 0o600)
+	return writeKubeconfig(filepath.Join(out, "kubelet.kubeconfig"), server, caFile, "kubelet", cert, keyFile)
 }
 
 // forward copies every connection accepted on FROM to a new connection to TO, both ways, until

@@ -106,36 +106,30 @@ impl OwnPod {
 /// volumes (the pod gates, the startup tracker) needs the cache's path on the node.
 #[derive(Debug)]
 pub struct HostPaths {
-    own_pod: Option<OwnPod>,
-    derived: bool,
+    /// The agent's own pod, until the paths are derived from it.
+    pending: Option<OwnPod>,
 }
 
 impl HostPaths {
     pub fn new(own_pod: Option<OwnPod>) -> HostPaths {
-        HostPaths {
-            own_pod,
-            derived: false,
-        }
+        HostPaths { pending: own_pod }
     }
 
     /// Fills in `mounts`' unset host paths from the agent's own pod among `pods`; true the one
     /// time it does.
     pub fn derive(&mut self, mounts: &mut [ModelMount], pods: &[Arc<Pod>]) -> bool {
-        let Some(own) = &self.own_pod else {
+        let Some(own) = &self.pending else {
             return false;
         };
-        if self.derived {
-            return false;
-        }
         let found = pods.iter().find(|p| {
             p.metadata.namespace.as_deref() == Some(own.namespace.as_str())
                 && p.metadata.name.as_deref() == Some(own.name.as_str())
         });
         let Some(pod) = found else { return false };
-        self.derived = true;
         for mount in mounts {
             mount.derive_host_path(pod);
         }
+        self.pending = None;
         true
     }
 }

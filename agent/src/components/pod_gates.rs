@@ -6,8 +6,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use super::ApiClient;
-use crate::models::ModelMount;
-use crate::models::{HostPaths, OwnPod};
+use crate::models::{HostPaths, ModelMount, OwnPod};
 use crate::node_pods::{NodePods, NodePodsSlot};
 use crate::readiness::settings::ReadinessSettings;
 use crate::workloads::controller::{PodController, WorkloadMetrics};

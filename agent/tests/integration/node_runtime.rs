@@ -78,7 +78,7 @@ fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount()
     );
     assert_eq!(event("model_loaded")["bytes"], model_bytes, "{output}");
     assert!(
-        runtime.host_mounts_under_dir().is_empty(),
+        common::node::machine_mounts_under(runtime.dir()).is_empty(),
         "the snapshots' mounts stay in the node's namespace"
     );
 
@@ -93,12 +93,7 @@ fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount()
         cgroups.iter().all(|c| !c.exists()),
         "the node's cgroups are removed with it: {cgroups:?}"
     );
-    let left: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&dir.display().to_string()))
-        .map(str::to_string)
-        .collect();
+    let left = common::node::machine_mounts_under(&dir);
     assert!(left.is_empty(), "mounts left behind: {left:?}");
     let running: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()

@@ -173,13 +173,7 @@ fn a_pod_is_placed_by_the_scheduler_pulled_started_and_probed_ready_by_the_kubel
     );
 
     let events = events_of(cluster, &namespace, "server");
-    let event = |reason: &str| {
-        events
-            .iter()
-            .find(|e| e["reason"] == reason)
-            .unwrap_or_else(|| panic!("no {reason} event: {events:#?}"))
-            .clone()
-    };
+    let event = |reason: &str| first_with(&events, "reason", reason);
     assert_eq!(
         event("Scheduled")["reportingComponent"],
         "default-scheduler",
@@ -193,13 +187,7 @@ fn a_pod_is_placed_by_the_scheduler_pulled_started_and_probed_ready_by_the_kubel
     event("Started");
 
     let lines = container_output(cluster, &namespace, "server", "server");
-    let line = |name: &str| {
-        lines
-            .iter()
-            .find(|l| l["event"] == name)
-            .unwrap_or_else(|| panic!("no {name} in the container's output: {lines:?}"))
-            .clone()
-    };
+    let line = |name: &str| first_with(&lines, "event", name);
     assert_eq!(
         line("started")["seccomp"],
         "2",
@@ -477,7 +465,7 @@ fn held_until_the_agent_lifts_its_startup_taint(
                 .ok_or_else(|| format!("{taints}"))
         },
     );
-    for condition in ["ModelCacheVerified", "AcceleratorHealthy"] {
+    for condition in AGENTS_CONDITIONS {
         assert_eq!(
             cluster.node_condition(condition).unwrap_or_default()["status"],
             "True",
@@ -602,7 +590,7 @@ fn the_daemonset_controller_rolls_the_agent_without_a_read(
     old: &Value,
 ) -> Value {
     let conditions = || {
-        ["ModelCacheVerified", "AcceleratorHealthy"].map(|kind| {
+        AGENTS_CONDITIONS.map(|kind| {
             let c = cluster.node_condition(kind).unwrap_or_default();
             (c["status"].clone(), c["lastTransitionTime"].clone())
         })
@@ -706,10 +694,8 @@ fn a_stopped_kubelet_leaves_the_agents_conditions_and_a_restart_reports_nothing_
 ) {
     let agent_pod = agent["metadata"]["name"].as_str().unwrap();
     let startups_before = agent_startup_lines(cluster, agent_pod).len();
-    let agents_conditions = || {
-        ["ModelCacheVerified", "AcceleratorHealthy"]
-            .map(|kind| cluster.node_condition(kind).unwrap_or_default())
-    };
+    let agents_conditions =
+        || AGENTS_CONDITIONS.map(|kind| cluster.node_condition(kind).unwrap_or_default());
     let before = agents_conditions();
     cluster.stop_kubelet();
     let unknown = common::wait_until(
@@ -820,28 +806,16 @@ fn phases_agree_with_the_kubelet_and_the_server(
             .unwrap_or_else(|| panic!("no {name} phase: {startup}"))
     };
     let events = events_of(cluster, namespace, pod);
-    let pulled = events
-        .iter()
-        .find(|e| e["reason"] == "Pulled")
-        .unwrap_or_else(|| panic!("no Pulled event: {events:#?}"));
+    let pulled = first_with(&events, "reason", "Pulled");
     let message = pulled["message"].as_str().unwrap();
-    let kubelet_pull = message
-        .split_once("\" in ")
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .and_then(go_duration)
-        .unwrap_or_else(|| panic!("the kubelet's pull time in {message:?}"));
+    let kubelet_pull = pull_seconds(message);
     assert!(
         (phase("image_pull") - kubelet_pull).abs() < 1e-6,
         "image_pull {} against the kubelet's {message:?}",
         phase("image_pull")
     );
     // What the node's link allows: the image's blobs at its rate, plus the pull's own work.
-    let image = pulled["message"]
-        .as_str()
-        .unwrap()
-        .split('"')
-        .nth(1)
-        .unwrap();
+    let image = message.split('"').nth(1).unwrap();
     let manifest: Value =
         serde_json::from_str(&cluster.runtime.crane(&["manifest", image])).unwrap();
     let blobs: u64 = manifest["layers"]
@@ -862,13 +836,7 @@ fn phases_agree_with_the_kubelet_and_the_server(
         phase("image_pull")
     );
     let lines = container_output(cluster, namespace, pod, pod);
-    let at = |event: &str| {
-        let line = lines
-            .iter()
-            .find(|l| l["event"] == event)
-            .unwrap_or_else(|| panic!("no {event} in the server's output: {lines:?}"));
-        seconds(line["at"].as_str().unwrap())
-    };
+    let at = |event: &str| seconds(first_with(&lines, "event", event)["at"].as_str().unwrap());
     let pull_end = seconds(
         pulled["lastTimestamp"]
             .as_str()
@@ -1070,11 +1038,7 @@ fn a_pull_that_fails_then_succeeds_counts_the_pull_alone(
     let pulled: Vec<&Value> = events.iter().filter(|e| e["reason"] == "Pulled").collect();
     assert_eq!(pulled.len(), 1, "{events:#?}");
     let message = pulled[0]["message"].as_str().unwrap();
-    let kubelet_pull = message
-        .split_once("\" in ")
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .and_then(go_duration)
-        .unwrap();
+    let kubelet_pull = pull_seconds(message);
     assert_eq!(startup["pulls"].as_array().unwrap().len(), 1, "{startup}");
     assert!(
         (startup["phases"]["image_pull"].as_f64().unwrap() - kubelet_pull).abs() < 1e-6,
@@ -1168,6 +1132,9 @@ fn the_kubelet_folds_the_agents_gate_into_ready(
     );
 }
 
+/// The node conditions the agent writes on this node (the gpu overlay's, no fabric).
+const AGENTS_CONDITIONS: [&str; 2] = ["ModelCacheVerified", "AcceleratorHealthy"];
+
 /// The pod readiness gate the agent keeps for a pod's model.
 const GATE: &str = "mlnode.dev/ModelVerified";
 
@@ -1234,6 +1201,24 @@ fn seconds(time: &str) -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
+}
+
+/// The first of `items` whose `key` is `value`; fails with all of them.
+fn first_with(items: &[Value], key: &str, value: &str) -> Value {
+    items
+        .iter()
+        .find(|item| item[key] == value)
+        .unwrap_or_else(|| panic!("none with {key} {value:?} in {items:#?}"))
+        .clone()
+}
+
+/// The pull time of the kubelet's `Successfully pulled image "x" in 1.5s (…)`.
+fn pull_seconds(message: &str) -> f64 {
+    message
+        .split_once("\" in ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(go_duration)
+        .unwrap_or_else(|| panic!("the kubelet's pull time in {message:?}"))
 }
 
 /// A Go duration as the kubelet prints a pull's: `812ms`, `1.5s`, `2m3.5s`.

@@ -150,7 +150,8 @@ pub fn parse_pulled(message: &str) -> Option<Pull> {
     })
 }
 
-fn seconds_of(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> f64 {
+/// An API time as Unix seconds.
+pub fn seconds_of(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> f64 {
     time.0.as_millisecond() as f64 / 1000.0
 }
 

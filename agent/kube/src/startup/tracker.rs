@@ -134,7 +134,7 @@ impl Tracker {
         let started_at = unix_now();
         // (pod uid, restart count) seen Ready, reported or not; pruned to the pods the watch
         // still has, so it stays as small as the node's pod count.
-        let mut reported: HashSet<(String, i32)> = HashSet::new();
+        let mut seen_ready: HashSet<(String, i32)> = HashSet::new();
         let mut recent: VecDeque<(f64, String, String)> = VecDeque::new();
         loop {
             tokio::select! {
@@ -153,9 +153,9 @@ impl Tracker {
                 .iter()
                 .filter_map(|pod| pod.metadata.uid.as_deref())
                 .collect();
-            reported.retain(|(uid, _)| uids.contains(uid.as_str()));
+            seen_ready.retain(|(uid, _)| uids.contains(uid.as_str()));
             for pod in &listed {
-                if !newly_ready(pod, started_at, &mut reported) {
+                if !newly_ready(pod, started_at, &mut seen_ready) {
                     continue;
                 }
                 if let Some(startup) = self.measure(pod, seen).await {
@@ -242,7 +242,7 @@ fn ready_key(pod: &Pod) -> Option<((String, i32), f64)> {
         .as_ref()?
         .iter()
         .find(|c| c.type_ == "Ready" && c.status == "True")?;
-    let ready_at = ready.last_transition_time.as_ref()?.0.as_millisecond() as f64 / 1000.0;
+    let ready_at = phases::seconds_of(ready.last_transition_time.as_ref()?);
     let main = phases::main_container(pod)?;
     let restarts = status
         .container_statuses
@@ -275,10 +275,10 @@ fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
         .find(|c| c.type_ == "Ready" && c.status == "True")?
         .last_transition_time
         .as_ref()?;
-    let seconds = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| {
-        t.0.as_millisecond() as f64 / 1000.0
-    };
-    Some((seconds(started) - 1.0, seconds(ready) + 1.0))
+    Some((
+        phases::seconds_of(started) - 1.0,
+        phases::seconds_of(ready) + 1.0,
+    ))
 }
 
 #[cfg(test)]

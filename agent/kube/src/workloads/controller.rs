@@ -166,10 +166,11 @@ impl PodController {
     /// Once the agent's own pod is seen: the host path of each model that sets none, from the
     /// hostPath the agent mounts it from.
     fn derive_host_paths(&mut self, store: &Store<Pod>) {
+        let unset: Vec<bool> = self.mounts.iter().map(|m| m.host_path.is_none()).collect();
         if !self.host_paths.derive(&mut self.mounts, &store.state()) {
             return;
         }
-        for mount in &self.mounts {
+        for (mount, _) in self.mounts.iter().zip(unset).filter(|(_, unset)| *unset) {
             tracing::info!(model_name = %mount.name, root = %mount.root.display(), host_path = %mount.node_path().display(),
                 derived = mount.host_path.is_some(), "the model cache's path on the node, for pods mounting it");
         }

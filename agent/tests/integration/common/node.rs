@@ -359,17 +359,18 @@ impl Runtime {
         let _ = std::fs::remove_file(tar);
         self.crane(&["digest", &image]).trim().to_string()
     }
+}
 
-    /// Whether any mount of the machine's own namespace is under the node's folder.
-    pub fn host_mounts_under_dir(&self) -> Vec<String> {
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let dir = self.dir.display().to_string();
-        mounts
-            .lines()
-            .filter(|l| l.contains(&dir))
-            .map(str::to_string)
-            .collect()
-    }
+/// The mounts of the machine's own namespace under `dir` (a node's folder), as its mount table
+/// lists them.
+pub fn machine_mounts_under(dir: &Path) -> Vec<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let dir = dir.display().to_string();
+    mounts
+        .lines()
+        .filter(|l| l.contains(&dir))
+        .map(str::to_string)
+        .collect()
 }
 
 impl Drop for Runtime {

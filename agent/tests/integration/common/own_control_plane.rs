@@ -94,7 +94,7 @@ impl OwnControlPlane {
         let mut command = Command::new(&self.binary);
         command
             .arg("--dir")
-            .arg(self.dir.join("state"))
+            .arg(self.state())
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .arg("--etcd")
@@ -106,7 +106,7 @@ impl OwnControlPlane {
         let apiserver = self.apiserver.insert(spawn(&mut command, &log));
         self.audit_logs.push(audit_log);
         await_file(&kubeconfig, apiserver, &log);
-        ControlPlane::at(kubeconfig, &self.dir.join("state")).unwrap()
+        ControlPlane::at(kubeconfig, &self.state()).unwrap()
     }
 
     /// kube-apiserver stopped: with `graceful`, as its static pod is on an upgrade (SIGTERM,

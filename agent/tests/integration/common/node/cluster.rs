@@ -90,6 +90,14 @@ impl OneNodeCluster {
         let state = control_plane.state();
         let port = admin.server().rsplit(':').next().unwrap().to_string();
         let socket = dir.join("apiserver.sock");
+        // The controllers' and the scheduler's client and serving flags: the admin's kubeconfig,
+        // one instance each, no serving port.
+        let kubeconfig = format!("--kubeconfig={}", admin.kubeconfig().display());
+        let alone = [
+            kubeconfig.as_str(),
+            "--leader-elect=false",
+            "--secure-port=0",
+        ];
         let mut programs = vec![
             beside(
                 binary,
@@ -102,33 +110,29 @@ impl OneNodeCluster {
             beside(
                 binary,
                 &[
-                    "kube-controller-manager",
-                    &format!("--kubeconfig={}", admin.kubeconfig().display()),
-                    "--leader-elect=false",
-                    "--secure-port=0",
-                    // Each controller with a service account of its own, as kubeadm runs it.
-                    "--use-service-account-credentials=true",
-                    &format!(
-                        "--service-account-private-key-file={}",
-                        state.join("pki/service-account.key").display()
-                    ),
-                    // kube-root-ca.crt in every namespace, which projected tokens mount.
-                    &format!("--root-ca-file={}", state.join("pki/ca.crt").display()),
-                    // A silent kubelet is Unknown after 8 s rather than 50: its lease is renewed
-                    // every second (nodeLeaseDurationSeconds 4).
-                    "--node-monitor-grace-period=8s",
-                    "--node-monitor-period=1s",
-                ],
+                    &["kube-controller-manager"][..],
+                    &alone,
+                    &[
+                        // Each controller with a service account of its own, as kubeadm runs it.
+                        "--use-service-account-credentials=true",
+                        &format!(
+                            "--service-account-private-key-file={}",
+                            state.join("pki/service-account.key").display()
+                        ),
+                        // kube-root-ca.crt in every namespace, which projected tokens mount.
+                        &format!("--root-ca-file={}", state.join("pki/ca.crt").display()),
+                        // A silent kubelet is Unknown after 8 s rather than 50: its lease is renewed
+                        // every second (nodeLeaseDurationSeconds 4).
+                        "--node-monitor-grace-period=8s",
+                        "--node-monitor-period=1s",
+                    ],
+                ]
+                .concat(),
                 &dir.join("controller-manager.log"),
             ),
             beside(
                 binary,
-                &[
-                    "kube-scheduler",
-                    &format!("--kubeconfig={}", admin.kubeconfig().display()),
-                    "--leader-elect=false",
-                    "--secure-port=0",
-                ],
+                &[&["kube-scheduler"][..], &alone].concat(),
                 &dir.join("scheduler.log"),
             ),
         ];
@@ -137,29 +141,29 @@ impl OneNodeCluster {
         // Service's address; containerd's pulls through the registry's rate-held link.
         let to_server = format!("unix:{}", socket.display());
         let rate = format!("--rate={}", super::REGISTRY_RATE);
-        for (listen, to, flags, log) in [
+        for (listen, to, rate, log) in [
             (
                 APISERVER_IN_NODE.to_string(),
                 to_server.as_str(),
-                "",
+                None,
                 "apiserver-forwarder.log",
             ),
             (
                 format!("{}:443", super::KUBERNETES_SERVICE_IP),
                 to_server.as_str(),
-                "",
+                None,
                 "service-forwarder.log",
             ),
             (
                 super::REGISTRY_LINK.to_string(),
                 &format!("tcp:{}", super::REGISTRY),
-                rate.as_str(),
+                Some(rate.as_str()),
                 "registry-link.log",
             ),
         ] {
             let forward = format!("tcp:{listen}={to}");
             let mut command = vec![binary_path.as_str(), "--forward", &forward];
-            command.extend([flags].into_iter().filter(|f| !f.is_empty()));
+            command.extend(rate);
             programs.push(runtime.spawn_inside(&command, log));
         }
         let credentials = dir.join("kubelet");
