@@ -114,6 +114,13 @@ karpenter_repair="$PWD/target/karpenter-repair/karpenter-repair"
 GOTOOLCHAIN=go1.27.3 go_program "Karpenter's repair matcher" tests/karpenter-repair . "$karpenter_repair"
 export MLNODE_TEST_KARPENTER_REPAIR="$karpenter_repair"
 
+# NVIDIA's own hardware mocks (tests/nvidia-mocks: go-nvml v0.13.4-1's mock DGX servers, go-nvlib
+# v0.13.0's MIG profile names and mock PCI tree), turned into what the GPU tests run on. go-nvml's
+# package is cgo (it dlopens libnvidia-ml only when asked to); its deprecation warnings are NVIDIA's.
+nvidia_mocks="$PWD/target/nvidia-mocks/nvidia-mocks"
+CGO_CFLAGS="-Wno-deprecated-declarations" go_program "NVIDIA's mocks" tests/nvidia-mocks . "$nvidia_mocks"
+export MLNODE_TEST_NVIDIA_MOCKS="$nvidia_mocks"
+
 # The tests' node (tests/node, pinned by its go.mod and go.sum): containerd 2.4 with its runc shim
 # and ctr, runc 1.5 (cgo, seccomp on: Debian's libseccomp-dev), the CNI plugins, crane, and the
 # tests' workload and pause programs (static: they run in images with nothing else); the CNCF registry in a
@@ -131,7 +138,7 @@ go_program "the registry" tests/node/registry tool "$node_programs/"
 export MLNODE_TEST_NODE_RUNC="$node_programs/runc"
 
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR" "$MLNODE_TEST_NODE_RUNC" nsenter; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR" "$MLNODE_TEST_NVIDIA_MOCKS" "$MLNODE_TEST_NODE_RUNC" nsenter; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"

@@ -69,6 +69,7 @@ fn h100s() -> GpuState {
             uuid: format!("GPU-{index:08x}-0000-0000-0000-000000000000"),
             pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + index * 0x10),
             model_name: "NVIDIA H100 80GB HBM3".into(),
+            ..Default::default()
         };
         state.apply(
             index,

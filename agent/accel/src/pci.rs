@@ -23,14 +23,20 @@ pub const EFA_DEVICE_IDS: [u16; 5] = [0xefa0, 0xefa1, 0xefa2, 0xefa3, 0xefa4];
 /// so a permission problem is said rather than taken as an absent device).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BusScan {
-    /// `0000:18:00.0`, sorted.
+    /// The physical functions, `0000:18:00.0`, sorted.
     pub devices: Vec<String>,
+    /// SR-IOV virtual functions (an entry with a `physfn` link, as the kernel's
+    /// `drivers/pci/iov.c` makes it), sorted: slices of a device in `devices`, not more devices.
+    pub virtual_functions: Vec<String>,
     pub unreadable: Vec<String>,
     /// The driver each of `devices` is bound to (its `driver` link), where one is.
     pub drivers: std::collections::BTreeMap<String, String>,
 }
 
 impl BusScan {
+    /// The driver the kernel binds a device to for a VM to take it whole (`vfio-pci`).
+    pub const VFIO_DRIVER: &'static str = "vfio-pci";
+
     /// The devices bound to `driver`.
     pub fn bound_to(&self, driver: &str) -> std::collections::BTreeSet<String> {
         self.drivers
@@ -75,6 +81,10 @@ pub fn scan(devices: &Path, wanted: fn(u16, u16, u32) -> bool) -> Result<BusScan
                     continue;
                 };
                 if wanted(vendor, device, class) {
+                    if std::fs::symlink_metadata(dir.join("physfn")).is_ok() {
+                        found.virtual_functions.push(name);
+                        continue;
+                    }
                     let driver = std::fs::read_link(dir.join("driver")).ok();
                     if let Some(driver) = driver.as_deref().and_then(Path::file_name) {
                         found
@@ -88,6 +98,7 @@ pub fn scan(devices: &Path, wanted: fn(u16, u16, u32) -> bool) -> Result<BusScan
         }
     }
     found.devices.sort();
+    found.virtual_functions.sort();
     found.unreadable.sort();
     Ok(found)
 }

@@ -26,6 +26,7 @@ mod metrics_doc;
 mod neuron;
 mod neuron_monitor;
 mod node_runtime;
+mod nvidia_mocks;
 mod pod_gates;
 mod process_attribution;
 mod rdma;

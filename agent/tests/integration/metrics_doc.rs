@@ -273,6 +273,8 @@ fn register_gpu(registry: &prometheus::Registry) {
         uuid: "GPU-1".into(),
         pci_bus_id: "00000000:07:00.0".into(),
         model_name: "H100".into(),
+        minor_number: Some(0),
+        compute_capability: Some((9, 0)),
     };
     let gpm = mlnode_agent::gpu::GpmReading {
         graphics_active: Some(0.5),
@@ -356,11 +358,18 @@ fn register_gpu(registry: &prometheus::Registry) {
         std::time::Instant::now(),
     );
     state.record_xid(0, 79, None, std::time::Instant::now());
+    // GPU 0 with a virtual function, and a GPU handed to a VM.
     state.pci = Some(mlnode_agent::pci::BusScan {
-        devices: vec!["0000:07:00.0".into()],
+        devices: vec!["0000:07:00.0".into(), "0000:0f:00.0".into()],
+        virtual_functions: vec!["0000:07:00.4".into()],
         unreadable: Vec::new(),
-        drivers: [("0000:07:00.0".to_string(), "nvidia".to_string())].into(),
+        drivers: [
+            ("0000:07:00.0".to_string(), "nvidia".to_string()),
+            ("0000:0f:00.0".to_string(), "vfio-pci".to_string()),
+        ]
+        .into(),
     });
+    state.cuda_driver_version = Some(13000);
     state.reattached.insert("reset", 1);
     state.record_xid(0, 31, Some(1), std::time::Instant::now());
     // A second GPU that needs a reset, so the failure family is exposed too.

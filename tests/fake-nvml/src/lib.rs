@@ -7,6 +7,9 @@
 //! "used", "free", "reserved"}, "clocks_event_reasons", "sm_clock_mhz", "mem_clock_mhz",
 //! "temperature_c", "power_mw", "utilization": {"gpu", "memory"}, "energy_mj", "xid_events": [..],
 //! "lost": false, "unsupported": ["reserved", "clocks_event_reasons", "power", ...]}]}`.
+//! `cuda_driver_version` (top level, 12040 for 12.4), and per device `pci_device_id`,
+//! `minor_number` and `cuda_compute_capability` (`[9, 0]`): each absent answers NOT_SUPPORTED
+//! (the device id: an H100 SXM5's).
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
 //! `bound: false` (per device) is a GPU unbound from the driver: an NVML initialised after it does not
 //! list it, one initialised before keeps listing it (NVML enumerates at init). `FAKE_NVML_LEDGER`
@@ -82,6 +85,9 @@ const EVENT_TYPE_XID_CRITICAL_ERROR: c_ulonglong = 0x8;
 #[serde(default)]
 struct Scenario {
     driver_version: String,
+    /// `nvmlSystemGetCudaDriverVersion_v2`: the CUDA version the driver supports, 1000 × major +
+    /// 10 × minor (12040: 12.4); absent: NOT_SUPPORTED.
+    cuda_driver_version: Option<i32>,
     devices: Vec<Device>,
     /// `nvmlInit` blocks this long first, as it does on a wedged driver.
     init_delay_ms: u64,
@@ -101,6 +107,12 @@ struct Device {
     uuid: String,
     name: String,
     pci_bus_id: String,
+    /// `nvmlPciInfo_t.pciDeviceId`: device id << 16 | vendor id; absent: an H100 SXM5's.
+    pci_device_id: Option<u32>,
+    /// `nvmlDeviceGetMinorNumber`, the N of `/dev/nvidiaN`; absent: NOT_SUPPORTED.
+    minor_number: Option<u32>,
+    /// `nvmlDeviceGetCudaComputeCapability` as (major, minor); absent: NOT_SUPPORTED.
+    cuda_compute_capability: Option<(i32, i32)>,
     memory: Memory,
     clocks_event_reasons: u64,
     sm_clock_mhz: u32,
@@ -576,6 +588,48 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(
+    version: *mut std::ffi::c_int,
+) -> nvmlReturn_t {
+    match scenario() {
+        Some(s) => s
+            .cuda_driver_version
+            .map_or(NOT_SUPPORTED, |v| put(version, v)),
+        None => UNKNOWN,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "minor_number", |d| {
+        d.minor_number.map_or(NOT_SUPPORTED, |m| put(minor, m))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut std::ffi::c_int,
+    minor: *mut std::ffi::c_int,
+) -> nvmlReturn_t {
+    with_device(device, "cuda_compute_capability", |d| {
+        match d.cuda_compute_capability {
+            Some((ma, mi)) => {
+                let status = put(major, ma);
+                if status != SUCCESS {
+                    return status;
+                }
+                put(minor, mi)
+            }
+            None => NOT_SUPPORTED,
+        }
+    })
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
     if state().initialized == 0 {
         return UNINITIALIZED;
@@ -653,7 +707,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
         info.domain = hex(0);
         info.bus = hex(1);
         info.device = hex(2);
-        info.pciDeviceId = 0x2330_10de;
+        info.pciDeviceId = d.pci_device_id.unwrap_or(0x2330_10de);
         info.pciSubSystemId = 0x16c1_10de;
         let status = write_str(
             &d.pci_bus_id,

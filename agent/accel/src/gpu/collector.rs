@@ -226,6 +226,15 @@ impl Collector for GpuCollector {
         }
         if let Some(bus) = &state.pci {
             out.gauge("mlnode_gpu_pci_devices", &[], bus.devices.len() as f64);
+            out.gauge(
+                "mlnode_gpu_pci_virtual_functions",
+                &[],
+                bus.virtual_functions.len() as f64,
+            );
+            for address in bus.bound_to(crate::pci::BusScan::VFIO_DRIVER) {
+                let bus_id = PciAddress::from_nvml(&address).map_or(address, |a| a.nvml_bus_id());
+                out.gauge("mlnode_gpu_pci_passthrough", &[("pci_bus_id", bus_id)], 1.0);
+            }
         }
         let now = Instant::now();
         if let Some(last) = state.last_round {
@@ -259,7 +268,7 @@ impl Collector for GpuCollector {
             Some(log) => XidLog::Read(log),
         };
         let mut listed = Vec::new();
-        for entry in state.gpus.values() {
+        for (index, entry) in &state.gpus {
             let Some(identity) = &entry.identity else {
                 continue;
             };
@@ -268,6 +277,11 @@ impl Collector for GpuCollector {
                 continue;
             }
             let device = self.device_labels(identity, &state.driver_version);
+            out.gauge(
+                "mlnode_gpu_info",
+                &info_labels(&device, identity, state.cuda_driver_version),
+                1.0,
+            );
             let labels = self.labels(&device, &identity.uuid, &holders);
             let address = PciAddress::from_nvml(&identity.pci_bus_id);
             listed.extend(address);
@@ -280,9 +294,18 @@ impl Collector for GpuCollector {
                     1.0,
                 );
             }
-            self.collect_counters(entry, address, &xid_log, &labels, &mut out);
+            // Nothing heard from a GPU no source watches is no 0: dcgm-exporter's zeros need one.
+            let xids_known =
+                state.xids_watched.contains(index) || matches!(xid_log, XidLog::Read(_));
+            self.collect_counters(entry, address, &xid_log, xids_known, &labels, &mut out);
             if self.dcgm_names {
-                collect_xid_window(entry, &labels, now, state.xid_count_window, &mut out);
+                collect_xid_window(
+                    entry,
+                    &labels,
+                    (now, state.xid_count_window),
+                    xids_known,
+                    &mut out,
+                );
             }
             // An instance's XIDs, labelled as that instance's series are where it is still known.
             for ((gpu_instance, xid), count) in &entry.instance_xids {
@@ -428,9 +451,14 @@ impl GpuCollector {
         labels: &[(&'static str, String)],
         out: &mut Families,
     ) {
+        let info = with_label(labels, "mig_uuid", &instance.uuid);
         out.gauge(
             "mlnode_gpu_mig_instance_info",
-            &with_label(labels, "mig_uuid", &instance.uuid),
+            &with_label(
+                &info,
+                "compute_instance_id",
+                &instance.compute_instance_id.to_string(),
+            ),
             1.0,
         );
         if let Some(m) = instance.memory {
@@ -501,6 +529,7 @@ impl GpuCollector {
         entry: &GpuEntry,
         address: Option<PciAddress>,
         xid_log: &XidLog,
+        xids_known: bool,
         labels: &[(&'static str, String)],
         out: &mut Families,
     ) {
@@ -525,7 +554,10 @@ impl GpuCollector {
             info.push(("message", xid_message(xid).to_string()));
             out.gauge("mlnode_gpu_xid_info", &info, 1.0);
         }
-        if self.dcgm_names && entry.failure != Some(GpuFailure::Lost) {
+        if self.dcgm_names
+            && entry.failure != Some(GpuFailure::Lost)
+            && (xids_known || entry.last_xid.is_some())
+        {
             // dcgm-exporter labels the value with err_code and NVIDIA's text for it
             // (internal/pkg/collector/gpu_collector.go:324-331).
             let xid = entry.last_xid.unwrap_or(0);
@@ -804,13 +836,13 @@ impl GpuCollector {
 fn collect_xid_window(
     entry: &GpuEntry,
     labels: &[(&'static str, String)],
-    now: Instant,
-    window: Duration,
+    (now, window): (Instant, Duration),
+    xids_known: bool,
     out: &mut Families,
 ) {
     let labels = with_label(labels, "window_size_in_ms", &window.as_millis().to_string());
     let counts = entry.xids_within(now, window);
-    if counts.is_empty() {
+    if counts.is_empty() && xids_known {
         out.gauge("DCGM_EXP_XID_ERRORS_COUNT", &labels, 0.0);
     }
     for (xid, count) in counts {
@@ -820,4 +852,28 @@ fn collect_xid_window(
             count as f64,
         );
     }
+}
+
+/// `mlnode_gpu_info`'s labels: the GPU's, and what NVML says of it that no other series carries
+/// (each left out where NVML does not say).
+fn info_labels(
+    device: &Labels,
+    identity: &GpuIdentity,
+    cuda_driver_version: Option<i32>,
+) -> Labels {
+    let mut labels = device.clone();
+    if let Some(minor) = identity.minor_number {
+        labels.push(("minor_number", minor.to_string()));
+    }
+    if let Some((major, minor)) = identity.compute_capability {
+        labels.push(("cuda_compute_capability", format!("{major}.{minor}")));
+    }
+    // NVML's 1000 × major + 10 × minor, as nvidia-smi prints it ("12.4").
+    if let Some(version) = cuda_driver_version {
+        labels.push((
+            "cuda_driver_version",
+            format!("{}.{}", version / 1000, version % 1000 / 10),
+        ));
+    }
+    labels
 }

@@ -7,11 +7,14 @@ use prometheus::proto::MetricType;
 use mlnode_core::metrics::family::FamilySpec;
 
 /// (name, help, type) of every family this collector can produce.
-pub const FAMILIES: [FamilySpec; 57] = [
+pub const FAMILIES: [FamilySpec; 60] = [
     ("mlnode_gpu_pod_memory_used_bytes", "Framebuffer memory the processes of one container hold on the GPU or MIG device (nvml.process_attribution), by the container their cgroup names; empty pod labels for processes no pod owns.", MetricType::GAUGE),
     ("mlnode_gpu_pod_sm_utilization_ratio", "Fraction of the GPU's SMs one container's processes used since the previous sample (nvmlDeviceGetProcessUtilization, nvml.process_attribution); absent on MIG devices, where NVML gives none.", MetricType::GAUGE),
     ("mlnode_gpu_process_attribution_errors_total", "Per-process readings that failed, by reason: NVML refused the process list or their utilisation (processes_no_permission without hostPID, utilization_not_supported), a process exited before its cgroup was read, a cgroup of no known form. Their series are absent.", MetricType::COUNTER),
-    ("mlnode_gpu_pci_devices", "NVIDIA GPUs (display and 3D controllers of vendor 0x10de) the kernel lists on the PCI bus; compare with mlnode_gpu_count, NVML's.", MetricType::GAUGE),
+    ("mlnode_gpu_info", "One per GPU NVML lists, always 1: its labels, and minor_number (the N of /dev/nvidiaN), cuda_compute_capability and cuda_driver_version where NVML gives them.", MetricType::GAUGE),
+    ("mlnode_gpu_pci_devices", "NVIDIA GPUs (display and 3D controllers of vendor 0x10de) the kernel lists on the PCI bus, physical functions only; compare with mlnode_gpu_count, NVML's.", MetricType::GAUGE),
+    ("mlnode_gpu_pci_virtual_functions", "SR-IOV virtual functions of the NVIDIA GPUs on the PCI bus (entries with a physfn link): slices of the GPUs in mlnode_gpu_pci_devices, not more GPUs.", MetricType::GAUGE),
+    ("mlnode_gpu_pci_passthrough", "1 for each NVIDIA GPU on the PCI bus bound to vfio-pci, handed whole to a VM: not for the host's NVML to list.", MetricType::GAUGE),
     ("mlnode_gpu_fabric_state", "The GPU's NVLink fabric registration with Fabric Manager (nvmlGpuFabricState_t): 1 not started, 2 in progress, 3 completed; absent without a fabric (no NVSwitch).", MetricType::GAUGE),
     ("mlnode_gpu_fabric_healthy", "1 when the GPU's fabric registration completed with success (CUDA can use it), else 0; absent without a fabric.", MetricType::GAUGE),
     ("mlnode_gpu_fabric_health", "1 while a fabric health check of nvml.h's healthMask is bad (degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery), 0 while good; absent where the driver reports none.", MetricType::GAUGE),

@@ -276,16 +276,27 @@ fn count_mismatch(state: &GpuState, labelled: Option<u32>) -> Option<Problem> {
         .filter_map(|e| e.identity.as_ref())
         .filter_map(|id| crate::pci::sysfs_bus_id(&id.pci_bus_id))
         .collect();
+    // A GPU bound to vfio-pci is a VM's: the host's NVML is not meant to list it.
+    let handed_to_vms = bus.bound_to(crate::pci::BusScan::VFIO_DRIVER);
     let missing: Vec<&str> = bus
         .devices
         .iter()
-        .filter(|d| !listed.contains(*d))
+        .filter(|d| !listed.contains(*d) && !handed_to_vms.contains(*d))
         .map(String::as_str)
         .collect();
     let mut said = Vec::new();
     if !missing.is_empty() {
+        let vms = if handed_to_vms.is_empty() {
+            String::new()
+        } else {
+            let named: Vec<&str> = handed_to_vms.iter().map(String::as_str).collect();
+            format!(
+                " (besides {}, handed to a VM through vfio-pci)",
+                named.join(", ")
+            )
+        };
         said.push(format!(
-            "the PCI bus has {} NVIDIA GPU(s) and NVML lists {}: not listed {}",
+            "the PCI bus has {} NVIDIA GPU(s) and NVML lists {}: not listed {}{vms}",
             bus.devices.len(),
             state.gpus.len(),
             missing.join(", ")

@@ -30,13 +30,18 @@ pub const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
 
 /// What identifies a GPU in its labels. Kept from the last good read, so a GPU that falls off the
 /// bus is still named by its UUID and PCI address.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuIdentity {
     pub index: u32,
     pub uuid: String,
     /// As dcgm-exporter writes it: `00000000:07:00.0`.
     pub pci_bus_id: String,
     pub model_name: String,
+    /// The N of `/dev/nvidiaN`, which need not be `index` (NVML orders GPUs by PCI address, the
+    /// driver numbers its device files in probe order).
+    pub minor_number: Option<u32>,
+    /// CUDA compute capability (major, minor): 9.0 on Hopper, 10.0 on Blackwell.
+    pub compute_capability: Option<(i32, i32)>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -282,6 +282,7 @@ mod tests {
                     uuid: uuid.into(),
                     pci_bus_id: bus.into(),
                     model_name: "NVIDIA H100 80GB HBM3".into(),
+                    ..Default::default()
                 },
                 reading: Box::new(GpuReading {
                     recovery_action: action,

@@ -42,6 +42,11 @@ pub const XID_SIGHTINGS_KEPT: usize = 1024;
 #[derive(Clone, Debug, Default)]
 pub struct GpuState {
     pub driver_version: String,
+    /// `nvmlSystemGetCudaDriverVersion_v2` (12040: CUDA 12.4), where the driver says.
+    pub cuda_driver_version: Option<i32>,
+    /// The GPUs (by index) whose critical XIDs NVML's event set delivers: for the others, no XID
+    /// reaching the agent says nothing, and no count of 0 is claimed for them.
+    pub xids_watched: std::collections::BTreeSet<u32>,
     pub gpus: BTreeMap<u32, GpuEntry>,
     /// Why NVML itself stopped answering (it cannot even count the GPUs), while it does.
     pub failing: Option<String>,
@@ -285,6 +290,7 @@ mod tests {
             uuid: "GPU-1".into(),
             pci_bus_id: "00000000:07:00.0".into(),
             model_name: "H100".into(),
+            ..Default::default()
         }
     }
 

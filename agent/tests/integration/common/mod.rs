@@ -14,6 +14,7 @@ pub mod kubelet;
 pub mod kustomize;
 pub mod neuron;
 pub mod node;
+pub mod nvidia_mocks;
 pub mod nvml;
 pub mod own_control_plane;
 pub mod pods;

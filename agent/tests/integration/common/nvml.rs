@@ -55,6 +55,8 @@ pub fn device(i: usize) -> Value {
     json!({
         "uuid": format!("GPU-0000000{i}-1111-2222-3333-44444444444{i}"),
         "name": "NVIDIA H100 80GB HBM3",
+        "minor_number": i,
+        "cuda_compute_capability": [9, 0],
         "pci_bus_id": format!("00000000:{:02X}:00.0", 0x07 + i * 0x10),
         "memory": {"total": 85520809984u64, "used": 1048576000u64 + i as u64, "free": 83935952896u64, "reserved": 536281088u64},
         "clocks_event_reasons": 1,
@@ -89,7 +91,13 @@ pub struct Scenario {
 impl Scenario {
     /// `gpus` fake H100s on driver 580.95.05.
     pub fn new(gpus: usize) -> Scenario {
-        let value = json!({"driver_version": "580.95.05", "devices": (0..gpus).map(device).collect::<Vec<_>>()});
+        Scenario::of(
+            json!({"driver_version": "580.95.05", "cuda_driver_version": 13000, "devices": (0..gpus).map(device).collect::<Vec<_>>()}),
+        )
+    }
+
+    /// A scenario written whole elsewhere (NVIDIA's mocks, a profile).
+    pub fn of(value: Value) -> Scenario {
         let scenario = Scenario {
             dir: tempfile::tempdir().unwrap(),
             value,

@@ -12,6 +12,7 @@ fn gpu(recovery_action: Option<u32>) -> DeviceRead {
             uuid: "GPU-aaaa".into(),
             pci_bus_id: "00000000:18:00.0".into(),
             model_name: "NVIDIA H100 80GB HBM3".into(),
+            ..Default::default()
         },
         reading: Box::new(GpuReading {
             recovery_action,
@@ -583,6 +584,31 @@ fn every_gpu_on_the_bus_is_accounted_for() {
     assert!(assess(&state, &XidPolicy::default(), &labelled, t0)
         .problems
         .is_empty());
+}
+
+/// A GPU bound to vfio-pci is a VM's: NVML not listing it is no mismatch, and a GPU that is
+/// missing beside it is said with it named apart.
+#[test]
+fn a_gpu_handed_to_a_vm_is_not_missed() {
+    let t0 = Instant::now();
+    let mut state = state(t0);
+    state.pci = Some(crate::pci::BusScan {
+        devices: vec!["0000:18:00.0".into(), "0000:2a:00.0".into()],
+        drivers: [("0000:2a:00.0".to_string(), "vfio-pci".to_string())].into(),
+        ..Default::default()
+    });
+    assert!(reasons(&state, t0).is_empty());
+    state
+        .pci
+        .as_mut()
+        .unwrap()
+        .devices
+        .push("0000:3c:00.0".into());
+    let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
+    assert_eq!(
+        problems[0].message,
+        "the PCI bus has 3 NVIDIA GPU(s) and NVML lists 1: not listed 0000:3c:00.0 (besides 0000:2a:00.0, handed to a VM through vfio-pci)"
+    );
 }
 
 /// XIDs a previous agent held on this boot hold the GPU for this one, even through the

@@ -58,6 +58,11 @@ impl NvmlSource {
         self.nvml.sys_driver_version().unwrap_or_default()
     }
 
+    /// The CUDA version the driver supports, as NVML gives it (12040: 12.4).
+    pub fn cuda_driver_version(&self) -> Option<i32> {
+        self.nvml.sys_cuda_driver_version().ok()
+    }
+
     pub fn device_count(&self) -> Result<u32, String> {
         self.nvml
             .device_count()
@@ -95,6 +100,9 @@ impl NvmlSource {
             uuid: field(device.uuid(), &mut failed).unwrap_or_default(),
             pci_bus_id: field(device.pci_info().map(|p| p.bus_id), &mut failed).unwrap_or_default(),
             model_name: field(device.name(), &mut failed).unwrap_or_default(),
+            minor_number: field(device.minor_number(), &mut failed),
+            compute_capability: field(device.cuda_compute_capability(), &mut failed)
+                .map(|c| (c.major, c.minor)),
         };
         let utilization = field(device.utilization_rates(), &mut failed);
         let mig_mode = device.mig_mode().ok().map(|m| m.current == 1);

@@ -330,6 +330,7 @@ fn sample_session(
     let state = &cx.state;
     state.update(|state| {
         state.driver_version = source.driver_version();
+        state.cuda_driver_version = source.cuda_driver_version();
         state.last_round = Some(Instant::now());
     });
     let mut last = Instant::now();
@@ -589,6 +590,7 @@ fn xid_loop(source: &NvmlSource, state: &Shared<GpuState>, stop: &Stop) {
             }
         }
     }
+    state.update(|state| state.xids_watched = registered.iter().copied().collect());
     while !stop.is_stopped() {
         match wait_xid(nvml, &set, XID_WAIT_MS) {
             Ok(None) => {}
