@@ -7,8 +7,7 @@ block device gave, the page cache dropped before each case) and its CPU seconds.
 changed in place while the agent was down: the time until the restarted agent fails it.
 
 The record lives in ModelCacheVerified's message on the node, so each agent talks to an API server:
-a minimal one on loopback (fake_api.py) that answers what `serve` asks at start (its node, the node's
-status patches, events, its pods' list and watch), shaped as the real server's answers are.
+the tests' real one (kube-apiserver and etcd, scripts/control_plane.py) on loopback, with the node.
 
     python3 scripts/bench_restart.py [--big-gib 20] [--small-files 2000]
 
@@ -19,13 +18,12 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import agent_process  # noqa: E402
 from bench_priority import make_cold  # noqa: E402
-from fake_api import FakeApiServer  # noqa: E402
+from control_plane import ControlPlane  # noqa: E402
 
 NODE = "bench-node"
 MiB = 1 << 20
@@ -56,7 +54,7 @@ def verdict(port: int):
     return None
 
 
-def recorded(api: FakeApiServer) -> bool:
+def recorded(api: ControlPlane) -> bool:
     condition = api.condition("ModelCacheVerified") or {}
     return condition.get("status") == "True" and "; verified m=" in condition.get("message", "")
 
@@ -78,7 +76,7 @@ def run_agent(binary, root, manifest, api, work, trust: bool):
     # The agent's own files beside neither the cache nor the manifest, whose folder it watches.
     home = work / "agent"
     home.mkdir(exist_ok=True)
-    env = {"KUBECONFIG": str(api.kubeconfig(home / "kubeconfig"))}
+    env = {"KUBECONFIG": str(api.kubeconfig)}
     started = time.monotonic()
     agent, port = agent_process.serve(binary, config, home, log=open(home / "agent.log", "w"), env=env)
     try:
@@ -158,10 +156,8 @@ def main():
     parser.add_argument("--small-files", type=int, default=2000)
     args = parser.parse_args()
     binary = agent_process.release_binary()
-    api = FakeApiServer(NODE)
-    threading.Thread(target=api.serve_forever, daemon=True).start()
     rows = []
-    with tempfile.TemporaryDirectory(dir=agent_process.REPO / "target") as tmp:
+    with ControlPlane(NODE) as api, tempfile.TemporaryDirectory(dir=agent_process.REPO / "target") as tmp:
         work = pathlib.Path(tmp)
         (work / "boot_id").write_text(open("/proc/sys/kernel/random/boot_id").read())
         big = work / "big"
@@ -170,7 +166,6 @@ def main():
         small = work / "small"
         write_model(small, [(f"part-{i // 100:02d}/file-{i:05d}.bin", 64 * 1024) for i in range(args.small_files)])
         rows += case_rows(f"{args.small_files} files of 64 KiB", binary, small, api, work)
-    api.close()
 
     lines = [
         "| model | agent start | to verdict (s) | read, all reads (MiB) | read from disk (MiB) | CPU (s) |",

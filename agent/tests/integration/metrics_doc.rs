@@ -305,6 +305,7 @@ fn register_gpu(registry: &prometheus::Registry) {
         mem_clock_mhz: Some(1),
         temperature_c: Some(1),
         power_mw: Some(1),
+        power_limit_mw: Some(700_000),
         utilization_gpu_pct: Some(1),
         energy_mj: Some(1),
         memory_copy_util_pct: Some(1),

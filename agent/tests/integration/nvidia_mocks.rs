@@ -352,3 +352,201 @@ fn nvidias_pci_tree_counts_physical_functions_and_names_a_gpu_handed_to_a_vm() {
         "no GPU missing: the VM's is accounted for: {condition}"
     );
 }
+
+/// The value of `name` for the GPU `uuid`.
+fn of_gpu(m: &str, name: &str, uuid: &str) -> Option<f64> {
+    sample(m, name, &[("UUID", uuid)])
+}
+
+/// Each of NVIDIA's mock NVML profiles (k8s-test-infra v0.3.0: T4, L40S, A100, H100, B200, GB200,
+/// GB300) as the agent reports it: the GPU count, and per GPU its name, UUID, bus id, memory,
+/// power draw and limit, clocks, temperature, NVLink links and fabric state equal to the
+/// profile's. What a profile's GPU has not is absent, not 0: NVLink and MIG on the T4 and the
+/// L40S, GPM before Hopper, a fabric without NVSwitches.
+#[test]
+fn every_nvidia_mock_profile_is_reported_as_it_says() {
+    for name in common::nvml_profiles::PROFILES {
+        let profile = common::nvml_profiles::load(name).unwrap();
+        let scenario = Scenario::of(common::nvml_profiles::scenario(&profile));
+        let devices = profile["devices"].as_array().unwrap();
+        let gpm = matches!(
+            profile["device_defaults"]["architecture"].as_str(),
+            Some("hopper" | "blackwell")
+        );
+        let agent = start(&scenario, &scenario.pci_devices());
+        agent.wait_for(
+            &format!("the {name} profile's GPUs"),
+            Duration::from_secs(30),
+            |m| {
+                sample(m, "mlnode_gpu_count", &[]) == Some(devices.len() as f64)
+                    // GPM ratios come from the second sample.
+                    && (!gpm
+                        || m.lines()
+                            .filter(|l| l.starts_with("mlnode_gpu_sm_active_ratio{"))
+                            .count()
+                            == devices.len())
+            },
+        );
+        let m = agent.metrics();
+        let links = profile["nvlink"]["links_per_gpu"].as_u64().unwrap_or(0);
+        for d in devices {
+            let uuid = d["uuid"].as_str().unwrap();
+            let f = |v: &Value| v.as_f64().unwrap();
+            let info = m
+                .lines()
+                .find(|l| l.starts_with("mlnode_gpu_info{") && l.contains(uuid))
+                .unwrap_or_else(|| panic!("{name}: no {uuid}:\n{m}"));
+            assert!(
+                info.contains(&format!("modelName=\"{}\"", d["name"].as_str().unwrap())),
+                "{name}: {info}"
+            );
+            assert!(
+                info.contains(&format!("minor_number=\"{}\"", d["minor_number"])),
+                "{name}: {info}"
+            );
+            let bus = info
+                .split("pci_bus_id=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next();
+            assert_eq!(
+                bus.and_then(mlnode_agent::pci::sysfs_bus_id),
+                Some(d["pci"]["bus_id"].as_str().unwrap().to_lowercase()),
+                "{name}: {info}"
+            );
+            for (series, want) in [
+                (
+                    "mlnode_gpu_memory_total_bytes",
+                    f(&d["memory"]["total_bytes"]),
+                ),
+                (
+                    "mlnode_gpu_memory_used_bytes",
+                    f(&d["memory"]["used_bytes"]),
+                ),
+                (
+                    "mlnode_gpu_memory_free_bytes",
+                    f(&d["memory"]["free_bytes"]),
+                ),
+                (
+                    "mlnode_gpu_memory_reserved_bytes",
+                    f(&d["memory"]["reserved_bytes"]),
+                ),
+                (
+                    "mlnode_gpu_power_watts",
+                    f(&d["power"]["current_draw_mw"]) / 1000.0,
+                ),
+                (
+                    "mlnode_gpu_power_limit_watts",
+                    f(&d["power"]["enforced_limit_mw"]) / 1000.0,
+                ),
+                (
+                    "mlnode_gpu_sm_clock_hertz",
+                    f(&d["clocks"]["sm_current"]) * 1e6,
+                ),
+                (
+                    "mlnode_gpu_memory_clock_hertz",
+                    f(&d["clocks"]["memory_current"]) * 1e6,
+                ),
+                (
+                    "mlnode_gpu_temperature_celsius",
+                    f(&d["thermal"]["temperature_gpu_c"]),
+                ),
+            ] {
+                assert_eq!(
+                    of_gpu(&m, series, uuid),
+                    Some(want),
+                    "{name} {uuid}: {series}"
+                );
+            }
+            let active: Vec<f64> = m
+                .lines()
+                .filter(|l| l.starts_with("mlnode_gpu_nvlink_link_active{") && l.contains(uuid))
+                .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(
+                active,
+                vec![1.0; links as usize],
+                "{name} {uuid}: every one of the profile's {links} NVLink links active"
+            );
+            let fabric = of_gpu(&m, "mlnode_gpu_fabric_state", uuid);
+            assert_eq!(
+                fabric,
+                d["fabric"].is_object().then_some(3.0),
+                "{name} {uuid}: fabric registration COMPLETED where the profile has a fabric, else absent"
+            );
+            let mig = of_gpu(&m, "mlnode_gpu_mig_mode", uuid);
+            let has_mig = d["mig"]["max_gpu_instances"].as_u64() > Some(0);
+            assert_eq!(mig, has_mig.then_some(0.0), "{name} {uuid}: MIG mode");
+            assert_eq!(
+                of_gpu(&m, "mlnode_gpu_sm_active_ratio", uuid).is_some(),
+                gpm,
+                "{name} {uuid}: GPM from Hopper on only"
+            );
+        }
+    }
+}
+
+/// The profiles' failure modes on one GPU of the H100 profile, each the verdict docs/readiness.md
+/// gives it, while the other seven keep their series: `lost` and `fallen_off_bus` are `GPULost`;
+/// `ecc_uncorrectable` with the README's XID 64 (NVIDIA's catalog: RESET_GPU) holds the node.
+#[test]
+fn each_failure_mode_of_the_profiles_gives_its_verdict() {
+    for (failure, reason) in [
+        (json!({"mode": "lost"}), "GPULost"),
+        (
+            json!({"mode": "fallen_off_bus", "xid": {"code": 79}}),
+            "GPULost",
+        ),
+        (
+            json!({"mode": "ecc_uncorrectable", "xid": {"code": 64}}),
+            "FatalXID",
+        ),
+    ] {
+        // A node of its own each time: the last agent's verdict is not this one's.
+        let api = common::needs!(ClusterNode::gpu(&[]));
+        let mut profile = common::nvml_profiles::load("h100").unwrap();
+        profile["devices"][3]["failure"] = failure.clone();
+        let scenario = Scenario::of(common::nvml_profiles::scenario(&profile));
+        let agent = Agent::start_with_env(
+            &format!(
+                "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
+                fake_nvml().display().to_string(),
+                scenario.pci_devices().display().to_string()
+            ),
+            &[
+                ("FAKE_NVML_SCENARIO", &scenario.path()),
+                ("KUBECONFIG", &api.kubeconfig()),
+                ("MLNODE_NODE_NAME", Path::new(api.name())),
+            ],
+        );
+        agent.wait_for("every GPU read", Duration::from_secs(20), |m| {
+            sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
+                && m.lines()
+                    .filter(|l| l.starts_with("mlnode_gpu_memory_total_bytes{"))
+                    .count()
+                    >= 7
+        });
+        let condition = common::wait_until(
+            &format!("the verdict on {failure}"),
+            Duration::from_secs(20),
+            || {
+                let condition = api.condition("AcceleratorHealthy");
+                (condition["reason"] == reason)
+                    .then(|| condition.clone())
+                    .ok_or_else(|| format!("{condition}\n{}", agent.log()))
+            },
+        );
+        assert!(
+            condition["message"].as_str().unwrap().contains("GPU 3"),
+            "{failure}: {condition}"
+        );
+        let m = agent.metrics();
+        for d in profile["devices"].as_array().unwrap() {
+            let uuid = d["uuid"].as_str().unwrap();
+            let listed = of_gpu(&m, "mlnode_gpu_memory_total_bytes", uuid).is_some();
+            let failed = d["index"] == 3 && failure["mode"] != "ecc_uncorrectable";
+            assert_eq!(listed, !failed, "{failure}: {uuid}'s series");
+        }
+    }
+}

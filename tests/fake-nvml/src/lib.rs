@@ -8,7 +8,8 @@
 //! "temperature_c", "power_mw", "utilization": {"gpu", "memory"}, "energy_mj", "xid_events": [..],
 //! "lost": false, "unsupported": ["reserved", "clocks_event_reasons", "power", ...]}]}`.
 //! `cuda_driver_version` (top level, 12040 for 12.4), and per device `pci_device_id`,
-//! `minor_number` and `cuda_compute_capability` (`[9, 0]`): each absent answers NOT_SUPPORTED
+//! `minor_number`, `cuda_compute_capability` (`[9, 0]`) and `power_limit_mw`: each absent answers
+//! NOT_SUPPORTED
 //! (the device id: an H100 SXM5's).
 //! `init_delay_ms` (top level) makes `nvmlInit` block that long, as on a wedged driver.
 //! `bound: false` (per device) is a GPU unbound from the driver: an NVML initialised after it does not
@@ -119,6 +120,8 @@ struct Device {
     mem_clock_mhz: u32,
     temperature_c: u32,
     power_mw: u32,
+    /// `nvmlDeviceGetEnforcedPowerLimit`; absent: NOT_SUPPORTED.
+    power_limit_mw: Option<u32>,
     utilization: Utilization,
     energy_mj: u64,
     xid_events: Vec<XidEvent>,
@@ -823,6 +826,17 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         return INVALID_ARGUMENT;
     }
     with_device(device, "temperature", |d| put(celsius, d.temperature_c))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    device: nvmlDevice_t,
+    milliwatts: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, "power_limit", |d| {
+        d.power_limit_mw
+            .map_or(NOT_SUPPORTED, |limit| put(milliwatts, limit))
+    })
 }
 
 #[no_mangle]

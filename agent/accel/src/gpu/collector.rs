@@ -690,6 +690,13 @@ impl GpuCollector {
             "DCGM_FI_DEV_POWER_USAGE",
             reading.power_mw.map(|v| f64::from(v) / 1000.0),
         );
+        if let Some(limit) = reading.power_limit_mw {
+            out.gauge(
+                "mlnode_gpu_power_limit_watts",
+                labels,
+                f64::from(limit) / 1000.0,
+            );
+        }
         scalar(
             out,
             "mlnode_gpu_utilization_ratio",

@@ -7,7 +7,7 @@ use prometheus::proto::MetricType;
 use mlnode_core::metrics::family::FamilySpec;
 
 /// (name, help, type) of every family this collector can produce.
-pub const FAMILIES: [FamilySpec; 60] = [
+pub const FAMILIES: [FamilySpec; 61] = [
     ("mlnode_gpu_pod_memory_used_bytes", "Framebuffer memory the processes of one container hold on the GPU or MIG device (nvml.process_attribution), by the container their cgroup names; empty pod labels for processes no pod owns.", MetricType::GAUGE),
     ("mlnode_gpu_pod_sm_utilization_ratio", "Fraction of the GPU's SMs one container's processes used since the previous sample (nvmlDeviceGetProcessUtilization, nvml.process_attribution); absent on MIG devices, where NVML gives none.", MetricType::GAUGE),
     ("mlnode_gpu_process_attribution_errors_total", "Per-process readings that failed, by reason: NVML refused the process list or their utilisation (processes_no_permission without hostPID, utilization_not_supported), a process exited before its cgroup was read, a cgroup of no known form. Their series are absent.", MetricType::COUNTER),
@@ -107,6 +107,11 @@ pub const FAMILIES: [FamilySpec; 60] = [
         MetricType::GAUGE,
     ),
     ("mlnode_gpu_power_watts", "Power draw.", MetricType::GAUGE),
+    (
+        "mlnode_gpu_power_limit_watts",
+        "The power limit the driver enforces (nvmlDeviceGetEnforcedPowerLimit: the lowest of the limits set and the board's), the ceiling power draw is held under.",
+        MetricType::GAUGE,
+    ),
     (
         "mlnode_gpu_utilization_ratio",
         "Fraction of the last sample period in which a kernel ran on the GPU.",

@@ -284,8 +284,11 @@ fn count_mismatch(state: &GpuState, labelled: Option<u32>) -> Option<Problem> {
         .filter(|d| !listed.contains(*d) && !handed_to_vms.contains(*d))
         .map(String::as_str)
         .collect();
+    // A GPU NVML lists but cannot name (lost before its first read) is one of the missing
+    // addresses, and has its own verdict.
+    let unnamed = state.gpus.values().filter(|e| e.identity.is_none()).count();
     let mut said = Vec::new();
-    if !missing.is_empty() {
+    if missing.len() > unnamed {
         let vms = if handed_to_vms.is_empty() {
             String::new()
         } else {

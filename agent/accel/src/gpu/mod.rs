@@ -63,6 +63,8 @@ pub struct GpuReading {
     pub mem_clock_mhz: Option<u32>,
     pub temperature_c: Option<u32>,
     pub power_mw: Option<u32>,
+    /// `nvmlDeviceGetEnforcedPowerLimit`, milliwatts.
+    pub power_limit_mw: Option<u32>,
     pub utilization_gpu_pct: Option<u32>,
     pub energy_mj: Option<u64>,
     /// Percent of the last sample period the memory controller was busy (NVML's "memory"

@@ -16,6 +16,7 @@ pub mod neuron;
 pub mod node;
 pub mod nvidia_mocks;
 pub mod nvml;
+pub mod nvml_profiles;
 pub mod own_control_plane;
 pub mod pods;
 pub mod process_stats;

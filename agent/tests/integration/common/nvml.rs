@@ -61,7 +61,7 @@ pub fn device(i: usize) -> Value {
         "memory": {"total": 85520809984u64, "used": 1048576000u64 + i as u64, "free": 83935952896u64, "reserved": 536281088u64},
         "clocks_event_reasons": 1,
         "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
-        "temperature_c": 40 + i, "power_mw": 312500 + i * 1000,
+        "temperature_c": 40 + i, "power_mw": 312500 + i * 1000, "power_limit_mw": 700000,
         "utilization": {"gpu": 87, "memory": 40},
         "energy_mj": 123456789u64 + i as u64,
         "xid_events": [], "lost": false, "unsupported": [],

@@ -168,6 +168,11 @@ fn a_gpu_nvml_does_not_list_is_named_by_its_address() {
     );
 }
 
+/// One more NVIDIA GPU on the scanned bus.
+fn also_on_bus(state: &mut GpuState, address: &str) {
+    state.pci.as_mut().unwrap().devices.push(address.into());
+}
+
 fn reasons(state: &GpuState, now: Instant) -> Vec<String> {
     assess(state, &XidPolicy::default(), &FromNode::default(), now)
         .problems
@@ -539,12 +544,7 @@ fn every_gpu_on_the_bus_is_accounted_for() {
         ..Default::default()
     });
     assert!(reasons(&state, t0).is_empty(), "GPU 0 is 00000000:18:00.0");
-    state
-        .pci
-        .as_mut()
-        .unwrap()
-        .devices
-        .push("0000:2a:00.0".into());
+    also_on_bus(&mut state, "0000:2a:00.0");
     let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
     assert_eq!(problems[0].reason, "GPUCountMismatch");
     assert!(
@@ -586,6 +586,22 @@ fn every_gpu_on_the_bus_is_accounted_for() {
         .is_empty());
 }
 
+/// A GPU lost before its first read is listed by NVML without an address: it is the bus's one
+/// unmatched GPU, and its verdict is `GPULost` alone, not a count mismatch as well.
+#[test]
+fn a_gpu_lost_before_its_first_read_is_not_also_a_count_mismatch() {
+    let t0 = Instant::now();
+    let mut state = state(t0);
+    state.apply(1, DeviceRead::Failed(GpuFailure::Lost), 1.0, t0);
+    state.pci = Some(crate::pci::BusScan {
+        devices: vec!["0000:18:00.0".into(), "0000:2a:00.0".into()],
+        ..Default::default()
+    });
+    assert_eq!(reasons(&state, t0), ["GPULost"]);
+    also_on_bus(&mut state, "0000:3c:00.0");
+    assert_eq!(reasons(&state, t0), ["GPUCountMismatch", "GPULost"]);
+}
+
 /// A GPU bound to vfio-pci is a VM's: NVML not listing it is no mismatch, and a GPU that is
 /// missing beside it is said with it named apart.
 #[test]
@@ -598,12 +614,7 @@ fn a_gpu_handed_to_a_vm_is_not_missed() {
         ..Default::default()
     });
     assert!(reasons(&state, t0).is_empty());
-    state
-        .pci
-        .as_mut()
-        .unwrap()
-        .devices
-        .push("0000:3c:00.0".into());
+    also_on_bus(&mut state, "0000:3c:00.0");
     let problems = assess(&state, &XidPolicy::default(), &FromNode::default(), t0).problems;
     assert_eq!(
         problems[0].message,

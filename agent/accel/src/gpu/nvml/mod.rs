@@ -159,6 +159,7 @@ impl NvmlSource {
             mem_clock_mhz: field(device.clock_info(Clock::Memory), &mut failed),
             temperature_c: field(self.temperature(&device), &mut failed),
             power_mw: field(device.power_usage(), &mut failed),
+            power_limit_mw: field(device.enforced_power_limit(), &mut failed),
             utilization_gpu_pct: utilization.map(|u| u.gpu),
             energy_mj: field(device.total_energy_consumption(), &mut failed),
             recovery_action: field(recovery_action(&device), &mut failed),
