@@ -135,6 +135,12 @@ go_program "the node's runtime (containerd, runc, CNI plugins, crane)" tests/nod
 CGO_ENABLED=0 go_program "the tests' workload" tests/node ./workload "$node_programs/workload"
 CGO_ENABLED=0 go_program "the pods' pause program" tests/node ./pause "$node_programs/pause"
 go_program "the registry" tests/node/registry tool "$node_programs/"
+# AWS's SOCI snapshotter v0.16.1, the node's lazy loading (tests/soci: its cmd module, which the
+# module proxy serves only as a pseudo-version of v0.16.1's commit, with the replace lines that
+# module's own go.mod holds and a requiring module must repeat; docs/testing.md).
+soci_version="github.com/awslabs/soci-snapshotter/version"
+go_program "the SOCI snapshotter (soci, soci-snapshotter-grpc)" tests/soci tool "$node_programs/" \
+    -ldflags="-X $soci_version.Version=v0.16.1 -X $soci_version.Revision=$(sed -n 's|.*soci-snapshotter/cmd v0.0.0-[0-9]*-\([0-9a-f]*\).*|\1|p' tests/soci/go.mod)"
 export MLNODE_TEST_NODE_RUNC="$node_programs/runc"
 
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.

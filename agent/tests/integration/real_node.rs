@@ -1326,3 +1326,141 @@ fn container_output(
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect()
 }
+
+/// SOCI on the node as EKS runs it (containerd's default snapshotter, a proxy plugin): an
+/// inference image whose weights are a layer of their own, given a SOCI index by `soci convert
+/// --standalone --format oci-dir` and pushed with it, is pulled without its weights; the server
+/// then reads them through the snapshotter's FUSE mount, fetched from the registry as it reads.
+/// The same image without an index is pulled whole through the rate-held link, as before.
+#[test]
+fn an_image_with_a_soci_index_is_loaded_lazily_and_one_without_is_pulled_whole() {
+    let cluster = common::needs!(common::node::cluster::shared());
+    let _node_as_it_is = cluster.sharing();
+    let runtime = &cluster.runtime;
+    let programs = runtime.programs().to_path_buf();
+    runtime.push_image(
+        "workload:soci-base",
+        &[&programs.join("workload")],
+        "/workload",
+    );
+    let base = format!("{REGISTRY}/workload:soci-base");
+    // The server's image with 64 MiB of weights in a layer of their own, two shards (two seconds
+    // at the link's rate), readable by the server's user; `seed` makes the layer one no other
+    // image shares, so no snapshot of another image stands in for it.
+    let with_weights = |tag: &str, seed: u8| -> (String, u64) {
+        let weights = runtime.dir().join(format!("soci-weights-{tag}"));
+        std::fs::create_dir_all(weights.join("weights")).unwrap();
+        for shard in 1..=2u8 {
+            std::fs::write(
+                weights.join(format!("weights/model-0000{shard}-of-00002.safetensors")),
+                common::content(seed + shard, 32 << 20),
+            )
+            .unwrap();
+        }
+        open_to_all(&weights);
+        let tar = weights.with_extension("tar");
+        let output = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&weights)
+            .args(["-cf", tar.to_str().unwrap(), "."])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let image = format!("{REGISTRY}/workload:{tag}");
+        runtime.crane(&[
+            "append",
+            "-b",
+            &base,
+            "-f",
+            tar.to_str().unwrap(),
+            "-t",
+            &image,
+        ]);
+        let manifest: Value = serde_json::from_str(&runtime.crane(&["manifest", &image])).unwrap();
+        let layer = &manifest["layers"][1];
+        (
+            layer["digest"].as_str().unwrap().to_string(),
+            layer["size"].as_u64().unwrap(),
+        )
+    };
+    let (weights_layer, weights_size) = with_weights("soci-source", 0);
+    runtime.push_soci_converted("workload:soci-source", "workload:soci-lazy");
+    let whole = format!("{REGISTRY}/workload:soci-whole");
+    with_weights("soci-whole", 10);
+
+    let namespace = cluster.namespace("soci");
+    let started = |name: &str, image: &str| {
+        let mut pod = workload_pod(name, image, std::path::Path::new("/"), 0);
+        pod["spec"]["containers"][0]["args"][1] = json!("/weights");
+        pod["spec"]["containers"][0]["volumeMounts"] = json!([]);
+        pod["spec"]["volumes"] = json!([]);
+        cluster
+            .admin
+            .admin(&["create", "-n", &namespace, "-f", "-"], &pod.to_string());
+        await_pod_ready(cluster, &namespace, name);
+        let events = events_of(cluster, &namespace, name);
+        let pulled = first_with(&events, "reason", "Pulled");
+        let lines = container_output(cluster, &namespace, name, name);
+        assert_eq!(
+            first_with(&lines, "event", "model_loaded")["bytes"],
+            64u64 << 20,
+            "{name} read every weight"
+        );
+        pull_seconds(pulled["message"].as_str().unwrap())
+    };
+    let transfer = weights_size as f64 / REGISTRY_RATE as f64;
+
+    let lazy_pull = started("lazy", &format!("{REGISTRY}/workload:soci-lazy"));
+    let log = std::fs::read_to_string(runtime.dir().join("soci.log")).unwrap();
+    // The snapshotter names a snapshot by its chain id, so the log is counted: the weights'
+    // layer, which no other image has, and the server's layer too where no other image on the
+    // node had it first (the other tests' images share it, as a local snapshot).
+    let remote = log.matches("\"remote-snapshot-prepared\":\"true\"").count();
+    assert!(
+        (1..=2).contains(&remote),
+        "the snapshotter mounted the weights' layer remotely ({remote}):\n{}",
+        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        lazy_pull < transfer * 0.5,
+        "the pull took {lazy_pull:.3} s: the weights ({transfer:.3} s at the link's rate) are not in it"
+    );
+    let metrics = runtime.soci_metrics();
+    let layer = [("layer", weights_layer.as_str())];
+    let served = common::agent::sample(
+        &metrics,
+        "soci_fs_bytes_served",
+        &[layer[0], ("operation_type", "synchronous_bytes_served")],
+    );
+    assert_eq!(
+        served,
+        Some((64u64 << 20) as f64),
+        "every weight byte the server read came through the snapshotter:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains(&weights_layer))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        common::agent::sample(
+            &metrics,
+            "soci_fs_operation_duration_milliseconds_count",
+            &[layer[0], ("operation_type", "remote_registry_get")],
+        )
+        .is_some_and(|fetches| fetches >= 1.0),
+        "the weights were fetched from the registry as they were read"
+    );
+
+    let whole_pull = started("whole", &whole);
+    assert!(
+        whole_pull >= transfer * 0.95,
+        "without an index the pull took {whole_pull:.3} s, the weights' transfer {transfer:.3} s"
+    );
+    eprintln!(
+        "SOCI: pull {lazy_pull:.3} s with an index, {whole_pull:.3} s without ({weights_size} bytes of weights, {transfer:.3} s at the link's rate)"
+    );
+    cluster
+        .admin
+        .admin(&["delete", "namespace", &namespace, "--wait=false"], "");
+}

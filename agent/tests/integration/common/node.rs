@@ -128,6 +128,7 @@ impl Runtime {
         .map_err(|e| e.to_string())?;
         if cri {
             write_cni_config(at).map_err(|e| e.to_string())?;
+            std::fs::write(at.join("soci.toml"), soci_config()).map_err(|e| e.to_string())?;
         }
         let covers: String = KERNEL_TUNABLES
             .iter()
@@ -157,9 +158,20 @@ impl Runtime {
             "set -e\nmount -t tmpfs tmpfs /run\nmount -t tmpfs tmpfs /var/lib\nmount -t tmpfs tmpfs /var/log\n{covers}{node_folders}\
              ip link set lo up\nip link add mlnode0 type bridge\nip addr add {NODE_IP}/24 dev mlnode0\n\
              ip addr add {KUBERNETES_SERVICE_IP}/32 dev mlnode0\nip link set mlnode0 up\n\
-             registry serve {dir}/registry.yml >{dir}/registry.log 2>&1 &\n\
+             registry serve {dir}/registry.yml >{dir}/registry.log 2>&1 &\n{soci}\
              containerd --config {dir}/containerd.toml >{dir}/containerd.log 2>&1 &\nwait\n",
-            dir = at.display()
+            dir = at.display(),
+            // The SOCI snapshotter before containerd, which dials it as a proxy plugin: its
+            // socket is there first.
+            soci = if cri {
+                format!(
+                    "soci-snapshotter-grpc --config {dir}/soci.toml --address {SOCI_SOCKET} >{dir}/soci.log 2>&1 &\n\
+                     while [ ! -S {SOCI_SOCKET} ]; do sleep 0.05; done\n",
+                    dir = at.display()
+                )
+            } else {
+                String::new()
+            }
         );
         let mut command = Command::new("unshare");
         command
@@ -193,6 +205,13 @@ impl Runtime {
             dir,
         };
         let socket = runtime.socket();
+        if cri {
+            runtime.await_up(
+                "the SOCI snapshotter",
+                "soci.log",
+                &["test", "-S", SOCI_SOCKET],
+            );
+        }
         runtime.await_up(
             "containerd",
             "containerd.log",
@@ -333,6 +352,54 @@ impl Runtime {
             std::fs::copy(file, layer.join(file.file_name().unwrap())).unwrap();
         }
         self.push_layer(name, &layer, &["--entrypoint", entrypoint])
+    }
+
+    /// The registry's image `source` with a SOCI index, made as soci-snapshotter's guide audits it:
+    /// the image pulled as an OCI layout, `soci convert --standalone --format oci-dir` (a zTOC for
+    /// every layer, `--min-layer-size 0`), the converted layout pushed as `target` with its index.
+    /// The digest the registry reports, checked to be the converted layout's.
+    pub fn push_soci_converted(&self, source: &str, target: &str) -> String {
+        let stem = target.replace(['/', ':'], "_");
+        let layout = self.dir.join(format!("{stem}.oci"));
+        let converted = self.dir.join(format!("{stem}.soci"));
+        let _ = std::fs::remove_dir_all(&layout);
+        let _ = std::fs::remove_dir_all(&converted);
+        let (layout_arg, converted_arg) = (layout.to_str().unwrap(), converted.to_str().unwrap());
+        let source = format!("{REGISTRY}/{source}");
+        let target = format!("{REGISTRY}/{target}");
+        self.crane(&["pull", "--format", "oci", &source, layout_arg]);
+        let convert = [
+            "soci",
+            "convert",
+            "--standalone",
+            "--format",
+            "oci-dir",
+            "--min-layer-size",
+            "0",
+            layout_arg,
+            converted_arg,
+        ];
+        checked(&convert, self.inside(&convert));
+        self.crane(&["push", converted_arg, &target]);
+        let index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(converted.join("index.json")).unwrap())
+                .unwrap();
+        let converted_digest = index["manifests"][0]["digest"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let pushed = self.crane(&["digest", &target]).trim().to_string();
+        assert_eq!(
+            pushed, converted_digest,
+            "the registry holds the converted image as soci wrote it"
+        );
+        pushed
+    }
+
+    /// The SOCI snapshotter's metrics, as Prometheus would scrape them on the node.
+    pub fn soci_metrics(&self) -> String {
+        let url = format!("http://{SOCI_METRICS}/metrics");
+        checked(&["curl", &url], self.inside(&["curl", "-sf", &url]))
     }
 
     /// An image of one layer, the folder `layer` as its root, pushed to the registry as `name`
@@ -528,8 +595,13 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
         format!("server = \"http://{REGISTRY}\"\n[host.\"http://{REGISTRY_LINK}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"),
     )
     .unwrap();
+    // The SOCI snapshotter as EKS's SOCI nodes run it (soci-snapshotter's docs/kubernetes.md):
+    // containerd's proxy snapshotter and the CRI's default, handed the images' annotations so it
+    // can find their SOCI index; an image without one is pulled whole, as by overlayfs.
     config.push_str(&format!(
-        "[plugins.'io.containerd.cri.v1.images']\n  snapshotter = \"overlayfs\"\n\
+        "[proxy_plugins.soci]\n  type = \"snapshot\"\n  address = {SOCI_SOCKET:?}\n\
+         [proxy_plugins.soci.exports]\n  root = \"/var/lib/soci-snapshotter-grpc\"\n\
+         [plugins.'io.containerd.cri.v1.images']\n  snapshotter = \"soci\"\n  disable_snapshot_annotations = false\n\
          [plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"{REGISTRY}/{PAUSE_IMAGE}\"\n\
          [plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = {hosts:?}\n\
          [plugins.'io.containerd.cri.v1.runtime']\n\
@@ -544,6 +616,23 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
         conf = dir.join("cni").display().to_string(),
     ));
     config
+}
+
+/// Where the node's SOCI snapshotter listens for containerd.
+const SOCI_SOCKET: &str = "/run/soci-snapshotter-grpc/soci-snapshotter-grpc.sock";
+
+/// Where the node's SOCI snapshotter serves its Prometheus metrics, on the node's loopback.
+pub const SOCI_METRICS: &str = "127.0.0.1:8421";
+
+/// The SOCI snapshotter's configuration (soci-snapshotter's docs/config.md): its metrics on, and
+/// the registry's layers fetched through the rate-held link, as containerd's are (a mirror's
+/// `host` must be a URL, or the snapshotter takes it for a path).
+fn soci_config() -> String {
+    format!(
+        "metrics_address = {SOCI_METRICS:?}\n\
+         [pull_modes.soci_v2]\n  enable = true\n\
+         [[resolver.host.{REGISTRY:?}.mirrors]]\n  host = \"http://{REGISTRY_LINK}\"\n  insecure = true\n"
+    )
 }
 
 /// The pod sandbox's image, which tests/node/pause's program runs.
