@@ -144,7 +144,7 @@ go_program "the SOCI snapshotter (soci, soci-snapshotter-grpc)" tests/soci tool 
 export MLNODE_TEST_NODE_RUNC="$node_programs/runc"
 
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR" "$MLNODE_TEST_NVIDIA_MOCKS" "$MLNODE_TEST_NODE_RUNC" nsenter; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR" "$MLNODE_TEST_NVIDIA_MOCKS" "$MLNODE_TEST_NODE_RUNC" "$node_programs/soci-snapshotter-grpc" nsenter; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"
