@@ -261,6 +261,7 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
     an_init_container_and_a_sidecar_pull_beside_the_server(cluster, agent_pod, &namespace, &image);
     a_server_that_crashes_once_is_measured_from_its_restart(cluster, agent_pod, &namespace, &image);
     a_pull_that_fails_then_succeeds_counts_the_pull_alone(cluster, agent_pod, &namespace);
+    a_prefetched_image_is_a_cache_hit_and_stays_lazy(cluster, agent_pod, &namespace);
     the_agent_runs_as_its_manifest_says(cluster);
     the_admission_policies_type_check_without_warnings(cluster, &objects);
     let agent = the_daemonset_controller_rolls_the_agent_without_a_read(cluster, &agent);
@@ -1337,66 +1338,17 @@ fn an_image_with_a_soci_index_is_loaded_lazily_and_one_without_is_pulled_whole()
     let cluster = common::needs!(common::node::cluster::shared());
     let _node_as_it_is = cluster.sharing();
     let runtime = &cluster.runtime;
-    let programs = runtime.programs().to_path_buf();
-    runtime.push_image(
-        "workload:soci-base",
-        &[&programs.join("workload")],
-        "/workload",
-    );
-    let base = format!("{REGISTRY}/workload:soci-base");
-    // The server's image with 64 MiB of weights in a layer of their own, two shards (two seconds
-    // at the link's rate), readable by the server's user; `seed` makes the layer one no other
-    // image shares, so no snapshot of another image stands in for it.
-    let with_weights = |tag: &str, seed: u8| -> (String, u64) {
-        let weights = runtime.dir().join(format!("soci-weights-{tag}"));
-        std::fs::create_dir_all(weights.join("weights")).unwrap();
-        for shard in 1..=2u8 {
-            std::fs::write(
-                weights.join(format!("weights/model-0000{shard}-of-00002.safetensors")),
-                common::content(seed + shard, 32 << 20),
-            )
-            .unwrap();
-        }
-        open_to_all(&weights);
-        let tar = weights.with_extension("tar");
-        let output = std::process::Command::new("tar")
-            .arg("-C")
-            .arg(&weights)
-            .args(["-cf", tar.to_str().unwrap(), "."])
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{output:?}");
-        let image = format!("{REGISTRY}/workload:{tag}");
-        runtime.crane(&[
-            "append",
-            "-b",
-            &base,
-            "-f",
-            tar.to_str().unwrap(),
-            "-t",
-            &image,
-        ]);
-        let manifest: Value = serde_json::from_str(&runtime.crane(&["manifest", &image])).unwrap();
-        let layer = &manifest["layers"][1];
-        (
-            layer["digest"].as_str().unwrap().to_string(),
-            layer["size"].as_u64().unwrap(),
-        )
-    };
-    let (weights_layer, weights_size) = with_weights("soci-source", 0);
+    let (weights_layer, weights_size) = image_with_weights(cluster, "soci-source", 0);
     runtime.push_soci_converted("workload:soci-source", "workload:soci-lazy");
     let whole = format!("{REGISTRY}/workload:soci-whole");
-    with_weights("soci-whole", 10);
+    image_with_weights(cluster, "soci-whole", 10);
 
     let namespace = cluster.namespace("soci");
     let started = |name: &str, image: &str| {
-        let mut pod = workload_pod(name, image, std::path::Path::new("/"), 0);
-        pod["spec"]["containers"][0]["args"][1] = json!("/weights");
-        pod["spec"]["containers"][0]["volumeMounts"] = json!([]);
-        pod["spec"]["volumes"] = json!([]);
-        cluster
-            .admin
-            .admin(&["create", "-n", &namespace, "-f", "-"], &pod.to_string());
+        cluster.admin.admin(
+            &["create", "-n", &namespace, "-f", "-"],
+            &weights_in_image_pod(name, image).to_string(),
+        );
         await_pod_ready(cluster, &namespace, name);
         let events = events_of(cluster, &namespace, name);
         let pulled = first_with(&events, "reason", "Pulled");
@@ -1425,28 +1377,19 @@ fn an_image_with_a_soci_index_is_loaded_lazily_and_one_without_is_pulled_whole()
         lazy_pull < transfer * 0.5,
         "the pull took {lazy_pull:.3} s: the weights ({transfer:.3} s at the link's rate) are not in it"
     );
-    let metrics = runtime.soci_metrics();
-    let layer = [("layer", weights_layer.as_str())];
-    let served = common::agent::sample(
-        &metrics,
-        "soci_fs_bytes_served",
-        &[layer[0], ("operation_type", "synchronous_bytes_served")],
-    );
     assert_eq!(
-        served,
-        Some((64u64 << 20) as f64),
-        "every weight byte the server read came through the snapshotter:\n{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains(&weights_layer))
-            .collect::<Vec<_>>()
-            .join("\n")
+        soci_bytes_served(cluster, &weights_layer),
+        (64u64 << 20) as f64,
+        "every weight byte the server read came through the snapshotter"
     );
     assert!(
         common::agent::sample(
-            &metrics,
+            &runtime.soci_metrics(),
             "soci_fs_operation_duration_milliseconds_count",
-            &[layer[0], ("operation_type", "remote_registry_get")],
+            &[
+                ("layer", weights_layer.as_str()),
+                ("operation_type", "remote_registry_get")
+            ],
         )
         .is_some_and(|fetches| fetches >= 1.0),
         "the weights were fetched from the registry as they were read"
@@ -1463,4 +1406,130 @@ fn an_image_with_a_soci_index_is_loaded_lazily_and_one_without_is_pulled_whole()
     cluster
         .admin
         .admin(&["delete", "namespace", &namespace, "--wait=false"], "");
+}
+
+/// The server's image with 64 MiB of weights in a layer of their own under `/weights`, two shards
+/// (two seconds at the link's rate), readable by the server's user, pushed as `workload:<tag>`;
+/// `seed` makes the layer one no other image shares, so no snapshot of another image stands in
+/// for it. The weights' layer digest and size.
+fn image_with_weights(cluster: &OneNodeCluster, tag: &str, seed: u8) -> (String, u64) {
+    let runtime = &cluster.runtime;
+    runtime.push_image(
+        "workload:soci-base",
+        &[&runtime.programs().join("workload")],
+        "/workload",
+    );
+    let weights = runtime.dir().join(format!("soci-weights-{tag}"));
+    std::fs::create_dir_all(weights.join("weights")).unwrap();
+    for shard in 1..=2u8 {
+        std::fs::write(
+            weights.join(format!("weights/model-0000{shard}-of-00002.safetensors")),
+            common::content(seed + shard, 32 << 20),
+        )
+        .unwrap();
+    }
+    open_to_all(&weights);
+    let tar = weights.with_extension("tar");
+    let output = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&weights)
+        .args(["-cf", tar.to_str().unwrap(), "."])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let image = format!("{REGISTRY}/workload:{tag}");
+    let base = format!("{REGISTRY}/workload:soci-base");
+    runtime.crane(&[
+        "append",
+        "-b",
+        &base,
+        "-f",
+        tar.to_str().unwrap(),
+        "-t",
+        &image,
+    ]);
+    let manifest: Value = serde_json::from_str(&runtime.crane(&["manifest", &image])).unwrap();
+    let layer = &manifest["layers"][1];
+    (
+        layer["digest"].as_str().unwrap().to_string(),
+        layer["size"].as_u64().unwrap(),
+    )
+}
+
+/// A server that reads the weights its image holds (`/weights`), with no model volume.
+fn weights_in_image_pod(name: &str, image: &str) -> Value {
+    let mut pod = workload_pod(name, image, std::path::Path::new("/"), 0);
+    pod["spec"]["containers"][0]["args"][1] = json!("/weights");
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([]);
+    pod["spec"]["volumes"] = json!([]);
+    pod
+}
+
+/// The bytes the node's SOCI snapshotter served from `layer` through its FUSE mount (0 before it
+/// served any).
+fn soci_bytes_served(cluster: &OneNodeCluster, layer: &str) -> f64 {
+    common::agent::sample(
+        &cluster.runtime.soci_metrics(),
+        "soci_fs_bytes_served",
+        &[
+            ("layer", layer),
+            ("operation_type", "synchronous_bytes_served"),
+        ],
+    )
+    .unwrap_or(0.0)
+}
+
+/// A prefetch, as an image pre-puller does it: a pod on the node pulls a SOCI-indexed image and
+/// exits before the server's pod is created. The server's startup is then a cache hit with 0 s
+/// of pull in the agent's report, and the image stays lazy: its weights are read through the
+/// snapshotter when the server loads them, not before.
+fn a_prefetched_image_is_a_cache_hit_and_stays_lazy(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+) {
+    let (weights_layer, _) = image_with_weights(cluster, "prefetch-source", 20);
+    cluster
+        .runtime
+        .push_soci_converted("workload:prefetch-source", "workload:prefetched");
+    let image = format!("{REGISTRY}/workload:prefetched");
+    // The pre-puller reads none of the weights: the files runc puts under /etc, then it exits.
+    let mut prefetch = weights_in_image_pod("prefetch", &image);
+    prefetch["spec"]["restartPolicy"] = json!("Never");
+    let container = &mut prefetch["spec"]["containers"][0];
+    container["args"] = json!(["--model", "/etc", "--exit-after-load"]);
+    container.as_object_mut().unwrap().remove("readinessProbe");
+    container.as_object_mut().unwrap().remove("ports");
+    cluster.admin.admin(
+        &["create", "-n", namespace, "-f", "-"],
+        &prefetch.to_string(),
+    );
+    common::wait_until("the pre-puller done", Duration::from_secs(60), || {
+        let pod = cluster.admin.admin(
+            &["get", "pod", "-n", namespace, "prefetch", "-o", "json"],
+            "",
+        );
+        let pod: Value = serde_json::from_str(&pod).unwrap();
+        (pod["status"]["phase"] == "Succeeded")
+            .then_some(())
+            .ok_or_else(|| format!("{:#}", pod["status"]))
+    });
+    assert_eq!(
+        soci_bytes_served(cluster, &weights_layer),
+        0.0,
+        "the prefetch left the weights in the registry"
+    );
+    cluster.admin.admin(
+        &["create", "-n", namespace, "-f", "-"],
+        &weights_in_image_pod("prefetched", &image).to_string(),
+    );
+    await_pod_ready(cluster, namespace, "prefetched");
+    let startup = await_agent_startups(cluster, agent_pod, namespace, "prefetched", 1).remove(0);
+    assert_eq!(startup["phases"]["image_pull"], 0.0, "{startup}");
+    assert_eq!(startup["pulls"][0]["cache_hit"], true, "{startup}");
+    assert_eq!(
+        soci_bytes_served(cluster, &weights_layer),
+        (64u64 << 20) as f64,
+        "the server read every weight through the snapshotter, lazily"
+    );
 }
