@@ -286,27 +286,26 @@ def main():
 
     # 4. The held node.
     times = {}
-    api = ControlPlane(NODE, [TAINT])
-    for priority in ["normal", "auto", "idle"]:
-        make_cold(hot)
-        api.reset_node()
-        verified_at = None
-        with cpu_load(), serving(binary, agent_config(hot, hot_manifest, priority, readiness=True), work,
-                                 env={"KUBECONFIG": str(api.kubeconfig)}) as (_, pid):
-            started = time.monotonic()
-            # Polled every 50 ms: the time is the first read that finds the condition True.
-            while verified_at is None and time.monotonic() - started < args.held_limit:
-                if (api.condition("ModelCacheVerified") or {}).get("status") == "True":
-                    verified_at = time.monotonic()
-                time.sleep(0.05)
-            read = bytes_read(pid)
-        times[priority] = None if verified_at is None else verified_at - started
-        took = times[priority]
-        rows.append(("4. start to ModelCacheVerified=True (s), tainted node, CPU stand-in running, cold 2 GiB",
-                     priority, f"{took:.2f}" if took else f"> {args.held_limit:.0f}",
-                     f"{took / times['normal']:.2f}" if took and times["normal"] else "-",
-                     "" if took else f"{read / GiB:.2f} GiB read by then"))
-    api.close()
+    with ControlPlane(NODE, [TAINT]) as api:
+        for priority in ["normal", "auto", "idle"]:
+            make_cold(hot)
+            api.reset_node()
+            verified_at = None
+            with cpu_load(), serving(binary, agent_config(hot, hot_manifest, priority, readiness=True), work,
+                                     env={"KUBECONFIG": str(api.kubeconfig)}) as (_, pid):
+                started = time.monotonic()
+                # Polled every 50 ms: the time is the first read that finds the condition True.
+                while verified_at is None and time.monotonic() - started < args.held_limit:
+                    if (api.condition("ModelCacheVerified") or {}).get("status") == "True":
+                        verified_at = time.monotonic()
+                    time.sleep(0.05)
+                read = bytes_read(pid)
+            times[priority] = None if verified_at is None else verified_at - started
+            took = times[priority]
+            rows.append(("4. start to ModelCacheVerified=True (s), tainted node, CPU stand-in running, cold 2 GiB",
+                         priority, f"{took:.2f}" if took else f"> {args.held_limit:.0f}",
+                         f"{took / times['normal']:.2f}" if took and times["normal"] else "-",
+                         "" if took else f"{read / GiB:.2f} GiB read by then"))
 
     lines = [
         f"Machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / GiB:.0f} GiB, "

@@ -185,37 +185,32 @@ func nvmlCommand(args []string) (any, error) {
 func readGpu(lib nvml.Interface, index int, d nvml.Device) (GpuAnswer, error) {
 	gpu := GpuAnswer{Index: index}
 	var ret nvml.Return
-	check := func(call string) error {
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("%s: %v", call, ret)
-		}
-		return nil
+	failed := func(call string) error { return fmt.Errorf("%s: %v", call, ret) }
+	if gpu.Name, ret = d.GetName(); ret != nvml.SUCCESS {
+		return gpu, failed("GetName")
 	}
-	if gpu.Name, ret = d.GetName(); check("GetName") != nil {
-		return gpu, check("GetName")
+	if gpu.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
+		return gpu, failed("GetUUID")
 	}
-	if gpu.UUID, ret = d.GetUUID(); check("GetUUID") != nil {
-		return gpu, check("GetUUID")
+	if gpu.Minor, ret = d.GetMinorNumber(); ret != nvml.SUCCESS {
+		return gpu, failed("GetMinorNumber")
 	}
-	if gpu.Minor, ret = d.GetMinorNumber(); check("GetMinorNumber") != nil {
-		return gpu, check("GetMinorNumber")
-	}
-	if gpu.CudaMajor, gpu.CudaMinor, ret = d.GetCudaComputeCapability(); check("GetCudaComputeCapability") != nil {
-		return gpu, check("GetCudaComputeCapability")
+	if gpu.CudaMajor, gpu.CudaMinor, ret = d.GetCudaComputeCapability(); ret != nvml.SUCCESS {
+		return gpu, failed("GetCudaComputeCapability")
 	}
 	var arch nvml.DeviceArchitecture
-	if arch, ret = d.GetArchitecture(); check("GetArchitecture") != nil {
-		return gpu, check("GetArchitecture")
+	if arch, ret = d.GetArchitecture(); ret != nvml.SUCCESS {
+		return gpu, failed("GetArchitecture")
 	}
 	gpu.Architecture = uint32(arch)
 	var memory nvml.Memory
-	if memory, ret = d.GetMemoryInfo(); check("GetMemoryInfo") != nil {
-		return gpu, check("GetMemoryInfo")
+	if memory, ret = d.GetMemoryInfo(); ret != nvml.SUCCESS {
+		return gpu, failed("GetMemoryInfo")
 	}
 	gpu.MemoryTotal, gpu.MemoryUsed, gpu.MemoryFree = memory.Total, memory.Used, memory.Free
 	var pci nvml.PciInfo
-	if pci, ret = d.GetPciInfo(); check("GetPciInfo") != nil {
-		return gpu, check("GetPciInfo")
+	if pci, ret = d.GetPciInfo(); ret != nvml.SUCCESS {
+		return gpu, failed("GetPciInfo")
 	}
 	gpu.PciDeviceID = pci.PciDeviceId
 	// The mock's GetPciInfo fills in the device id alone; its bus id is the one its

@@ -13,7 +13,9 @@ use common::control_plane::gpu_taints;
 use common::nvml::{fake_nvml, Scenario};
 use serde_json::{json, Value};
 
-fn start(scenario: &Scenario, extra: &str) -> Agent {
+/// The agent with the GPU collector on `scenario` (its PCI bus `scenario.pci_devices()`), `extra`
+/// added to its `nvml` settings (YAML lines indented by two spaces).
+pub(crate) fn start(scenario: &Scenario, extra: &str) -> Agent {
     let config = format!(
         "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n{extra}",
         fake_nvml().display().to_string(),
@@ -1390,7 +1392,7 @@ fn hashing_yields_on_a_node_whose_pods_hold_gpus() {
 
 /// An agent with the GPU collector and the readiness controller on a node of the real cluster: the
 /// node's `AcceleratorHealthy` condition, as the API server holds it.
-fn start_with_readiness(scenario: &Scenario) -> Result<(Agent, ClusterNode), String> {
+pub(crate) fn start_with_readiness(scenario: &Scenario) -> Result<(Agent, ClusterNode), String> {
     let api = ClusterNode::gpu(&[])?;
     let agent = start_against(scenario, &api, Path::new("/proc/sys/kernel/random/boot_id"));
     Ok((agent, api))

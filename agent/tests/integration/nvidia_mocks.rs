@@ -40,17 +40,6 @@ const MODELLED: [&str; 18] = [
     "DCGM_FI_DEV_FB_FREE",
 ];
 
-fn start(scenario: &Scenario, pci_devices: &Path) -> Agent {
-    Agent::start_with_env(
-        &format!(
-            "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  dcgm_names: true\n",
-            fake_nvml().display().to_string(),
-            pci_devices.display().to_string()
-        ),
-        &[("FAKE_NVML_SCENARIO", &scenario.path())],
-    )
-}
-
 /// Every GPU of each of NVIDIA's four mock DGX servers, as the agent labels it: name, UUID, bus
 /// id, minor number, compute capability, driver and CUDA versions, memory; every reading the mock
 /// does not model absent, not 0; on the H100 and the B200 a full 7-slice split and a mixed one.
@@ -67,7 +56,7 @@ fn the_agent_reports_what_nvidias_mock_servers_answer() {
         let gpus = answers["gpus"].as_array().unwrap();
         assert_eq!(gpus.len(), 8, "{server}: a DGX has eight GPUs");
         let scenario = Scenario::of(scenario);
-        let agent = start(&scenario, &scenario.pci_devices());
+        let agent = crate::gpu::start(&scenario, "  dcgm_names: true\n");
         agent.wait_for(
             &format!("{server}'s eight GPUs"),
             Duration::from_secs(30),
@@ -262,17 +251,9 @@ fn nvidias_pci_tree_counts_physical_functions_and_names_a_gpu_handed_to_a_vm() {
     )
     .unwrap();
     let root = Path::new(tree["root"].as_str().unwrap());
-    // A ConnectX-7 beside the GPUs, as the kernel's drivers/pci/pci-sysfs.c writes its attributes
-    // (vendor 0x15b3 Mellanox, class 0x020700 InfiniBand controller): no GPU.
-    let nic = root.join("0000:c1:00.0");
-    std::fs::create_dir(&nic).unwrap();
-    for (file, value) in [
-        ("vendor", "0x15b3"),
-        ("device", "0x1021"),
-        ("class", "0x020700"),
-    ] {
-        std::fs::write(nic.join(file), format!("{value}\n")).unwrap();
-    }
+    // A ConnectX-7 beside the GPUs (vendor 0x15b3 Mellanox, class 0x020700 InfiniBand
+    // controller): no GPU.
+    common::nvml::pci_function(root, "0000:c1:00.0", ["0x15b3", "0x1021", "0x020700"]);
     // The GPU the VM holds is bound to vfio-pci: an NVML initialised now does not list it.
     scenario["devices"][7]["bound"] = json!(false);
     let scenario = Scenario::of(scenario);
@@ -373,7 +354,7 @@ fn every_nvidia_mock_profile_is_reported_as_it_says() {
             profile["device_defaults"]["architecture"].as_str(),
             Some("hopper" | "blackwell")
         );
-        let agent = start(&scenario, &scenario.pci_devices());
+        let agent = crate::gpu::start(&scenario, "  dcgm_names: true\n");
         agent.wait_for(
             &format!("the {name} profile's GPUs"),
             Duration::from_secs(30),
@@ -503,23 +484,11 @@ fn each_failure_mode_of_the_profiles_gives_its_verdict() {
             "FatalXID",
         ),
     ] {
-        // A node of its own each time: the last agent's verdict is not this one's.
-        let api = common::needs!(ClusterNode::gpu(&[]));
         let mut profile = common::nvml_profiles::load("h100").unwrap();
         profile["devices"][3]["failure"] = failure.clone();
         let scenario = Scenario::of(common::nvml_profiles::scenario(&profile));
-        let agent = Agent::start_with_env(
-            &format!(
-                "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n",
-                fake_nvml().display().to_string(),
-                scenario.pci_devices().display().to_string()
-            ),
-            &[
-                ("FAKE_NVML_SCENARIO", &scenario.path()),
-                ("KUBECONFIG", &api.kubeconfig()),
-                ("MLNODE_NODE_NAME", Path::new(api.name())),
-            ],
-        );
+        // A node of its own each time: the last agent's verdict is not this one's.
+        let (agent, api) = common::needs!(crate::gpu::start_with_readiness(&scenario));
         agent.wait_for("every GPU read", Duration::from_secs(20), |m| {
             sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
                 && m.lines()

@@ -451,16 +451,12 @@ impl GpuCollector {
         labels: &[(&'static str, String)],
         out: &mut Families,
     ) {
-        let info = with_label(labels, "mig_uuid", &instance.uuid);
-        out.gauge(
-            "mlnode_gpu_mig_instance_info",
-            &with_label(
-                &info,
-                "compute_instance_id",
-                &instance.compute_instance_id.to_string(),
-            ),
-            1.0,
-        );
+        let mut info = with_label(labels, "mig_uuid", &instance.uuid);
+        info.push((
+            "compute_instance_id",
+            instance.compute_instance_id.to_string(),
+        ));
+        out.gauge("mlnode_gpu_mig_instance_info", &info, 1.0);
         if let Some(m) = instance.memory {
             out.gauge("mlnode_gpu_mig_memory_used_bytes", labels, m.used as f64);
             out.gauge("mlnode_gpu_mig_memory_free_bytes", labels, m.free as f64);

@@ -133,20 +133,13 @@ impl Scenario {
         }
         std::fs::create_dir(&root).unwrap();
         std::fs::create_dir_all(self.dir.path().join("drivers/nvidia")).unwrap();
-        let entry = |bdf: &str, vendor: &str, device: &str, class: &str| {
-            let dir = root.join(bdf);
-            std::fs::create_dir(&dir).unwrap();
-            for (file, value) in [("vendor", vendor), ("device", device), ("class", class)] {
-                std::fs::write(dir.join(file), format!("{value}\n")).unwrap();
-            }
-        };
         for device in self.value["devices"].as_array().unwrap() {
             let bdf =
                 mlnode_agent::pci::sysfs_bus_id(device["pci_bus_id"].as_str().unwrap()).unwrap();
-            entry(&bdf, "0x10de", "0x2330", "0x030200");
+            pci_function(&root, &bdf, ["0x10de", "0x2330", "0x030200"]);
             self.bind(&bdf);
         }
-        entry("0000:00:05.0", "0x1d0f", "0xec20", "0x020000");
+        pci_function(&root, "0000:00:05.0", ["0x1d0f", "0xec20", "0x020000"]);
         root
     }
 
@@ -205,14 +198,20 @@ impl Scenario {
     /// Puts one more H100 on the fake bus at `bdf` that NVML does not list.
     #[allow(dead_code)] // not every test binary that shares this module uses it
     pub fn add_pci_gpu(&self, bdf: &str) {
-        let dir = self.dir.path().join("pci-devices").join(bdf);
-        std::fs::create_dir(&dir).unwrap();
-        for (file, value) in [
-            ("vendor", "0x10de"),
-            ("device", "0x2330"),
-            ("class", "0x030200"),
-        ] {
-            std::fs::write(dir.join(file), format!("{value}\n")).unwrap();
-        }
+        pci_function(
+            &self.dir.path().join("pci-devices"),
+            bdf,
+            ["0x10de", "0x2330", "0x030200"],
+        );
+    }
+}
+
+/// One PCI function under `devices` (`/sys/bus/pci/devices`): its `vendor`, `device` and `class`
+/// as the kernel writes them (`drivers/pci/pci-sysfs.c`: "0x%04x\n", "0x%04x\n", "0x%06x\n").
+pub fn pci_function(devices: &Path, bdf: &str, [vendor, device, class]: [&str; 3]) {
+    let dir = devices.join(bdf);
+    std::fs::create_dir(&dir).unwrap();
+    for (file, value) in [("vendor", vendor), ("device", device), ("class", class)] {
+        std::fs::write(dir.join(file), format!("{value}\n")).unwrap();
     }
 }

@@ -174,6 +174,8 @@ fn supervise(first: NvmlSource, reopen: &Reopen, cx: &Context) {
         if let Ok(xids) = xids {
             let _ = xids.join();
         }
+        // The set was this session's, by its indexes: the next session registers its own.
+        cx.state.update(|state| state.xids_watched.clear());
         // The last holder of the session lets go here: NVML shuts down, every device file closes.
         drop(source);
         match leave {
