@@ -6,6 +6,7 @@ use futures_util::FutureExt;
 use super::ApiClient;
 use crate::models::{HostPaths, ModelMount, OwnPod};
 use crate::node_pods::{NodePods, NodePodsSlot};
+use crate::startup::lazy::sampler::Sampler;
 use crate::startup::settings::StartupSettings;
 use crate::startup::tracker::{StartupMetrics, Tracker};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
@@ -52,6 +53,15 @@ impl Component for Startup {
                 &mut cx.tasks,
                 cx.shutdown.child_token(),
             );
+            let sampler = Sampler::new(&self.settings.soci, cx.up.clone());
+            let detail = match &self.settings.soci.metrics_socket {
+                Some(socket) => format!(
+                    "pods on node {}, the SOCI snapshotter's fetching from {}",
+                    cx.node_name,
+                    socket.path().display()
+                ),
+                None => format!("pods on node {}", cx.node_name),
+            };
             let tracker = Tracker::new(
                 client,
                 self.models,
@@ -59,9 +69,10 @@ impl Component for Startup {
                 self.loads,
                 metrics,
                 self.settings,
+                sampler,
             );
             cx.tasks.spawn(tracker.run(pods, cx.shutdown.child_token()));
-            Ok(Started::up(format!("pods on node {}", cx.node_name)))
+            Ok(Started::up(detail))
         }
         .boxed()
     }

@@ -91,6 +91,9 @@ const CASES: &[Case] = &[
         &[HOST_PATH],
         AS_ROOT,
     ),
+    // The snapshotter's metrics socket and containerd's content store, read-only, with no
+    // capability.
+    ("overlays/gpu", &["components/soci"], &[HOST_PATH], AS_ROOT),
     // The host's PID namespace, for NVML's pids: baseline's second exception.
     (
         "overlays/gpu",

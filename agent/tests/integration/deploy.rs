@@ -243,6 +243,7 @@ fn every_component_renders_valid_objects() {
         &["components/repair-condition"],
         &["components/model-labels"],
         &["components/kernel-log"],
+        &["components/soci"],
         &["components/process-attribution"],
     ] {
         let Some(objects) = render("overlays/gpu", components) else {
@@ -261,6 +262,7 @@ fn every_component_renders_valid_objects() {
         "components/repair-condition",
         "components/model-labels",
         "components/kernel-log",
+        "components/soci",
     ] {
         let (Some(with), Some(without)) = (
             render("overlays/neuron", &[component]),

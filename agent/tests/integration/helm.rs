@@ -130,6 +130,7 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
         ("repairCondition: {enabled: true}", &["components/repair-condition"]),
         ("modelLabels: {enabled: true}", &["components/model-labels"]),
         ("kernelLog: {enabled: true}", &["components/kernel-log"]),
+        ("soci: {enabled: true}", &["components/soci"]),
         (
             "processAttribution: {enabled: true}",
             &["components/process-attribution"],

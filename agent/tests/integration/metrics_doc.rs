@@ -422,7 +422,6 @@ fn register_gpu(registry: &prometheus::Registry) {
     registry.register(Box::new(collector)).unwrap();
 }
 
-/// Startup metrics after one startup with every phase, a pull with a size and a cache hit.
 fn register_kernel_log(registry: &prometheus::Registry) {
     let metrics = mlnode_agent::kernel_log::journal::KernelLogMetrics::register(registry).unwrap();
     metrics.unreadable([].iter());
@@ -436,7 +435,10 @@ fn register_kernel_log(registry: &prometheus::Registry) {
     }
 }
 
+/// Startup metrics after one startup with every phase, a pull with a size and a cache hit, and a
+/// lazily loaded image.
 fn register_startup(registry: &prometheus::Registry) {
+    use mlnode_agent::startup::lazy::split::{Fetch, LazyLoad, Stretch};
     use mlnode_agent::startup::phases::{Phase, Pull, Startup};
     let metrics = mlnode_agent::startup::tracker::StartupMetrics::register(registry).unwrap();
     let pull = |cache_hit| Pull {
@@ -455,6 +457,19 @@ fn register_startup(registry: &prometheus::Registry) {
         total_seconds: 5.0,
         pulls: vec![pull(false), pull(true)],
         restarts: 0,
+        intervals: Default::default(),
+        lazy_load: Some(LazyLoad {
+            lazy: Some(true),
+            fetched: [(
+                Stretch::StartToReady,
+                Fetch {
+                    fetched_bytes: 1,
+                    read_bytes: 1,
+                    fetch_seconds: 1.0,
+                },
+            )]
+            .into(),
+        }),
     };
     metrics.observe(&startup);
     metrics.set_last_phases(&startup);

@@ -10,6 +10,12 @@ use serde_json::{json, Value};
 
 use crate::common;
 use common::node::cluster::{MachineState, OneNodeCluster, NODE};
+use common::node::workload::{
+    agent_pods, agent_startup_lines, await_agent_pod, await_agent_startups, await_pod_ready,
+    container_output, events_of, first_with, for_this_cluster, go_duration, image_with_weights,
+    lazy_image_with_weights, open_to_all, pull_seconds, ready_agent_pod, weights_in_image_pod,
+    workload_pod,
+};
 use common::node::{NODE_IP, REGISTRY, REGISTRY_RATE};
 
 #[test]
@@ -211,7 +217,8 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
         "overlays/gpu",
         &[
             "components/startup-taint",
-            "components/nvidia-runtime-class"
+            "components/nvidia-runtime-class",
+            "components/soci"
         ]
     ));
     let _node_wide = cluster.exclusive();
@@ -230,21 +237,9 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
         namespace,
         on_node,
     } = held_until_the_agent_lifts_its_startup_taint(cluster, "held", &[&filler], |manifest| {
-        // The agent installed as the README says, its image from the node's registry.
-        let image = cluster.agent_image().to_string();
-        installed = objects
+        installed = for_this_cluster(cluster, objects)
             .into_iter()
-            // The Prometheus Operator's kinds: no operator on this cluster.
-            .filter(|o| {
-                !o["apiVersion"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("monitoring.coreos.com/")
-            })
             .map(|mut o| {
-                if o["kind"] == "DaemonSet" {
-                    o["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
-                }
                 if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-model-manifests" {
                     o["data"]["llama-3.1-8b.json"] = json!(manifest);
                 }
@@ -262,6 +257,7 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
     a_server_that_crashes_once_is_measured_from_its_restart(cluster, agent_pod, &namespace, &image);
     a_pull_that_fails_then_succeeds_counts_the_pull_alone(cluster, agent_pod, &namespace);
     a_prefetched_image_is_a_cache_hit_and_stays_lazy(cluster, agent_pod, &namespace);
+    a_lazily_loaded_images_fetching_moves_past_its_pull(cluster, agent_pod, &namespace);
     the_agent_runs_as_its_manifest_says(cluster);
     the_admission_policies_type_check_without_warnings(cluster, &objects);
     let agent = the_daemonset_controller_rolls_the_agent_without_a_read(cluster, &agent);
@@ -739,45 +735,6 @@ fn a_stopped_kubelet_leaves_the_agents_conditions_and_a_restart_reports_nothing_
     );
 }
 
-/// The agent's pod on the node once it is Ready, the one whose uid is not `not` where given.
-fn await_agent_pod(cluster: &OneNodeCluster, not: Option<&str>) -> Value {
-    common::wait_until(
-        "the DaemonSet's pod Ready on the node",
-        Duration::from_secs(180),
-        || ready_agent_pod(cluster, not),
-    )
-}
-
-/// The node's one agent pod, if it is Ready (and its uid is not `not` where given).
-fn ready_agent_pod(cluster: &OneNodeCluster, not: Option<&str>) -> Result<Value, String> {
-    let items = agent_pods(cluster);
-    match &items[..] {
-        [pod]
-            if not.is_none_or(|uid| pod["metadata"]["uid"] != uid)
-                && common::control_plane::condition(pod, "Ready")["status"] == "True" =>
-        {
-            Ok(pod.clone())
-        }
-        _ => Err(format!(
-            "{:#?}\n{}",
-            items.iter().map(|p| &p["status"]).collect::<Vec<_>>(),
-            cluster.logs()
-        )),
-    }
-}
-
-/// The agent's pods (of every DaemonSet of the install).
-fn agent_pods(cluster: &OneNodeCluster) -> Vec<Value> {
-    let pods = cluster.admin.get(&[
-        "pods",
-        "-n",
-        "mlnode-system",
-        "-l",
-        "app.kubernetes.io/name=mlnode-agent",
-    ]);
-    pods["items"].as_array().cloned().unwrap_or_default()
-}
-
 /// The agent's metrics, scraped at its pod's address from the node, as Prometheus would.
 fn agent_metrics(cluster: &OneNodeCluster, agent: &Value) -> String {
     let url = format!(
@@ -800,6 +757,11 @@ fn phases_agree_with_the_kubelet_and_the_server(
     pod: &str,
 ) {
     let startup = await_agent_startups(cluster, agent_pod, namespace, pod, 1).remove(0);
+    assert_eq!(
+        startup["lazy_load"],
+        json!({"lazy": false, "fetched": {}}),
+        "an image without a SOCI index is pulled whole, not lazily: {startup}"
+    );
     let phase = |name: &str| {
         startup["phases"][name]
             .as_f64()
@@ -1138,43 +1100,6 @@ const AGENTS_CONDITIONS: [&str; 2] = ["ModelCacheVerified", "AcceleratorHealthy"
 /// The pod readiness gate the agent keeps for a pod's model.
 const GATE: &str = "mlnode.dev/ModelVerified";
 
-/// The breakdowns of `pod`'s startups the agent logged ("pod startup" lines), once it has logged
-/// `count` of them.
-fn await_agent_startups(
-    cluster: &OneNodeCluster,
-    agent_pod: &str,
-    namespace: &str,
-    pod: &str,
-    count: usize,
-) -> Vec<Value> {
-    let startups = common::wait_until(
-        &format!("the agent's startup of {namespace}/{pod}"),
-        Duration::from_secs(60),
-        || {
-            let startups: Vec<Value> = agent_startup_lines(cluster, agent_pod)
-                .into_iter()
-                .filter(|l| l["namespace"] == namespace && l["pod"] == pod)
-                .map(|l| serde_json::from_str(l["phases"].as_str().unwrap()).unwrap())
-                .collect();
-            (startups.len() >= count)
-                .then(|| startups.clone())
-                .ok_or_else(|| format!("{} startups for {pod}", startups.len()))
-        },
-    );
-    for startup in &startups {
-        eprintln!("{namespace}/{pod} the agent's startup: {startup}");
-    }
-    startups
-}
-
-/// Every "pod startup" line of the agent's log (by its pod's name, restarts included).
-fn agent_startup_lines(cluster: &OneNodeCluster, agent_pod: &str) -> Vec<Value> {
-    container_output(cluster, "mlnode-system", agent_pod, "agent")
-        .into_iter()
-        .filter(|l| l["message"] == "pod startup")
-        .collect()
-}
-
 /// The kubelet's "Observed pod startup duration" line for `pod` (its pod startup latency
 /// tracker, pkg/kubelet/util/pod_startup_latency_tracker.go), from its log.
 fn kubelet_tracked_startup(cluster: &OneNodeCluster, namespace: &str, pod: &str) -> String {
@@ -1203,131 +1128,6 @@ fn seconds(time: &str) -> f64 {
         .as_secs_f64()
 }
 
-/// The first of `items` whose `key` is `value`; fails with all of them.
-fn first_with(items: &[Value], key: &str, value: &str) -> Value {
-    items
-        .iter()
-        .find(|item| item[key] == value)
-        .unwrap_or_else(|| panic!("none with {key} {value:?} in {items:#?}"))
-        .clone()
-}
-
-/// The pull time of the kubelet's `Successfully pulled image "x" in 1.5s (…)`.
-fn pull_seconds(message: &str) -> f64 {
-    message
-        .split_once("\" in ")
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .and_then(go_duration)
-        .unwrap_or_else(|| panic!("the kubelet's pull time in {message:?}"))
-}
-
-/// A Go duration as the kubelet prints a pull's: `812ms`, `1.5s`, `2m3.5s`.
-fn go_duration(text: &str) -> Option<f64> {
-    if let Some(ms) = text.strip_suffix("ms") {
-        return ms.parse::<f64>().ok().map(|ms| ms / 1000.0);
-    }
-    let (minutes, rest) = text.split_once('m').unwrap_or(("0", text));
-    Some(minutes.parse::<f64>().ok()? * 60.0 + rest.strip_suffix('s')?.parse::<f64>().ok()?)
-}
-
-/// The tests' inference server as a pod: non-root, nothing added, RuntimeDefault seccomp, its
-/// model through a read-only hostPath, its readiness endpoint probed every second.
-fn workload_pod(name: &str, image: &str, model: &std::path::Path, ready_after_s: u64) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "securityContext": {
-                "runAsNonRoot": true,
-                "runAsUser": 1000,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [{
-                "name": name,
-                "image": image,
-                "args": [
-                    "--model", "/model",
-                    "--listen", "0.0.0.0:8000",
-                    "--ready-after", format!("{ready_after_s}s"),
-                ],
-                "ports": [{"containerPort": 8000}],
-                "readinessProbe": {
-                    "httpGet": {"path": "/health", "port": 8000},
-                    "periodSeconds": 1,
-                },
-                "securityContext": {
-                    "allowPrivilegeEscalation": false,
-                    "readOnlyRootFilesystem": true,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-                "volumeMounts": [{"name": "model", "mountPath": "/model", "readOnly": true}],
-            }],
-            "volumes": [{
-                "name": "model",
-                "hostPath": {"path": model, "type": "Directory"},
-            }],
-        },
-    })
-}
-
-fn open_to_all(root: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    for entry in walkdir::WalkDir::new(root).into_iter().flatten() {
-        let mode = if entry.file_type().is_dir() {
-            0o755
-        } else {
-            0o644
-        };
-        std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode)).unwrap();
-    }
-}
-
-/// The pod once the kubelet reports it Ready; fails with its state and the node's logs.
-fn await_pod_ready(cluster: &OneNodeCluster, namespace: &str, name: &str) -> Value {
-    common::wait_until(
-        &format!("pod {namespace}/{name} Ready"),
-        Duration::from_secs(120),
-        || {
-            let pod = cluster.admin.get(&["pod", "-n", namespace, name]);
-            let ready = common::control_plane::condition(&pod, "Ready");
-            if ready["status"] == "True" {
-                Ok(pod)
-            } else {
-                Err(format!("{:#}\n{}", pod["status"], cluster.logs()))
-            }
-        },
-    )
-}
-
-fn events_of(cluster: &OneNodeCluster, namespace: &str, pod: &str) -> Vec<Value> {
-    let events = cluster.admin.get(&[
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        &format!("involvedObject.name={pod}"),
-    ]);
-    events["items"].as_array().cloned().unwrap_or_default()
-}
-
-/// The JSON lines a container wrote, from the kubelet's log of it (CRI format: time, stream,
-/// tag, line) under the node's `/var/log/pods`.
-fn container_output(
-    cluster: &OneNodeCluster,
-    namespace: &str,
-    pod: &str,
-    container: &str,
-) -> Vec<Value> {
-    let script = format!("cat /var/log/pods/{namespace}_{pod}_*/{container}/*.log");
-    let output = cluster.runtime.inside(&["sh", "-c", &script]);
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.splitn(4, ' ').nth(3))
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
-}
-
 /// SOCI on the node as EKS runs it (containerd's default snapshotter, a proxy plugin): an
 /// inference image whose weights are a layer of their own, given a SOCI index by `soci convert
 /// --standalone --format oci-dir` and pushed with it, is pulled without its weights; the server
@@ -1338,8 +1138,7 @@ fn an_image_with_a_soci_index_is_loaded_lazily_and_one_without_is_pulled_whole()
     let cluster = common::needs!(common::node::cluster::shared());
     let _node_as_it_is = cluster.sharing();
     let runtime = &cluster.runtime;
-    let (weights_layer, weights_size) = image_with_weights(cluster, "soci-source", 0);
-    runtime.push_soci_converted("workload:soci-source", "workload:soci-lazy");
+    let (weights_layer, weights_size, lazy) = lazy_image_with_weights(cluster, "soci-lazy", 0);
     let whole = format!("{REGISTRY}/workload:soci-whole");
     image_with_weights(cluster, "soci-whole", 10);
 
@@ -1362,7 +1161,7 @@ fn an_image_with_a_soci_index_is_loaded_lazily_and_one_without_is_pulled_whole()
     };
     let transfer = weights_size as f64 / REGISTRY_RATE as f64;
 
-    let lazy_pull = started("lazy", &format!("{REGISTRY}/workload:soci-lazy"));
+    let lazy_pull = started("lazy", &lazy);
     let log = std::fs::read_to_string(runtime.dir().join("soci.log")).unwrap();
     // The snapshotter names a snapshot by its chain id, so the log is counted: the weights'
     // layer, which no other image has, and the server's layer too where no other image on the
@@ -1408,63 +1207,6 @@ fn an_image_with_a_soci_index_is_loaded_lazily_and_one_without_is_pulled_whole()
         .admin(&["delete", "namespace", &namespace, "--wait=false"], "");
 }
 
-/// The server's image with 64 MiB of weights in a layer of their own under `/weights`, two shards
-/// (two seconds at the link's rate), readable by the server's user, pushed as `workload:<tag>`;
-/// `seed` makes the layer one no other image shares, so no snapshot of another image stands in
-/// for it. The weights' layer digest and size.
-fn image_with_weights(cluster: &OneNodeCluster, tag: &str, seed: u8) -> (String, u64) {
-    let runtime = &cluster.runtime;
-    runtime.push_image(
-        "workload:soci-base",
-        &[&runtime.programs().join("workload")],
-        "/workload",
-    );
-    let weights = runtime.dir().join(format!("soci-weights-{tag}"));
-    std::fs::create_dir_all(weights.join("weights")).unwrap();
-    for shard in 1..=2u8 {
-        std::fs::write(
-            weights.join(format!("weights/model-0000{shard}-of-00002.safetensors")),
-            common::content(seed + shard, 32 << 20),
-        )
-        .unwrap();
-    }
-    open_to_all(&weights);
-    let tar = weights.with_extension("tar");
-    let output = std::process::Command::new("tar")
-        .arg("-C")
-        .arg(&weights)
-        .args(["-cf", tar.to_str().unwrap(), "."])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let image = format!("{REGISTRY}/workload:{tag}");
-    let base = format!("{REGISTRY}/workload:soci-base");
-    runtime.crane(&[
-        "append",
-        "-b",
-        &base,
-        "-f",
-        tar.to_str().unwrap(),
-        "-t",
-        &image,
-    ]);
-    let manifest: Value = serde_json::from_str(&runtime.crane(&["manifest", &image])).unwrap();
-    let layer = &manifest["layers"][1];
-    (
-        layer["digest"].as_str().unwrap().to_string(),
-        layer["size"].as_u64().unwrap(),
-    )
-}
-
-/// A server that reads the weights its image holds (`/weights`), with no model volume.
-fn weights_in_image_pod(name: &str, image: &str) -> Value {
-    let mut pod = workload_pod(name, image, std::path::Path::new("/"), 0);
-    pod["spec"]["containers"][0]["args"][1] = json!("/weights");
-    pod["spec"]["containers"][0]["volumeMounts"] = json!([]);
-    pod["spec"]["volumes"] = json!([]);
-    pod
-}
-
 /// The bytes the node's SOCI snapshotter served from `layer` through its FUSE mount (0 before it
 /// served any).
 fn soci_bytes_served(cluster: &OneNodeCluster, layer: &str) -> f64 {
@@ -1488,11 +1230,7 @@ fn a_prefetched_image_is_a_cache_hit_and_stays_lazy(
     agent_pod: &str,
     namespace: &str,
 ) {
-    let (weights_layer, _) = image_with_weights(cluster, "prefetch-source", 20);
-    cluster
-        .runtime
-        .push_soci_converted("workload:prefetch-source", "workload:prefetched");
-    let image = format!("{REGISTRY}/workload:prefetched");
+    let (weights_layer, _, image) = lazy_image_with_weights(cluster, "prefetched", 20);
     // The pre-puller reads none of the weights: the files runc puts under /etc, then it exits.
     let mut prefetch = weights_in_image_pod("prefetch", &image);
     prefetch["spec"]["restartPolicy"] = json!("Never");
@@ -1531,5 +1269,74 @@ fn a_prefetched_image_is_a_cache_hit_and_stays_lazy(
         soci_bytes_served(cluster, &weights_layer),
         (64u64 << 20) as f64,
         "the server read every weight through the snapshotter, lazily"
+    );
+    let load = &startup["lazy_load"];
+    assert_eq!(load["lazy"], true, "{startup}");
+    assert!(
+        load["fetched"]["start_to_ready"]["fetched_bytes"].as_u64() >= Some(60 << 20),
+        "the weights fetched as the server read them, after its start: {startup}"
+    );
+}
+
+/// A lazily loaded image the node has not seen: the kubelet's pull is a tenth of a second, and the
+/// agent's fetch figures show where the weights' transfer went instead, after the container's
+/// start, at the link's rate. Checked against the snapshotter's own count for the image's layers
+/// and the time the layer takes at the rate the test holds the registry's link to.
+fn a_lazily_loaded_images_fetching_moves_past_its_pull(
+    cluster: &OneNodeCluster,
+    agent_pod: &str,
+    namespace: &str,
+) {
+    let (weights_layer, weights_size, image) = lazy_image_with_weights(cluster, "split", 30);
+    let fetched_by_soci = || {
+        common::agent::samples(
+            &cluster.runtime.soci_metrics(),
+            "soci_fs_layer_fetched_size_bytes",
+            &[("digest", weights_layer.as_str())],
+        )
+        .into_iter()
+        .sum::<f64>()
+    };
+    assert_eq!(fetched_by_soci(), 0.0, "a layer the node has not mounted");
+    cluster.admin.admin(
+        &["create", "-n", namespace, "-f", "-"],
+        &weights_in_image_pod("split", &image).to_string(),
+    );
+    await_pod_ready(cluster, namespace, "split");
+    let startup = await_agent_startups(cluster, agent_pod, namespace, "split", 1).remove(0);
+    let load = &startup["lazy_load"];
+    assert_eq!(load["lazy"], true, "{startup}");
+    let figure = |stretch: &str, figure: &str| {
+        load["fetched"][stretch][figure]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {figure} for {stretch}: {startup}"))
+    };
+    let transfer = weights_size as f64 / REGISTRY_RATE as f64;
+    let pull = startup["phases"]["image_pull"].as_f64().unwrap();
+    assert!(pull < transfer * 0.5, "the pull took {pull} s: {startup}");
+    let after_start = figure("start_to_ready", "fetched_bytes");
+    let total: f64 = ["image_pull", "container_start", "start_to_ready"]
+        .iter()
+        .map(|stretch| figure(stretch, "fetched_bytes"))
+        .sum();
+    assert!(
+        after_start >= weights_size as f64 * 0.9,
+        "the weights' {weights_size} bytes fetched after the start: {startup}"
+    );
+    assert!(
+        total <= fetched_by_soci() + 8.0 * 1024.0 * 1024.0,
+        "no more than the snapshotter fetched for the image (its weights' layer {}): {startup}",
+        fetched_by_soci()
+    );
+    let fetching = figure("start_to_ready", "fetch_seconds");
+    assert!(
+        fetching >= transfer * 0.5,
+        "{fetching} s of fetching, the layer's transfer {transfer:.3} s at the link's rate: {startup}"
+    );
+    eprintln!(
+        "lazily loaded: pull {pull:.3} s; fetched {:.1} MiB in image_pull, {:.1} MiB in container_start, {:.1} MiB over {fetching:.1} s from start to Ready; the layer's transfer {transfer:.3} s",
+        figure("image_pull", "fetched_bytes") / 1048576.0,
+        figure("container_start", "fetched_bytes") / 1048576.0,
+        after_start / 1048576.0
     );
 }

@@ -450,3 +450,325 @@ fn startup_report_prints_the_phases_from_the_api() {
         "{table}"
     );
 }
+
+/// The SOCI snapshotter's metrics socket as the agent reads it, answering what the test sets:
+/// the snapshotter's own exposition (tests/fixtures/soci/metrics.txt) with the weights' layer's
+/// fetched bytes set, another form, or a connection closed unanswered, as a snapshotter that
+/// stopped leaves it. A fake only for the cut and the other form: the rest of the exposition is
+/// soci's own.
+struct SociSocket {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    answer: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// The weights' layer of the fixture's image, and a layer of an image no pod here runs.
+const WEIGHTS_LAYER: &str =
+    "sha256:507a7f7c82543fde896e979994ff940967d4f612a1bbbeca6a9ee07344d5155c";
+const OTHER_IMAGES_LAYER: &str =
+    "sha256:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+
+impl SociSocket {
+    fn start() -> SociSocket {
+        use std::io::{Read, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let answer = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (served, counted) = (answer.clone(), reads.clone());
+        // Ends with the test process; each connection is one request.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request);
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if let Some(body) = served.lock().unwrap().clone() {
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+            }
+        });
+        SociSocket {
+            _dir: dir,
+            path,
+            answer,
+            reads,
+        }
+    }
+
+    fn answer(&self, text: Option<String>) {
+        *self.answer.lock().unwrap() = text;
+    }
+
+    /// soci's exposition with the weights' layer at `fetched` bytes and another image's layer,
+    /// mounted beside it, at ten times that.
+    fn exposition(fetched: u64) -> String {
+        let fixture = include_str!("../../../tests/fixtures/soci/metrics.txt");
+        let weights = format!("soci_fs_layer_fetched_size_bytes{{digest=\"{WEIGHTS_LAYER}\"");
+        let mut text: String = fixture
+            .lines()
+            .map(|line| match line.starts_with(&weights) {
+                true => format!("{} {fetched}\n", line.rsplit_once(' ').unwrap().0),
+                false => format!("{line}\n"),
+            })
+            .collect();
+        text.push_str(&format!(
+            "soci_fs_layer_fetched_size_bytes{{digest=\"{OTHER_IMAGES_LAYER}\",mountpoint=\"/var/lib/soci-snapshotter-grpc/snapshotter/snapshots/9/fs\"}} {}\n",
+            fetched * 10
+        ));
+        text
+    }
+
+    /// Until the agent has read the socket `more` times more.
+    fn await_reads(&self, more: usize) {
+        let count = || self.reads.load(std::sync::atomic::Ordering::SeqCst);
+        let target = count() + more;
+        common::wait_until("the agent's readings", Duration::from_secs(10), || {
+            (count() >= target)
+                .then_some(())
+                .ok_or_else(|| format!("{} readings", count()))
+        });
+    }
+}
+
+/// The content store of the tests' node as containerd left it for the lazily pulled image
+/// (tests/fixtures/SOURCES).
+fn fixture_content_store() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = dir.path().join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/soci/blobs");
+    for entry in std::fs::read_dir(fixtures).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), blobs.join(entry.file_name())).unwrap();
+    }
+    dir
+}
+
+/// The SOCI-converted image's index as the kubelet reported it on the tests' node, and a
+/// manifest of an image pulled whole there.
+const LAZY_IMAGE: &str =
+    "127.0.0.1:5000/workload@sha256:85acc76c69b63036bc0272ec39686538cb14c313f705c3af0ddb71849b241ab4";
+const WHOLE_IMAGE: &str =
+    "127.0.0.1:5000/workload@sha256:10a7fcaa578901425a44d4c62920ffced4d5759b48f7249b29b2a9530ac6afa9";
+
+/// The agent's "pod startup" line for `pod`, its breakdown parsed.
+fn startup_line(log: &str, pod: &str) -> Option<serde_json::Value> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| {
+            line["fields"]["message"] == "pod startup" || line["message"] == "pod startup"
+        })
+        .map(|line| {
+            let fields = if line["fields"].is_object() {
+                &line["fields"]
+            } else {
+                &line
+            };
+            serde_json::from_str::<serde_json::Value>(fields["phases"].as_str().unwrap()).unwrap()
+        })
+        .find(|startup| startup["pod"] == pod)
+}
+
+/// Where a lazily loaded image's bytes were fetched, read from the snapshotter's socket while the
+/// pods start: each rise goes to the phase it happened in, another image's layer counts for
+/// nothing, an image the snapshotter pulled whole is not lazy; a cut and then another form leave
+/// the phases the agent could not see absent (not 0), say why, and the rest of the agent goes on.
+#[test]
+fn a_lazily_loaded_images_fetching_is_split_over_its_phases_and_a_cut_leaves_the_rest_absent() {
+    let node = common::needs!(ClusterNode::gpu(&[]));
+    let model = PlainModel::new();
+    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let root = model.root().display().to_string();
+    let store = fixture_content_store();
+    let soci = SociSocket::start();
+    soci.answer(Some(SociSocket::exposition(0)));
+    let config = format!(
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n  soci:\n    metrics_socket: {}\n    content_store: {}\n    sample_interval: 100ms\n{}",
+        soci.path.display(),
+        store.path().display(),
+        common::agent::model_config("llama", model.root(), &manifest)
+    );
+    let agent = node.start_agent(&config);
+    // Pods created once the tracker watches: its first reading is as their startups begin.
+    agent.wait_for("the tracker started", Duration::from_secs(20), |m| {
+        sample(m, "mlnode_collector_up", &[("collector", "startup")]) == Some(1.0)
+    });
+    let now = common::pods::unix_now;
+    let after = |at: f64| {
+        common::wait_until("the moment", Duration::from_secs(10), || {
+            (now() >= at).then_some(()).ok_or_else(String::new)
+        })
+    };
+    // One startup's life as the kubelet writes it: the image pulled at a whole second, the
+    // container started the next, its fetching (`fetch`) after that, Ready at the next whole
+    // second. Returns its Ready time.
+    let start = |pods: &[(&str, &str)], fetch: &dyn Fn()| -> f64 {
+        let created: Vec<(String, f64, &str)> = pods
+            .iter()
+            .map(|(name, image)| {
+                let pod = node.put_pod(&bound_vllm_pod(name, &root, node.name()));
+                (
+                    pod["metadata"]["uid"].as_str().unwrap().to_string(),
+                    unix(&pod["metadata"]["creationTimestamp"]),
+                    *image,
+                )
+            })
+            .collect();
+        // The agent reads the snapshotter only while a pod starts: readings say it sees them.
+        soci.await_reads(3);
+        let pulled = now().ceil();
+        after(pulled + 1.2);
+        for ((uid, at, image), (name, _)) in created.iter().zip(pods) {
+            let event = kubelet_event(uid, name, "Pulled", "Successfully pulled image \"127.0.0.1:5000/workload:soci\" in 80ms (80ms including waiting). Image size: 72234598 bytes.", Some(MAIN), pulled);
+            node.control_plane
+                .create(&in_namespace(event, &node.inference));
+            let t = PodTimes {
+                created: *at,
+                scheduled: *at,
+                started: pulled + 1.0,
+                ready: None,
+                restart_count: 0,
+                last_finished: None,
+            };
+            set_status_of_image(&node, name, &root, &t, image);
+        }
+        soci.await_reads(3);
+        fetch();
+        let ready = now().ceil();
+        for ((_, at, image), (name, _)) in created.iter().zip(pods) {
+            let t = PodTimes {
+                created: *at,
+                scheduled: *at,
+                started: pulled + 1.0,
+                ready: Some(ready),
+                restart_count: 0,
+                last_finished: None,
+            };
+            set_status_of_image(&node, name, &root, &t, image);
+        }
+        ready
+    };
+    let awaited = |pod: &str| {
+        common::wait_until(
+            &format!("the agent's startup of {pod}"),
+            Duration::from_secs(20),
+            || startup_line(&agent.log(), pod).ok_or_else(|| agent.log()),
+        )
+    };
+
+    start(&[("lazy", LAZY_IMAGE), ("whole", WHOLE_IMAGE)], &|| {
+        for fetched in [32u64 << 20, 64 << 20] {
+            soci.answer(Some(SociSocket::exposition(fetched)));
+            soci.await_reads(3);
+        }
+    });
+    let lazy = awaited("lazy");
+    eprintln!("lazy: {lazy}");
+    let load = &lazy["lazy_load"];
+    assert_eq!(load["lazy"], true, "{lazy}");
+    assert_eq!(load["fetched"]["image_pull"]["fetched_bytes"], 0, "{lazy}");
+    assert_eq!(
+        load["fetched"]["container_start"]["fetched_bytes"], 0,
+        "{lazy}"
+    );
+    let start_to_ready = &load["fetched"]["start_to_ready"];
+    assert_eq!(
+        start_to_ready["fetched_bytes"],
+        64u64 << 20,
+        "every rise of the image's layers, none of the other image's: {lazy}"
+    );
+    let fetching = start_to_ready["fetch_seconds"].as_f64().unwrap();
+    assert!(
+        fetching > 0.0 && fetching < lazy["phases"]["model_load"].as_f64().unwrap_or(10.0),
+        "{lazy}"
+    );
+    let whole = awaited("whole");
+    assert_eq!(
+        whole["lazy_load"],
+        json!({"lazy": false, "fetched": {}}),
+        "none of its layers mounted by the snapshotter: {whole}"
+    );
+    let m = agent.metrics();
+    let inference = node.inference.as_str();
+    for (lazy, count) in [("true", 1.0), ("false", 1.0)] {
+        assert_eq!(
+            sample(
+                &m,
+                "mlnode_pod_startup_lazy_images_total",
+                &[("namespace", inference), ("lazy", lazy)]
+            ),
+            Some(count)
+        );
+    }
+    assert_eq!(
+        sample(
+            &m,
+            "mlnode_pod_startup_phase_fetched_bytes_sum",
+            &[("namespace", inference), ("phase", "start_to_ready")]
+        ),
+        Some((64u64 << 20) as f64)
+    );
+    assert_eq!(
+        sample(&m, "mlnode_collector_up", &[("collector", "soci")]),
+        Some(1.0)
+    );
+
+    // The snapshotter stops mid-startup, then answers in another form: the phases it saw keep
+    // their figures, the rest are absent, and the agent says why.
+    start(&[("cut", LAZY_IMAGE)], &|| {
+        soci.answer(Some(SociSocket::exposition(96 << 20)));
+        soci.await_reads(3);
+        soci.answer(None);
+        agent.wait_for("the snapshotter down", Duration::from_secs(10), |m| {
+            sample(m, "mlnode_collector_up", &[("collector", "soci")]) == Some(0.0)
+        });
+        soci.answer(Some("<html>503 Service Unavailable</html>\n".into()));
+        soci.await_reads(3);
+    });
+    let cut = awaited("cut");
+    eprintln!("cut: {cut}");
+    assert_eq!(cut["lazy_load"]["lazy"], true, "{cut}");
+    let fetched = cut["lazy_load"]["fetched"].as_object().unwrap();
+    assert!(
+        fetched.contains_key("image_pull") && fetched.contains_key("container_start"),
+        "{cut}"
+    );
+    assert!(
+        !fetched.contains_key("start_to_ready"),
+        "absent, not 0: {cut}"
+    );
+    assert!(
+        cut["phases"]["container_start"].is_number(),
+        "the phases go on: {cut}"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("is not a series name; is the socket soci-snapshotter's metrics endpoint?"),
+        "the reason, in the log: {log}"
+    );
+    assert!(!log.contains("panicked"), "the agent goes on");
+    assert_eq!(
+        sample(
+            &agent.metrics(),
+            "mlnode_collector_up",
+            &[("collector", "startup")]
+        ),
+        Some(1.0)
+    );
+}
+
+/// The pod's status as the kubelet writes it for `t`, its main container's image `image_id`.
+fn set_status_of_image(node: &ClusterNode, name: &str, root: &str, t: &PodTimes, image_id: &str) {
+    let mut status = vllm_pod("", name, root, t)["status"].clone();
+    status["containerStatuses"][0]["imageID"] = json!(image_id);
+    node.control_plane
+        .write_pod_status(&node.inference, name, &status);
+}

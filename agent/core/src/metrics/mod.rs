@@ -61,17 +61,20 @@ pub enum Subsystem {
     Rdma,
     Readiness,
     Startup,
+    /// The SOCI snapshotter's metrics, for the startups' fetch figures (`startup.soci`).
+    Soci,
     PodGates,
 }
 
 impl Subsystem {
-    pub const ALL: [Subsystem; 7] = [
+    pub const ALL: [Subsystem; 8] = [
         Subsystem::ModelCache,
         Subsystem::Nvml,
         Subsystem::Neuron,
         Subsystem::Rdma,
         Subsystem::Readiness,
         Subsystem::Startup,
+        Subsystem::Soci,
         Subsystem::PodGates,
     ];
 
@@ -83,6 +86,7 @@ impl Subsystem {
             Subsystem::Rdma => "rdma",
             Subsystem::Readiness => "readiness",
             Subsystem::Startup => "startup",
+            Subsystem::Soci => "soci",
             Subsystem::PodGates => "pod_gates",
         }
     }

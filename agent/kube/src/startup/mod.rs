@@ -2,8 +2,10 @@
 //! on this node, each from its own source.
 //!
 //! [`phases`] computes them from Pod and Event objects (pure, tested on objects shaped as a real
-//! cluster returns them); [`tracker`] follows the node's pods through the API server and exports the result.
+//! cluster returns them); [`tracker`] follows the node's pods through the API server and exports the result;
+//! [`lazy`] splits a lazily loaded image's fetching over the phases.
 
+pub mod lazy;
 pub mod phases;
 pub mod report;
 pub mod settings;

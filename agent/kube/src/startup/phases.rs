@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use serde::Serialize;
 
+use super::lazy::split::{LazyLoad, Stretch};
+
 /// Timestamps in the API are whole seconds: a step that looks a second negative is clock rounding
 /// and counts as 0; anything more negative is clock skew, and the phase is unknown.
 const SKEW_TOLERANCE: f64 = 1.0;
@@ -75,6 +77,44 @@ pub struct Startup {
     pub pulls: Vec<Pull>,
     /// Main-container restarts before Ready.
     pub restarts: i32,
+    /// When each phase ran: what happened during a phase (the snapshotter's fetching) is split by
+    /// these.
+    #[serde(skip)]
+    pub intervals: Intervals,
+    /// Where a lazily loaded image's bytes were fetched, where the snapshotter is read
+    /// (`startup.soci`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lazy_load: Option<LazyLoad>,
+}
+
+/// When the measured phases began and ended (Unix seconds), and the main container's start to
+/// Ready, which is known where the model load is not.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Intervals {
+    pub phases: BTreeMap<Phase, (f64, f64)>,
+    pub start_to_ready: Option<(f64, f64)>,
+}
+
+impl Intervals {
+    /// The stretches of the startup that fetch figures are given for, with their intervals: its measured phases, and the main
+    /// container's start to Ready where the model load is unknown.
+    pub fn stretches(&self) -> Vec<(Stretch, (f64, f64))> {
+        let mut stretches: Vec<(Stretch, (f64, f64))> = [
+            (Stretch::ImagePull, Phase::ImagePull),
+            (Stretch::ContainerStart, Phase::ContainerStart),
+            (Stretch::ModelLoad, Phase::ModelLoad),
+            (Stretch::Readiness, Phase::Readiness),
+        ]
+        .into_iter()
+        .filter_map(|(stretch, phase)| Some((stretch, *self.phases.get(&phase)?)))
+        .collect();
+        if !self.phases.contains_key(&Phase::ModelLoad) {
+            if let Some(start_to_ready) = self.start_to_ready {
+                stretches.push((Stretch::StartToReady, start_to_ready));
+            }
+        }
+        stretches
+    }
 }
 
 /// Parses a Go `time.Duration` string as kubelet prints it: `1.234s`, `850ms`, `2m3.5s`,
@@ -279,31 +319,49 @@ pub fn compute(
         pulls.push(pull);
     }
 
-    let mut phases = BTreeMap::new();
-    let mut put = |phase, value: Option<f64>| {
-        if let Some(v) = value {
-            phases.insert(phase, v);
+    let mut intervals = Intervals::default();
+    let mut put = |phase, from: Option<f64>, until: Option<f64>| {
+        if span(from, until).is_some() {
+            intervals
+                .phases
+                .insert(phase, (from.unwrap_or_default(), until.unwrap_or_default()));
         }
     };
+    let scheduled = condition_time(pod, "PodScheduled");
     if restarted_at.is_none() {
-        put(
-            Phase::Scheduling,
-            span(Some(created), condition_time(pod, "PodScheduled")),
-        );
+        put(Phase::Scheduling, Some(created), scheduled);
     }
+    // The pulls run from the pod's placing (or the restart) to the main container's image pulled.
     put(
         Phase::ImagePull,
-        (!pulls.is_empty()).then(|| pulls.iter().map(|p| p.seconds).sum()),
+        restarted_at.or(scheduled).or(Some(created)),
+        main_pull_end,
     );
     put(
         Phase::ContainerStart,
-        span(main_pull_end.or(restarted_at), started),
+        main_pull_end.or(restarted_at),
+        started,
     );
     let load_end = model_load_end.filter(|end| {
         started.is_some_and(|s| *end >= s - SKEW_TOLERANCE) && *end <= ready + SKEW_TOLERANCE
     });
-    put(Phase::ModelLoad, span(started, load_end));
-    put(Phase::Readiness, span(load_end, Some(ready)));
+    put(Phase::ModelLoad, started, load_end);
+    put(Phase::Readiness, load_end, Some(ready));
+    intervals.start_to_ready = started
+        .filter(|s| span(Some(*s), Some(ready)).is_some())
+        .map(|s| (s, ready));
+
+    let mut phases: BTreeMap<Phase, f64> = intervals
+        .phases
+        .iter()
+        .map(|(phase, (from, until))| (*phase, (until - from).max(0.0)))
+        .collect();
+    // The image pull is what the kubelet measured, summed over the pod's pulls; without a
+    // `Pulled` event it is unknown, whatever the interval.
+    phases.remove(&Phase::ImagePull);
+    if !pulls.is_empty() {
+        phases.insert(Phase::ImagePull, pulls.iter().map(|p| p.seconds).sum());
+    }
 
     Some(Startup {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -314,6 +372,8 @@ pub fn compute(
         total_seconds: (ready - begin).max(0.0),
         pulls,
         restarts: main_status.restart_count,
+        intervals,
+        lazy_load: None,
     })
 }
 
@@ -371,5 +431,42 @@ mod tests {
                 .unwrap();
         assert!(hit.cache_hit && hit.seconds == 0.0);
         assert_eq!(parse_pulled("Pulling image \"x\""), None);
+    }
+
+    #[test]
+    fn a_known_model_load_splits_start_to_ready_into_its_phases() {
+        let mut intervals = Intervals {
+            phases: [
+                (Phase::Scheduling, (0.0, 1.0)),
+                (Phase::ImagePull, (1.0, 2.0)),
+                (Phase::ContainerStart, (2.0, 3.0)),
+                (Phase::ModelLoad, (3.0, 4.0)),
+                (Phase::Readiness, (4.0, 5.0)),
+            ]
+            .into(),
+            start_to_ready: Some((3.0, 5.0)),
+        };
+        let names = |intervals: &Intervals| -> Vec<Stretch> {
+            intervals.stretches().into_iter().map(|(s, _)| s).collect()
+        };
+        assert_eq!(
+            names(&intervals),
+            [
+                Stretch::ImagePull,
+                Stretch::ContainerStart,
+                Stretch::ModelLoad,
+                Stretch::Readiness
+            ]
+        );
+        intervals.phases.remove(&Phase::ModelLoad);
+        intervals.phases.remove(&Phase::Readiness);
+        assert_eq!(
+            names(&intervals),
+            [
+                Stretch::ImagePull,
+                Stretch::ContainerStart,
+                Stretch::StartToReady
+            ]
+        );
     }
 }

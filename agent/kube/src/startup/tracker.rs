@@ -11,6 +11,7 @@ use kube::api::{Api, ListParams};
 use prometheus::{CounterVec, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
+use super::lazy::sampler::Sampler;
 use super::phases::{self, Phase, Startup};
 use super::settings::StartupSettings;
 use crate::models::{model_of, HostPaths, ModelMount};
@@ -23,6 +24,18 @@ pub const POD_START_BUCKETS: [f64; 25] = [
     300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
 ];
 const IMAGE_SIZE_BUCKETS: [f64; 8] = [1e8, 5e8, 1e9, 2e9, 5e9, 1e10, 2e10, 5e10];
+/// Bytes fetched in one phase: from none (the phase read nothing new) to a large image's whole.
+const FETCHED_BUCKETS: [f64; 9] = [
+    1048576.0,
+    16777216.0,
+    67108864.0,
+    268435456.0,
+    1073741824.0,
+    4294967296.0,
+    17179869184.0,
+    68719476736.0,
+    274877906944.0,
+];
 
 #[derive(Clone)]
 pub struct StartupMetrics {
@@ -31,6 +44,9 @@ pub struct StartupMetrics {
     image_bytes: HistogramVec,
     cache_hits: CounterVec,
     last_phase: GaugeVec,
+    fetched_bytes: HistogramVec,
+    fetch_seconds: HistogramVec,
+    lazy_images: CounterVec,
 }
 
 impl StartupMetrics {
@@ -57,12 +73,27 @@ impl StartupMetrics {
                 Opts::new("mlnode_pod_startup_last_phase_seconds", "Phases of the most recent pod startups only (bounded by startup.recent_pods and startup.recent_max_age)."),
                 &["namespace", "pod", "phase"],
             )?,
+            fetched_bytes: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_phase_fetched_bytes", "Bytes of a lazily loaded image fetched from the registry during one phase of a pod startup (phase start_to_ready where the model load is unknown), from the SOCI snapshotter's metrics; not observed where they were not read.").buckets(FETCHED_BUCKETS.to_vec()),
+                &["phase", "model_name", "namespace"],
+            )?,
+            fetch_seconds: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_phase_fetch_seconds", "Time within one phase of a pod startup during which the SOCI snapshotter was fetching the pod's image, at the agent's sampling resolution (startup.soci.sample_interval).").buckets(POD_START_BUCKETS.to_vec()),
+                &["phase", "model_name", "namespace"],
+            )?,
+            lazy_images: CounterVec::new(
+                Opts::new("mlnode_pod_startup_lazy_images_total", "Pod startups whose main image the SOCI snapshotter loaded lazily (lazy=true) or not (false: no SOCI index, or a fallback to a whole pull)."),
+                &["namespace", "lazy"],
+            )?,
         };
         registry.register(Box::new(metrics.phase.clone()))?;
         registry.register(Box::new(metrics.total.clone()))?;
         registry.register(Box::new(metrics.image_bytes.clone()))?;
         registry.register(Box::new(metrics.cache_hits.clone()))?;
         registry.register(Box::new(metrics.last_phase.clone()))?;
+        registry.register(Box::new(metrics.fetched_bytes.clone()))?;
+        registry.register(Box::new(metrics.fetch_seconds.clone()))?;
+        registry.register(Box::new(metrics.lazy_images.clone()))?;
         Ok(metrics)
     }
 
@@ -95,6 +126,26 @@ impl StartupMetrics {
                     .observe(size as f64);
             }
         }
+        let Some(load) = &startup.lazy_load else {
+            return;
+        };
+        if let Some(lazy) = load.lazy {
+            self.lazy_images
+                .with_label_values(&[
+                    startup.namespace.as_str(),
+                    if lazy { "true" } else { "false" },
+                ])
+                .inc();
+        }
+        for (stretch, fetch) in &load.fetched {
+            let labels = [stretch.as_str(), model, &startup.namespace];
+            self.fetched_bytes
+                .with_label_values(&labels)
+                .observe(fetch.fetched_bytes as f64);
+            self.fetch_seconds
+                .with_label_values(&labels)
+                .observe(fetch.fetch_seconds);
+        }
     }
 }
 
@@ -107,6 +158,8 @@ pub struct Tracker {
     loads: LoadActivity,
     metrics: StartupMetrics,
     settings: StartupSettings,
+    /// Reads the SOCI snapshotter while pods start, where `startup.soci` names it.
+    sampler: Option<Sampler>,
 }
 
 impl Tracker {
@@ -117,6 +170,7 @@ impl Tracker {
         loads: LoadActivity,
         metrics: StartupMetrics,
         settings: StartupSettings,
+        sampler: Option<Sampler>,
     ) -> Tracker {
         Tracker {
             client,
@@ -125,6 +179,7 @@ impl Tracker {
             loads,
             metrics,
             settings,
+            sampler,
         }
     }
 
@@ -136,10 +191,20 @@ impl Tracker {
         // still has, so it stays as small as the node's pod count.
         let mut seen_ready: HashSet<(String, i32)> = HashSet::new();
         let mut recent: VecDeque<(f64, String, String)> = VecDeque::new();
+        let mut ticks = tokio::time::interval(self.settings.soci.sample_interval.get());
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // While a pod of the node is starting, the snapshotter is read at every tick.
+        let mut starting = false;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 changed = pods.changes.changed() => if changed.is_err() { return },
+                _ = ticks.tick(), if starting => {
+                    if let Some(sampler) = &mut self.sampler {
+                        sampler.sample(unix_now()).await;
+                    }
+                    continue;
+                }
             }
             // When the change arrived: a pod Ready in it turned Ready by then.
             let seen = unix_now();
@@ -154,20 +219,36 @@ impl Tracker {
                 .filter_map(|pod| pod.metadata.uid.as_deref())
                 .collect();
             seen_ready.retain(|(uid, _)| uids.contains(uid.as_str()));
-            for pod in &listed {
-                if !newly_ready(pod, started_at, &mut seen_ready) {
-                    continue;
+            let ready_now: Vec<&Pod> = listed
+                .iter()
+                .filter(|pod| newly_ready(pod, started_at, &mut seen_ready))
+                .map(|pod| pod.as_ref())
+                .collect();
+            let oldest_starting = listed
+                .iter()
+                .filter_map(|pod| starting_since(pod))
+                .reduce(f64::min);
+            if let Some(sampler) = &mut self.sampler {
+                // A reading as the pods change: one at each startup's Ready brackets its last phase.
+                if oldest_starting.is_some() || !ready_now.is_empty() {
+                    sampler.sample(seen).await;
                 }
+            }
+            starting = self.sampler.is_some() && oldest_starting.is_some();
+            for pod in ready_now {
                 if let Some(startup) = self.measure(pod, seen).await {
                     self.record(&startup, &mut recent);
                 }
+            }
+            if let Some(sampler) = &mut self.sampler {
+                sampler.forget_before(oldest_starting);
             }
         }
     }
 
     /// Lists the pod's events (one request) and computes its phases; `seen`: when the watch told
     /// of the pod as it is.
-    async fn measure(&self, pod: &Pod, seen: f64) -> Option<Startup> {
+    async fn measure(&mut self, pod: &Pod, seen: f64) -> Option<Startup> {
         let namespace = pod.metadata.namespace.clone()?;
         let uid = pod.metadata.uid.clone()?;
         let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
@@ -187,7 +268,11 @@ impl Tracker {
             (Some(model), Some((from, until))) => self.loads.last_open(model, from, until),
             _ => None,
         };
-        phases::compute(pod, &listed, model, load_end, Some(seen))
+        let mut startup = phases::compute(pod, &listed, model, load_end, Some(seen))?;
+        if let Some(sampler) = &mut self.sampler {
+            startup.lazy_load = Some(sampler.lazy_load(&startup, main_image_id(pod)));
+        }
+        Some(startup)
     }
 
     fn record(&self, startup: &Startup, recent: &mut VecDeque<(f64, String, String)>) {
@@ -251,6 +336,53 @@ fn ready_key(pod: &Pod) -> Option<((String, i32), f64)> {
         .find(|c| c.name == main)?
         .restart_count;
     Some(((pod.metadata.uid.clone()?, restarts), ready_at))
+}
+
+/// Since when `pod` has been starting: created (or its main container last exited) and not yet
+/// Ready, nor finished, nor being deleted. None for any other pod.
+fn starting_since(pod: &Pod) -> Option<f64> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    if status.is_some_and(|s| {
+        matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
+            || s.conditions.as_ref().is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+    }) {
+        return None;
+    }
+    let created = phases::seconds_of(pod.metadata.creation_timestamp.as_ref()?);
+    let main = phases::main_container(pod)?;
+    let last_exit = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|statuses| statuses.iter().find(|c| c.name == main))
+        .and_then(|c| {
+            c.last_state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .finished_at
+                .as_ref()
+        })
+        .map(phases::seconds_of);
+    Some(last_exit.map_or(created, |exit| exit.max(created)))
+}
+
+/// The image the main container runs, as the kubelet reports it (`imageID`).
+fn main_image_id(pod: &Pod) -> Option<&str> {
+    let main = phases::main_container(pod)?;
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == main)
+        .map(|c| c.image_id.as_str())
+        .filter(|id| !id.is_empty())
 }
 
 /// From the main container's start to Ready: where a model load can be.

@@ -194,7 +194,20 @@ pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
 
 /// The value of the series whose line starts with `name{` and holds every `label="value"` given.
 pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    metrics.lines().find_map(|line| {
+    matching(metrics, name, labels).next()
+}
+
+/// Every sample of `name` whose labels include `labels` (a layer mounted twice, say).
+pub fn samples(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    matching(metrics, name, labels).collect()
+}
+
+fn matching<'a>(
+    metrics: &'a str,
+    name: &'a str,
+    labels: &'a [(&'a str, &'a str)],
+) -> impl Iterator<Item = f64> + 'a {
+    metrics.lines().filter_map(move |line| {
         let rest = line.strip_prefix(name)?.strip_prefix('{')?;
         let (label_text, value) = rest.rsplit_once("} ")?;
         labels

@@ -9,6 +9,7 @@
 //! common::node::cluster adds the kubelet and a control plane of its own.
 
 pub mod cluster;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -49,9 +50,10 @@ pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 
 /// Folders of the node's filesystem (inside its namespace) and the folders of the node's folder
 /// bound there.
-pub const NODE_FOLDERS: [(&str, &str); 2] = [
+pub const NODE_FOLDERS: [(&str, &str); 3] = [
     ("/var/lib/kubelet", "kubelet-root"),
     ("/var/lib/models", "models"),
+    ("/var/lib/containerd", "containerd/root"),
 ];
 
 /// The kernel settings the kubelet sets at start (pkg/kubelet/cm's setupKernelTunables, with
@@ -398,8 +400,14 @@ impl Runtime {
 
     /// The SOCI snapshotter's metrics, as Prometheus would scrape them on the node.
     pub fn soci_metrics(&self) -> String {
-        let url = format!("http://{SOCI_METRICS}/metrics");
-        checked(&["curl", &url], self.inside(&["curl", "-sf", &url]))
+        let curl = [
+            "curl",
+            "-sf",
+            "--unix-socket",
+            SOCI_METRICS,
+            "http://soci-snapshotter/metrics",
+        ];
+        checked(&curl, self.inside(&curl))
     }
 
     /// An image of one layer, the folder `layer` as its root, pushed to the registry as `name`
@@ -533,7 +541,7 @@ fn remove_stale_nodes(runs: &Path) {
 fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
     let mut config = format!(
         "version = 3\nroot = {root:?}\nstate = \"/run/containerd\"\n[grpc]\n  address = {socket:?}\n",
-        root = dir.join("containerd/root").display().to_string(),
+        root = CONTAINERD_ROOT,
         socket = dir.join("containerd.sock").display().to_string(),
     );
     if !cri {
@@ -621,15 +629,21 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
 /// Where the node's SOCI snapshotter listens for containerd.
 const SOCI_SOCKET: &str = "/run/soci-snapshotter-grpc/soci-snapshotter-grpc.sock";
 
-/// Where the node's SOCI snapshotter serves its Prometheus metrics, on the node's loopback.
-pub const SOCI_METRICS: &str = "127.0.0.1:8421";
+/// Where the node's SOCI snapshotter serves its Prometheus metrics: a unix socket in a folder of
+/// its own, which the agent's soci component mounts read-only (never the snapshotter's own
+/// folder, where its gRPC socket for containerd is).
+pub const SOCI_METRICS: &str = "/run/soci-snapshotter-grpc-metrics/metrics.sock";
+
+/// containerd's root on the node, its default: the agent's soci component mounts its content
+/// store from there.
+const CONTAINERD_ROOT: &str = "/var/lib/containerd";
 
 /// The SOCI snapshotter's configuration (soci-snapshotter's docs/config.md): its metrics on, and
 /// the registry's layers fetched through the rate-held link, as containerd's are (a mirror's
 /// `host` must be a URL, or the snapshotter takes it for a path).
 fn soci_config() -> String {
     format!(
-        "metrics_address = {SOCI_METRICS:?}\n\
+        "metrics_network = \"unix\"\nmetrics_address = {SOCI_METRICS:?}\n\
          [pull_modes.soci_v2]\n  enable = true\n\
          [[resolver.host.{REGISTRY:?}.mirrors]]\n  host = \"http://{REGISTRY_LINK}\"\n  insecure = true\n"
     )

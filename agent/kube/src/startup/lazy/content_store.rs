@@ -1,0 +1,301 @@
+//! The layers of a pod's image, read from containerd's content store
+//! (`<root>/io.containerd.content.v1.content/blobs/sha256/<hex>`), which the agent mounts
+//! read-only. A lazily pulled image keeps its index, manifest and config there; only its layers'
+//! blobs are missing, fetched later by the snapshotter.
+//!
+//! The kubelet reports a container's image as `imageID`, which containerd's CRI sets to the
+//! repository digest (`registry/name@sha256:…`): the image index for a multi-platform or
+//! SOCI-converted image, else the manifest. An index is resolved to this node's platform, skipping
+//! the SOCI index artifact that `soci convert` adds beside the image (it names linux/amd64 too).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::Digest;
+
+/// Registries refuse manifests over 4 MiB (distribution's and containerd's limit); a larger blob
+/// is not one, and is not read.
+const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+/// An index of indexes is allowed by OCI; deeper nesting is not an image anyone pushes.
+const MAX_DEPTH: usize = 3;
+/// The SOCI index (v2) beside the image in the index `soci convert` writes.
+const SOCI_INDEX_ARTIFACT: &str = "application/vnd.amazon.soci.index.v2+json";
+const SOCI_IMAGE_MANIFEST_ANNOTATION: &str = "com.amazon.soci.image-manifest-digest";
+
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum ImageError {
+    #[error("imageID {image:?} names no digest: {reason}")]
+    NoDigest { image: String, reason: String },
+    #[error("{digest} is not in containerd's content store ({path}): {reason}")]
+    Unreadable {
+        digest: Digest,
+        path: String,
+        reason: String,
+    },
+    #[error("{digest} is over {MAX_MANIFEST_BYTES} bytes, larger than any manifest; not read")]
+    TooLarge { digest: Digest },
+    #[error("{digest} is not an image index or manifest: {reason}")]
+    NotManifest { digest: Digest, reason: String },
+    #[error("image index {digest} has no manifest for {platform}")]
+    NoPlatform { digest: Digest, platform: String },
+}
+
+/// containerd's content store, at the folder holding `blobs/`.
+#[derive(Clone, Debug)]
+pub struct ContentStore {
+    root: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct Document {
+    manifests: Option<Vec<Entry>>,
+    layers: Option<Vec<Descriptor>>,
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    digest: String,
+    platform: Option<Platform>,
+    #[serde(rename = "artifactType")]
+    artifact_type: Option<String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct Platform {
+    os: String,
+    architecture: String,
+}
+
+#[derive(Deserialize)]
+struct Descriptor {
+    digest: String,
+}
+
+impl ContentStore {
+    pub fn new(root: impl Into<PathBuf>) -> ContentStore {
+        ContentStore { root: root.into() }
+    }
+
+    /// The layers of the image the kubelet reports as `image_id`, in the manifest's order, for
+    /// this node's platform.
+    pub fn layers_of(&self, image_id: &str) -> Result<Vec<Digest>, ImageError> {
+        let digest = image_id.rsplit('@').next().unwrap_or(image_id);
+        let digest = Digest::parse(digest).map_err(|reason| ImageError::NoDigest {
+            image: image_id.to_string(),
+            reason,
+        })?;
+        self.layers_under(digest, &node_platform(), MAX_DEPTH)
+    }
+
+    fn layers_under(
+        &self,
+        digest: Digest,
+        platform: &(String, String),
+        depth: usize,
+    ) -> Result<Vec<Digest>, ImageError> {
+        let document: Document =
+            serde_json::from_slice(&self.blob(&digest)?).map_err(|e| ImageError::NotManifest {
+                digest: digest.clone(),
+                reason: e.to_string(),
+            })?;
+        let not_manifest = |reason: String| ImageError::NotManifest {
+            digest: digest.clone(),
+            reason,
+        };
+        match (document.manifests, document.layers) {
+            (_, Some(layers)) => layers
+                .iter()
+                .map(|layer| Digest::parse(&layer.digest).map_err(not_manifest))
+                .collect(),
+            (Some(entries), None) if depth > 1 => {
+                let entry = pick(&entries, platform).ok_or_else(|| ImageError::NoPlatform {
+                    digest: digest.clone(),
+                    platform: format!("{}/{}", platform.0, platform.1),
+                })?;
+                let next = Digest::parse(&entry.digest).map_err(not_manifest)?;
+                self.layers_under(next, platform, depth - 1)
+            }
+            (Some(_), None) => Err(not_manifest(format!(
+                "indexes nested over {MAX_DEPTH} deep"
+            ))),
+            (None, None) => Err(not_manifest(
+                "neither `manifests` nor `layers` (an image config?)".into(),
+            )),
+        }
+    }
+
+    fn blob(&self, digest: &Digest) -> Result<Vec<u8>, ImageError> {
+        let path = self.root.join("blobs/sha256").join(digest.hex());
+        let unreadable = |e: std::io::Error| ImageError::Unreadable {
+            digest: digest.clone(),
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let file = std::fs::File::open(&path).map_err(unreadable)?;
+        let mut bytes = Vec::new();
+        file.take(MAX_MANIFEST_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(unreadable)?;
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(ImageError::TooLarge {
+                digest: digest.clone(),
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+/// The index entry for `platform`: the image's, never the SOCI index artifact's; an entry without
+/// a platform only where it is the one candidate.
+fn pick<'a>(entries: &'a [Entry], platform: &(String, String)) -> Option<&'a Entry> {
+    let images: Vec<&Entry> = entries
+        .iter()
+        .filter(|entry| {
+            entry.artifact_type.as_deref() != Some(SOCI_INDEX_ARTIFACT)
+                && !entry
+                    .annotations
+                    .contains_key(SOCI_IMAGE_MANIFEST_ANNOTATION)
+        })
+        .collect();
+    images
+        .iter()
+        .find(|entry| {
+            entry
+                .platform
+                .as_ref()
+                .is_some_and(|p| p.os == platform.0 && p.architecture == platform.1)
+        })
+        .or_else(|| match images.as_slice() {
+            [only] if only.platform.is_none() => Some(only),
+            _ => None,
+        })
+        .copied()
+}
+
+/// This node's platform in OCI's (Go's) names.
+fn node_platform() -> (String, String) {
+    let architecture = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    (std::env::consts::OS.to_string(), architecture.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The content store of the tests' node as containerd left it for a lazily pulled image
+    /// (tests/fixtures/SOURCES).
+    fn fixture_store() -> (tempfile::TempDir, ContentStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = dir.path().join("blobs/sha256");
+        std::fs::create_dir_all(&blobs).unwrap();
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/soci/blobs");
+        for entry in std::fs::read_dir(fixtures).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), blobs.join(entry.file_name())).unwrap();
+        }
+        let store = ContentStore::new(dir.path());
+        (dir, store)
+    }
+
+    const INDEX: &str = "sha256:85acc76c69b63036bc0272ec39686538cb14c313f705c3af0ddb71849b241ab4";
+
+    #[test]
+    fn a_soci_converted_images_index_resolves_to_the_images_layers_not_the_soci_index() {
+        let (_dir, store) = fixture_store();
+        let image_id = format!("127.0.0.1:5000/workload@{INDEX}");
+        let platform = ("linux".to_string(), "amd64".to_string());
+        let index = Digest::parse(INDEX).unwrap();
+        let layers: Vec<String> = store
+            .layers_under(index.clone(), &platform, MAX_DEPTH)
+            .unwrap()
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(
+            layers,
+            [
+                "sha256:1d4d5568753473f6161e173a9c03d22cd3fa159c471630a69959981818539736",
+                "sha256:507a7f7c82543fde896e979994ff940967d4f612a1bbbeca6a9ee07344d5155c"
+            ]
+        );
+        if node_platform() == platform {
+            assert_eq!(
+                store.layers_of(&image_id).unwrap().len(),
+                2,
+                "by the kubelet's imageID"
+            );
+        }
+        let arm = ("linux".to_string(), "arm64".to_string());
+        assert_eq!(
+            store.layers_under(index, &arm, MAX_DEPTH).unwrap_err(),
+            ImageError::NoPlatform {
+                digest: Digest::parse(INDEX).unwrap(),
+                platform: "linux/arm64".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_docker_schema_2_manifest_names_its_layers() {
+        let (_dir, store) = fixture_store();
+        let layers = store
+            .layers_of("sha256:10a7fcaa578901425a44d4c62920ffced4d5759b48f7249b29b2a9530ac6afa9")
+            .unwrap();
+        assert_eq!(
+            layers[0].as_str(),
+            "sha256:0bfaf3a58a23eef7d3757ecda291f537e899a394f86ad6cb685c9a7ce68070fb"
+        );
+    }
+
+    #[test]
+    fn what_is_not_an_images_manifest_is_refused_with_the_reason() {
+        let (dir, store) = fixture_store();
+        let config = "sha256:568832eee098d570989c4d0a6577dcddd75a23789814acb626f8aec33050c327";
+        assert!(store
+            .layers_of(config)
+            .unwrap_err()
+            .to_string()
+            .contains("neither `manifests` nor `layers`"));
+        let absent = format!("sha256:{}", "0".repeat(64));
+        assert!(matches!(
+            store.layers_of(&absent),
+            Err(ImageError::Unreadable { .. })
+        ));
+        for image in ["", "nginx:1.25", "repo@sha256:../../etc/passwd"] {
+            assert!(
+                matches!(store.layers_of(image), Err(ImageError::NoDigest { .. })),
+                "{image}"
+            );
+        }
+        let big = format!("sha256:{}", "1".repeat(64));
+        let file =
+            std::fs::File::create(dir.path().join("blobs/sha256").join("1".repeat(64))).unwrap();
+        file.set_len(MAX_MANIFEST_BYTES + 1).unwrap();
+        assert!(matches!(
+            store.layers_of(&big),
+            Err(ImageError::TooLarge { .. })
+        ));
+        let looping = format!("sha256:{}", "2".repeat(64));
+        std::fs::write(
+            dir.path().join("blobs/sha256").join("2".repeat(64)),
+            format!("{{\"manifests\":[{{\"digest\":\"{looping}\"}}]}}"),
+        )
+        .unwrap();
+        assert!(store
+            .layers_of(&looping)
+            .unwrap_err()
+            .to_string()
+            .contains("nested over"));
+    }
+}
