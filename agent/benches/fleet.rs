@@ -9,11 +9,15 @@
 //! `MLNODE_TEST_CONTROL_PLANE` naming one) and put kubectl under target/tools. Prints the tables
 //! and writes them to target/bench_fleet_real.md.
 
+#[path = "support/args.rs"]
+mod args;
 #[allow(dead_code, unused_imports, unused_macros)]
 #[path = "../tests/integration/common/mod.rs"]
 mod common;
 
 use std::fmt::Write;
+
+use args::arg;
 use std::time::Duration;
 
 use common::fleet::{percentile, run_scenarios, Fleet, Phase, Settings, Timing};
@@ -23,18 +27,6 @@ const HOUR: f64 = 3600.0;
 /// (nodeLeaseDurationSeconds 40 / 4, pkg/kubelet/nodelease) and a node status every 5 min
 /// (nodeStatusReportFrequency).
 const KUBELET_WRITES_PER_HOUR: f64 = HOUR / 10.0 + HOUR / 300.0;
-
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}: {v:?} is not a number"))
-        })
-        .unwrap_or(default)
-}
 
 fn main() {
     let settings = Settings {

@@ -11,14 +11,19 @@
 //! the node's programs and put kubectl and kustomize under target/tools (PATH). Prints the table
 //! and writes it to target/bench_lazy_loading.md.
 
+#[path = "support/args.rs"]
+mod args;
 #[allow(dead_code, unused_imports, unused_macros)]
 #[path = "../tests/integration/common/mod.rs"]
 mod common;
 
 use std::fmt::Write;
 
+use args::arg;
+
 use serde_json::{json, Value};
 
+use common::node::cluster::NODE;
 use common::node::workload::{
     await_agent_pod, await_agent_startups, await_pod_ready, container_output, events_of,
     first_with, for_this_cluster, image_with_shards, pull_seconds, weights_in_image_pod, Shard,
@@ -27,18 +32,6 @@ use common::node::{REGISTRY, REGISTRY_RATE};
 
 /// Shards of the weights: the tenth-reading server reads the first.
 const SHARDS: u8 = 10;
-
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}: {v:?} is not a number"))
-        })
-        .unwrap_or(default)
-}
 
 /// One startup as the agent, the kubelet and the server saw it.
 struct Row {
@@ -98,6 +91,17 @@ fn main() {
     let cluster =
         common::node::cluster::shared().unwrap_or_else(|e| panic!("the tests' node: {e}"));
     let _node_wide = cluster.exclusive();
+    // A GPU node, as GPU Feature Discovery labels it: where the gpu overlay's DaemonSet runs.
+    cluster.admin.admin(
+        &[
+            "label",
+            "node",
+            NODE,
+            "nvidia.com/gpu.present=true",
+            "--overwrite",
+        ],
+        "",
+    );
     let objects = common::kustomize::render_with("overlays/gpu", &["components/soci"])
         .unwrap_or_else(|e| panic!("kustomize: {e}"));
     let installed = for_this_cluster(cluster, objects);
