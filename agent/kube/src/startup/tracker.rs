@@ -480,4 +480,47 @@ mod tests {
             "within the API's second"
         );
     }
+
+    #[test]
+    fn a_pod_is_starting_from_its_creation_or_its_last_exit_until_ready_finished_or_deleted() {
+        let pod = |status: serde_json::Value, deleting: bool| -> Pod {
+            let mut pod = serde_json::json!({
+                "metadata": {"name": "vllm-0", "uid": "u1", "creationTimestamp": "2026-12-05T12:00:00Z"},
+                "spec": {"containers": [{"name": "vllm", "image": "vllm"}]},
+                "status": status,
+            });
+            if deleting {
+                pod["metadata"]["deletionTimestamp"] = serde_json::json!("2026-12-05T12:30:00Z");
+            }
+            serde_json::from_value(pod).unwrap()
+        };
+        let created = 1_796_472_000.0;
+        assert_eq!(
+            starting_since(&pod(serde_json::json!({"phase": "Pending"}), false)),
+            Some(created)
+        );
+        let restarted = serde_json::json!({
+            "phase": "Running",
+            "containerStatuses": [{
+                "name": "vllm", "image": "vllm", "imageID": "", "ready": false, "restartCount": 1,
+                "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-12-05T12:10:00Z"}},
+            }],
+        });
+        assert_eq!(
+            starting_since(&pod(restarted.clone(), false)),
+            Some(created + 600.0),
+            "from the main container's last exit"
+        );
+        assert_eq!(starting_since(&pod(restarted, true)), None, "being deleted");
+        let ready = serde_json::json!({"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-05T12:01:00Z"}]});
+        assert_eq!(starting_since(&pod(ready, false)), None);
+        for phase in ["Succeeded", "Failed"] {
+            assert_eq!(
+                starting_since(&pod(serde_json::json!({"phase": phase}), false)),
+                None,
+                "{phase}"
+            );
+        }
+    }
 }
