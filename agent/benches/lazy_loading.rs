@@ -23,7 +23,6 @@ use args::arg;
 
 use serde_json::{json, Value};
 
-use common::node::cluster::NODE;
 use common::node::workload::{
     await_agent_pod, await_agent_startups, await_pod_ready, container_output, events_of,
     first_with, for_this_cluster, image_with_shards, pull_seconds, weights_in_image_pod, Shard,
@@ -92,16 +91,7 @@ fn main() {
         common::node::cluster::shared().unwrap_or_else(|e| panic!("the tests' node: {e}"));
     let _node_wide = cluster.exclusive();
     // A GPU node, as GPU Feature Discovery labels it: where the gpu overlay's DaemonSet runs.
-    cluster.admin.admin(
-        &[
-            "label",
-            "node",
-            NODE,
-            "nvidia.com/gpu.present=true",
-            "--overwrite",
-        ],
-        "",
-    );
+    cluster.label_as_gpu_node();
     let objects = common::kustomize::render_with("overlays/gpu", &["components/soci"])
         .unwrap_or_else(|e| panic!("kustomize: {e}"));
     let installed = for_this_cluster(cluster, objects);

@@ -45,7 +45,7 @@ pub enum Command {
     Serve(ServeArgs),
     /// Print the configuration `serve` would run with (same flags and variables), and where each
     /// value that differs from the default came from: file, variable or flag.
-    Config(ServeArgs),
+    Config(ConfigArgs),
     /// Print the startup phases of the Ready pods on this node (or the ones named), from the API server.
     StartupReport(StartupReportArgs),
     /// Read this boot's kernel log from the journal once, as `serve` does at start with
@@ -99,6 +99,16 @@ pub struct ServeArgs {
     /// Set any config key, such as `--set verify.threads=4` (repeatable; after MLNODE_* variables).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// Print the config file's JSON Schema instead (every key the agent takes, and its JSON
+    /// types), as the Helm chart checks its `config` value against.
+    #[arg(long, conflicts_with_all = ["config", "listen", "set"])]
+    pub schema: bool,
 }
 
 #[derive(Args, Debug)]
@@ -437,8 +447,15 @@ fn serve_config(args: &ServeArgs) -> Result<(config::Config, config::Sources), E
     config::load_with_sources(args.config.as_deref(), &overrides).map_err(usage_error)
 }
 
-fn print_config(args: ServeArgs) -> ExitCode {
-    match serve_config(&args) {
+fn print_config(args: ConfigArgs) -> ExitCode {
+    if args.schema {
+        match serde_json::to_string_pretty(&config::json_schema()) {
+            Ok(schema) => println!("{schema}"),
+            Err(e) => return usage_error(format!("cannot write the schema: {e}")),
+        }
+        return ExitCode::SUCCESS;
+    }
+    match serve_config(&args.serve) {
         Ok((config, sources)) => {
             print!("{}", config::describe(&config, &sources));
             ExitCode::SUCCESS

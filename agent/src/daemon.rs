@@ -37,6 +37,8 @@ pub enum DaemonError {
     Pool { threads: usize, reason: String },
     #[error("cannot register metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("models[].node_selector needs this node's labels, and {reason}: give the agent the API server (in cluster, or KUBECONFIG), or remove node_selector")]
+    NodeLabels { reason: String },
     #[error("cannot install a signal handler: {0}")]
     Signal(std::io::Error),
     #[error("HTTP server failed: {0}")]
@@ -52,8 +54,8 @@ fn collectors(
     config: &Config,
     node: &NodeFacts,
     loads: &LoadActivity,
-    registry: &prometheus::Registry,
-) -> prometheus::Result<[Vec<Box<dyn Component>>; 2]> {
+    api: crate::components::ApiClient,
+) -> [Vec<Box<dyn Component>>; 2] {
     let kubelet = &config.kubelet;
     // The kernel log's facts, read by the GPU and Neuron verdicts beside their own; what was
     // logged before now, NVML's events of this agent cannot have delivered.
@@ -66,7 +68,6 @@ fn collectors(
     // the directory is kept only where something names pods by it.
     let names_pods = config.nvml.process_attribution || !kubelet.holder_labels().is_off();
     let node_pods = crate::node_pods::NodePodsSlot::new(names_pods);
-    let api = crate::components::ApiClient::new(registry, config.api_request_timeout.get())?;
     // The node's release annotation: kept by the readiness side's node watch, read by NVML's.
     let release_asked = crate::shared::Shared::new(Default::default());
     let on_the_node: Vec<Box<dyn Component>> = vec![
@@ -136,7 +137,48 @@ fn collectors(
             api,
         }),
     ];
-    Ok([on_the_node, with_the_api_server])
+    [on_the_node, with_the_api_server]
+}
+
+/// How often, and how far apart, the node's labels are asked for at start before the agent gives
+/// up (and the kubelet restarts it, with its own back-off).
+const NODE_LABEL_TRIES: u32 = 5;
+const NODE_LABEL_RETRY: Duration = Duration::from_secs(2);
+
+/// The models this node is one of: all of them unless one has a `node_selector`, in which case
+/// the node's labels are read (one GET at start) and each model's selector applied.
+async fn models_for_this_node(
+    config: &Config,
+    api: &crate::components::ApiClient,
+) -> Result<Vec<crate::cache::settings::ModelConfig>, DaemonError> {
+    if config.models.iter().all(|m| m.node_selector.is_empty()) {
+        return Ok(config.models.clone());
+    }
+    let mut tries = 0;
+    let labels = loop {
+        tries += 1;
+        match api.node_labels(&config.node_name).await {
+            Ok(labels) => break labels,
+            Err(reason) if tries >= NODE_LABEL_TRIES => {
+                return Err(DaemonError::NodeLabels {
+                    reason: format!("{reason} ({tries} tries)"),
+                })
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "cannot read the node's labels for models[].node_selector; retrying");
+                tokio::time::sleep(NODE_LABEL_RETRY).await;
+            }
+        }
+    };
+    let (kept, elsewhere): (Vec<_>, Vec<_>) = config
+        .models
+        .iter()
+        .cloned()
+        .partition(|m| m.selects(&labels));
+    for model in &elsewhere {
+        tracing::info!(model = %model.name, node_selector = ?model.node_selector, "model not kept on this node: its node_selector does not select it");
+    }
+    Ok(kept)
 }
 
 /// Every scraper, probe and client holds a descriptor, and the soft limit is often 1,024: raise it
@@ -155,7 +197,7 @@ fn raise_open_file_limit() -> u64 {
     soft
 }
 
-pub async fn run(config: Config) -> Result<(), DaemonError> {
+pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     let max_connections = server::connection_cap(raise_open_file_limit());
     let registry = crate::metrics::registry_labelled(&config.node_name, config.hostname_label);
     let agent_metrics = AgentMetrics::register(&registry, crate::BUILD)?;
@@ -194,6 +236,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     for collector in Subsystem::ALL {
         agent_metrics.set_up(collector, false);
     }
+    let api = crate::components::ApiClient::new(&registry, config.api_request_timeout.get())?;
+    config.models = models_for_this_node(&config, &api).await?;
     let loads = LoadActivity::default();
     let mut cx = StartContext::new(&config.node_name, &registry, &agent_metrics);
     let shutdown = cx.shutdown.clone();
@@ -219,7 +263,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         max_connections,
         shutdown.clone(),
     ));
-    let [on_the_node, with_the_api_server] = collectors(&config, &node, &loads, &cx.registry)?;
+    let [on_the_node, with_the_api_server] = collectors(&config, &node, &loads, api);
     let jitter = crate::settings::jitter(config.start_jitter.get());
     let mut running = tokio::spawn(async move {
         component::start(on_the_node, &mut cx).await?;

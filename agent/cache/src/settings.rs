@@ -45,6 +45,20 @@ pub struct ModelConfig {
     /// The PersistentVolumeClaim pods mount the cache from, if they do.
     #[serde(default)]
     pub pvc: Option<String>,
+    /// The labels a node must carry, each with this value, for the model to be kept there: one
+    /// install serving other models on other pools (GPU and Inferentia, or two GPU pools). Empty:
+    /// every node. Read from the agent's own Node at start.
+    #[serde(default)]
+    pub node_selector: std::collections::BTreeMap<String, String>,
+}
+
+impl ModelConfig {
+    /// Whether a node with `labels` is one of the model's.
+    pub fn selects(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        self.node_selector
+            .iter()
+            .all(|(key, value)| labels.get(key) == Some(value))
+    }
 }
 
 impl<'de> Deserialize<'de> for ModelConfig {

@@ -157,8 +157,10 @@ impl ModelState {
     }
 
     /// Waits until the model's readiness changes: a verification that passed, or one that failed.
-    pub async fn readiness_changed(&self) {
-        self.readiness.changed().await
+    /// Waits until the verdict is other than `seen`; at once when it already is, so a verdict
+    /// given between a reader's look and its wait is never missed.
+    pub async fn readiness_differs_from(&self, seen: &Readiness) {
+        self.readiness.wait_for(|now| now != seen).await
     }
 
     pub fn beat(&self) {
@@ -180,12 +182,22 @@ impl ModelState {
     }
 }
 
-/// Waits until one of `models` has a new verdict; with none, forever.
-pub async fn any_readiness_changed(models: &[std::sync::Arc<ModelState>]) {
+/// Each of `models`' verdicts as it is now: what a reader decides on, and later waits to change.
+pub fn readiness_of(models: &[std::sync::Arc<ModelState>]) -> Vec<Readiness> {
+    models.iter().map(|m| m.readiness()).collect()
+}
+
+/// Waits until one of `models` has a verdict other than `seen` (from [`readiness_of`]), at once
+/// when one already has; with no model, forever.
+pub async fn any_readiness_differs(models: &[std::sync::Arc<ModelState>], seen: &[Readiness]) {
     if models.is_empty() {
         return std::future::pending().await;
     }
-    futures_util::future::select_all(models.iter().map(|m| Box::pin(m.readiness_changed()))).await;
+    let waits = models
+        .iter()
+        .zip(seen)
+        .map(|(model, seen)| Box::pin(model.readiness_differs_from(seen)));
+    futures_util::future::select_all(waits).await;
 }
 
 /// Whether the node carries this agent's startup taint, as the readiness controller last saw it:
@@ -254,4 +266,39 @@ pub struct NodeFacts {
     pub taint: NodeTaint,
     pub workload: NodeWorkload,
     pub records: NodeRecords,
+}
+
+#[cfg(test)]
+mod readiness_waits {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A verdict given after a reader looked and before it waits is not missed: the wait returns
+    /// at once, where a wait for the next change would sleep until another one.
+    #[tokio::test(start_paused = true)]
+    async fn a_verdict_given_between_the_look_and_the_wait_wakes_the_wait() {
+        let models = vec![
+            Arc::new(ModelState::new("a", Readiness::Starting)),
+            Arc::new(ModelState::new("b", Readiness::Starting)),
+        ];
+        let seen = readiness_of(&models);
+        models[1].set_not_verified(Readiness::Failed {
+            reason: "digest_mismatch".into(),
+        });
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            any_readiness_differs(&models, &seen),
+        )
+        .await
+        .expect("the verdict given before the wait");
+
+        let seen = readiness_of(&models);
+        let unchanged = tokio::time::timeout(
+            Duration::from_secs(60),
+            any_readiness_differs(&models, &seen),
+        )
+        .await;
+        assert!(unchanged.is_err(), "no verdict changed: the wait goes on");
+    }
 }

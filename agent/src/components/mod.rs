@@ -70,6 +70,21 @@ impl ApiClient {
             .clone()
     }
 
+    /// The labels of `node`, read once (models with a `node_selector` are kept only on the nodes
+    /// they select).
+    pub async fn node_labels(
+        &self,
+        node: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, String> {
+        let client = self.any().await?;
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        let found = nodes
+            .get(node)
+            .await
+            .map_err(|e| format!("cannot read Node {node}: {e}"))?;
+        Ok(found.metadata.labels.unwrap_or_default())
+    }
+
     /// Told each time the API server answers again after trouble (`mlnode_kube::api`): a loop
     /// waiting out its back-off retries then.
     pub fn recoveries(&self) -> mlnode_kube::api::Recoveries {

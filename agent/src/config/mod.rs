@@ -26,9 +26,11 @@ use mlnode_core::metrics::NodeLabel;
 use mlnode_core::settings::{bounds, seconds, Within};
 
 mod layers;
+mod schema;
 
 use layers::apply;
 pub use layers::{describe, top_level_keys, Override, Sources};
+pub use schema::json_schema;
 
 /// Used when `serve` is started without a config: the example model shipped in the repository,
 /// on loopback, so `cargo run -- serve` shows the whole loop on a laptop.
@@ -315,6 +317,42 @@ mod tests {
 
     pub(super) const ONE_MODEL: &str =
         "models:\n  - name: llama\n    root: /models/llama\n    manifest: /m/llama.json\n";
+
+    #[test]
+    fn a_models_node_selector_selects_nodes_with_every_label_it_names() {
+        let config = from_yaml(
+            "models:\n  - name: qwen\n    root: /models/qwen\n    manifest: /m/q.json\n    node_selector: {pool: gpu, karpenter.sh/capacity-type: on-demand}\n  - name: any\n    root: /models/any\n    manifest: /m/a.json\n",
+            &[],
+        )
+        .unwrap();
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let both = labels(&[
+            ("pool", "gpu"),
+            ("karpenter.sh/capacity-type", "on-demand"),
+            ("zone", "a"),
+        ]);
+        let one = labels(&[("pool", "gpu")]);
+        let other = labels(&[("pool", "gpu"), ("karpenter.sh/capacity-type", "spot")]);
+        assert!(config.models[0].selects(&both));
+        assert!(!config.models[0].selects(&one));
+        assert!(!config.models[0].selects(&other));
+        assert!(
+            config.models[1].selects(&labels(&[])),
+            "no selector: every node"
+        );
+        let refused = from_yaml(
+            "models:\n  - name: q\n    root: /q\n    manifest: /q.json\n    node_selector: {pool: [gpu]}\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains("models[0].node_selector"), "{refused}");
+    }
 
     #[test]
     fn file_values_and_defaults() {

@@ -270,7 +270,7 @@ fn every_write_it_must_never_make_is_refused_with_the_policys_message() {
             "json",
             json!([{"op": "remove", "path": format!("/spec/taints/{foreign}")}]),
         ),
-        "only its own taint",
+        "only its own startup taint",
         "a foreign taint removed",
     );
     refused(
@@ -280,7 +280,7 @@ fn every_write_it_must_never_make_is_refused_with_the_policys_message() {
             "json",
             json!([{"op": "add", "path": "/spec/taints/-", "value": {"key": "example.com/evict", "effect": "NoExecute"}}]),
         ),
-        "only its own taint",
+        "only its own startup taint",
         "a foreign taint added",
     );
     refused(
@@ -546,4 +546,58 @@ fn the_agents_write_on_the_example_pod_is_admitted() {
         .find(|c| c["type"] == "mlnode.dev/ModelVerified")
         .expect("the gate's condition on the pod");
     assert_eq!(condition["status"], "True");
+}
+
+/// A startup taint of the user's own (Helm's `startupTaint.taint`): the policy the chart installs
+/// lets the agent's own bound token remove exactly that taint, and still refuses the default key
+/// and any other.
+#[test]
+fn a_custom_startup_taint_is_removed_by_the_agents_token() {
+    let control_plane = needs!(control_plane::shared());
+    let custom = "example.com/gpu-warming";
+    let objects = needs!(common::helm::render(&format!(
+        "startupTaint: {{enabled: true, taint: \"{custom}=true:NoSchedule\"}}\nneuron: {{enabled: false}}"
+    )))
+    .unwrap_or_else(|refused| panic!("helm template refused the custom taint: {refused}"));
+    let agent = AgentOnNode::start(control_plane, &objects, &control_plane.unique("node"));
+    control_plane.set_taints(
+        &agent.node,
+        json!([
+            {"key": custom, "value": "true", "effect": "NoSchedule"},
+            {"key": "mlnode.dev/not-ready", "effect": "NoSchedule"},
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+    );
+    let taints = || control_plane.get(&["node", &agent.node])["spec"]["taints"].clone();
+    let position = |key: &str| {
+        taints()
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|t| t["key"] == key)
+            .unwrap()
+    };
+    for other in ["mlnode.dev/not-ready", "nvidia.com/gpu"] {
+        refused(
+            node_spec(
+                control_plane,
+                &agent,
+                "json",
+                json!([{"op": "remove", "path": format!("/spec/taints/{}", position(other))}]),
+            ),
+            "only its own startup taint",
+            &format!("{other} removed under a custom startup taint"),
+        );
+    }
+    node_spec(
+        control_plane,
+        &agent,
+        "json",
+        json!([{"op": "remove", "path": format!("/spec/taints/{}", position(custom))}]),
+    )
+    .unwrap();
+    assert!(
+        !taints().to_string().contains(custom),
+        "the custom taint removed: {}",
+        taints()
+    );
 }

@@ -1,4 +1,4 @@
-//! The alert rules in deploy/daemonset/base/prometheusrule.yaml: `promtool check rules` and
+//! The alert rules in deploy/daemonset/components/prometheus-operator/prometheusrule.yaml: `promtool check rules` and
 //! `promtool test rules` with a test per alert that fires and one that stays silent
 //! (tests/alerts/mlnode.test.yaml). promtool comes with Debian's prometheus package, installed by
 //! the test command.
@@ -12,8 +12,10 @@ fn repo() -> std::path::PathBuf {
 
 /// The shipped PrometheusRule object.
 fn prometheus_rule() -> serde_json::Value {
-    let text =
-        std::fs::read_to_string(repo().join("deploy/daemonset/base/prometheusrule.yaml")).unwrap();
+    let text = std::fs::read_to_string(
+        repo().join("deploy/daemonset/components/prometheus-operator/prometheusrule.yaml"),
+    )
+    .unwrap();
     serde_saphyr::from_str(&text).unwrap()
 }
 

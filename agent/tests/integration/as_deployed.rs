@@ -119,6 +119,18 @@ struct NodeSetup<'a> {
     configmap_edits: Vec<(&'a str, &'a str, String)>,
 }
 
+/// The README's model in the install's config and its manifest beside it (README step 3).
+fn readme_model(objects: &[Value], manifest: String) -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        (
+            "mlnode-agent-config",
+            "config.yaml",
+            kustomize::config_with_readme_model(objects),
+        ),
+        ("mlnode-model-manifests", "llama-3.1-8b.json", manifest),
+    ]
+}
+
 /// The container the kubelet would start for the rendered DaemonSet, on this node.
 fn as_kubelet_would(objects: &[Value], setup: &NodeSetup, volumes_dir: &Path) -> ContainerSpec {
     let (_, spec) = pod_template(objects);
@@ -585,7 +597,7 @@ fn gpu_node_prepared(
         cluster: &cluster,
         nvml_scenario: Some(&scenario),
         neuron_sysfs: None,
-        configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
+        configmap_edits: readme_model(&cluster.on.install.objects, manifest),
     };
     let spec = as_kubelet_would(&cluster.on.install.objects, &setup, volumes.path());
     assert_eq!(
@@ -994,7 +1006,7 @@ fn neuron_runs_as_deployed(objects: Vec<Value>) {
             cluster: &cluster,
             nvml_scenario: None,
             neuron_sysfs: driver,
-            configmap_edits: vec![("mlnode-model-manifests", "llama-3.1-8b.json", manifest)],
+            configmap_edits: readme_model(&cluster.on.install.objects, manifest),
         };
         let spec = as_kubelet_would(&cluster.on.install.objects, &setup, volumes.path());
         let mut agent = run(&spec, volumes.path());
@@ -1131,7 +1143,10 @@ fn pod_monitor_job(monitor: &Value, pod: (&str, &Value), namespace: &str, target
 #[test]
 fn prometheus_scraping_as_the_pod_monitor_says_joins_gpus_with_vllm() {
     let _port = PORT_9400.lock().unwrap_or_else(|p| p.into_inner());
-    let objects = common::needs!(kustomize::render_with("overlays/gpu", &[]));
+    let objects = common::needs!(kustomize::render_with(
+        "overlays/gpu",
+        &["components/prometheus-operator"]
+    ));
     let GpuNode {
         cluster,
         mut agent,

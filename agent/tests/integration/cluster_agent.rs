@@ -133,3 +133,75 @@ fn the_agents_verdicts_land_on_its_node_and_pods_and_nothing_it_sends_is_refused
         "{metrics}"
     );
 }
+
+/// One install, two pools serving different models: each model's `node_selector` picks its
+/// nodes by their labels, which each agent reads from its own Node. The GPU pool's agent keeps its
+/// model and not the Inferentia pool's, and the other way round; a node neither selects keeps none
+/// and says so in ModelCacheVerified.
+#[test]
+fn each_pool_keeps_the_models_its_labels_select() {
+    let control_plane = needs!(control_plane::shared());
+    let objects = common::kustomize::render_with("overlays/gpu", &[])
+        .unwrap_or_else(|reason| panic!("kustomize (kubectl) is needed: {reason}"));
+    let gpu_model = PlainModel::new();
+    let inf_model = PlainModel::new();
+    let (dir, gpu_manifest) = common::write_temp(&gpu_model.manifest_json("g1", true));
+    let inf_manifest = dir.path().join("inf.json");
+    std::fs::write(&inf_manifest, inf_model.manifest_json("i1", true)).unwrap();
+    let config = format!(
+        "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\nmodels:\n  - name: qwen-gpu\n    root: {:?}\n    manifest: {:?}\n    node_selector: {{pool: gpu-inference}}\n  - name: llama-neuron\n    root: {:?}\n    manifest: {:?}\n    node_selector: {{pool: inf2-inference, karpenter.k8s.aws/instance-accelerator-manufacturer: aws}}\n",
+        gpu_model.root(),
+        gpu_manifest,
+        inf_model.root(),
+        inf_manifest,
+    );
+    let pool = |labels: Value| {
+        let name = control_plane.unique("node");
+        let node = control_plane::node(&name, json!({"metadata": {"labels": labels}}));
+        AgentOnNode::start_on(control_plane, &objects, &node)
+    };
+    let on_gpu = pool(json!({"pool": "gpu-inference"}));
+    let on_inf = pool(
+        json!({"pool": "inf2-inference", "karpenter.k8s.aws/instance-accelerator-manufacturer": "aws"}),
+    );
+    // The Inferentia pool's label without the second one its model asks for.
+    let on_neither = pool(json!({"pool": "inf2-inference"}));
+    let dirs = [
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    ];
+    let agents: Vec<Agent> = [&on_gpu, &on_inf, &on_neither]
+        .iter()
+        .zip(&dirs)
+        .map(|(on, dir)| run(control_plane, on, dir.path(), &config))
+        .collect();
+    for ((on, agent), (kept, reason)) in [&on_gpu, &on_inf, &on_neither].iter().zip(&agents).zip([
+        (Some("qwen-gpu"), "AllModelCachesVerified"),
+        (Some("llama-neuron"), "AllModelCachesVerified"),
+        (None, "NoModelsConfigured"),
+    ]) {
+        wait_for("ModelCacheVerified True", || {
+            let node = control_plane.get(&["node", &on.node]);
+            let verified = condition(&node, "ModelCacheVerified");
+            (verified["status"] == "True" && verified["reason"] == reason)
+                .then_some(())
+                .ok_or_else(|| format!("{verified}\n{}", agent.log()))
+        });
+        let metrics = agent.metrics();
+        for model in ["qwen-gpu", "llama-neuron"] {
+            let verified = sample(
+                &metrics,
+                "mlnode_model_cache_verified",
+                &[("model_name", model)],
+            );
+            assert_eq!(
+                verified.is_some(),
+                Some(model) == kept,
+                "{}: {model}: {verified:?}\n{}",
+                on.node,
+                agent.log()
+            );
+        }
+    }
+}

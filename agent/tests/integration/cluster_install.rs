@@ -44,6 +44,7 @@ const CASES: &[Case] = &[
         &[
             "components/startup-taint",
             "components/nvidia-runtime-class",
+            "components/prometheus-operator",
             "components/prometheus-release",
         ],
         &[HOST_PATH],
@@ -51,13 +52,20 @@ const CASES: &[Case] = &[
     ),
     (
         "overlays/gpu",
-        &["components/servicemonitor", "components/prometheus-release"],
+        &[
+            "components/prometheus-operator",
+            "components/servicemonitor",
+            "components/prometheus-release",
+        ],
         &[HOST_PATH],
         AS_ROOT,
     ),
     (
         "overlays/neuron",
-        &["components/servicemonitor"],
+        &[
+            "components/prometheus-operator",
+            "components/servicemonitor",
+        ],
         &[HOST_PATH],
         AS_ROOT,
     ),
@@ -241,6 +249,7 @@ fn the_chart_installs_and_upgrades_through_every_values_combination() {
         "startupTaint: {enabled: true}",
         "prometheus: {release: kube-prometheus-stack}",
         "podMonitor: {enabled: false}\nserviceMonitor: {enabled: true}\nprometheus: {release: kube-prometheus-stack}",
+        "podMonitor: {enabled: false}\nprometheusRule: {enabled: false}",
         "runtimeClassName: nvidia",
         "nonRoot: {enabled: true}",
         "migMonitor: {enabled: true}",
@@ -281,6 +290,18 @@ fn the_chart_installs_and_upgrades_through_every_values_combination() {
                 warning.contains("would violate PodSecurity") && warning.contains("restricted:latest"),
                 "{values:?}: a warning docs/security.md does not explain: {warning}"
             );
+        }
+        if values.is_empty() {
+            // This server serves prometheus-operator's API (its CRDs above): `auto` installs the
+            // PodMonitor and the rules. (A server without them: readme_install.rs.)
+            for kind in ["podmonitors", "prometheusrules"] {
+                let found = control_plane.get(&[kind, "-n", &namespace]);
+                assert_eq!(
+                    found["items"].as_array().map(Vec::len),
+                    Some(1),
+                    "{kind} where the cluster serves monitoring.coreos.com/v1: {found}"
+                );
+            }
         }
     }
     // The last release runs the Neuron DaemonSet alone: Helm removed the GPU one.
@@ -415,5 +436,126 @@ fn the_node_readiness_rule_example_is_valid_for_node_readiness_controller() {
     assert!(
         refusal.contains("unknown field \"spec.taints\""),
         "{refusal}"
+    );
+}
+
+/// Karpenter's own CRDs, NodePool and EC2NodeClass, from the modules tests/karpenter-repair pins
+/// (its go.mod), as Go's module cache holds them once scripts/test.sh has built that program. The
+/// AWS provider's copies, which carry its validation of AWS's labels, where it ships them.
+fn karpenter_crds() -> Result<Vec<std::path::PathBuf>, String> {
+    let repair = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/karpenter-repair");
+    let go_mod = std::fs::read_to_string(repair.join("go.mod")).unwrap();
+    let version = |module: &str| {
+        go_mod
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{module} ")))
+            .map(|v| v.split_whitespace().next().unwrap().to_string())
+            .unwrap_or_else(|| panic!("tests/karpenter-repair/go.mod requires no {module}"))
+    };
+    let cache = std::process::Command::new("go")
+        .args(["env", "GOMODCACHE"])
+        .output()
+        .map_err(|e| format!("go is needed to find Karpenter's CRDs in its module cache ({e})"))?;
+    let cache = std::path::PathBuf::from(String::from_utf8(cache.stdout).unwrap().trim());
+    let core = cache.join(format!(
+        "sigs.k8s.io/karpenter@{}/pkg/apis/crds",
+        version("sigs.k8s.io/karpenter")
+    ));
+    let aws = cache.join(format!(
+        "github.com/aws/karpenter-provider-aws@{}/pkg/apis/crds",
+        version("github.com/aws/karpenter-provider-aws")
+    ));
+    let nodepools = [
+        aws.join("karpenter.sh_nodepools.yaml"),
+        core.join("karpenter.sh_nodepools.yaml"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file());
+    let classes = aws.join("karpenter.k8s.aws_ec2nodeclasses.yaml");
+    match nodepools {
+        Some(nodepools) if classes.is_file() => Ok(vec![nodepools, classes]),
+        _ => Err(format!(
+            "Karpenter's CRDs are not in Go's module cache ({} and {}): scripts/test.sh downloads them building tests/karpenter-repair",
+            core.display(),
+            aws.display()
+        )),
+    }
+}
+
+/// deploy/examples/karpenter-nodepool.yaml under Karpenter 1.15's own CRDs: accepted without a
+/// warning; its startup taint is the agent's; and the same NodePool with a budget schedule but no
+/// duration, or without a node class, refused by the CRD's own rules.
+#[test]
+fn the_karpenter_example_is_valid_for_karpenters_crds() {
+    let control_plane = needs!(control_plane::shared());
+    let crds = needs!(karpenter_crds());
+    for crd in &crds {
+        control_plane.admin(&["apply", "--server-side", "-f", crd.to_str().unwrap()], "");
+    }
+    control_plane.admin(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=120s",
+            "crd/nodepools.karpenter.sh",
+            "crd/ec2nodeclasses.karpenter.k8s.aws",
+        ],
+        "",
+    );
+    let objects = example("karpenter-nodepool.yaml");
+    assert_eq!(control_plane.apply(&objects), Ok(vec![]));
+    let pool = objects.iter().find(|o| o["kind"] == "NodePool").unwrap();
+    let taint = &pool["spec"]["template"]["spec"]["startupTaints"][0];
+    let shipped = common::kustomize::render_with("overlays/gpu", &["components/startup-taint"]);
+    let shipped = needs!(shipped);
+    let env =
+        &common::kustomize::daemonset(&shipped)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let agent_taint = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MLNODE_READINESS__STARTUP_TAINT")
+        .unwrap()["value"]
+        .clone();
+    assert_eq!(
+        json!(format!(
+            "{}:{}",
+            taint["key"].as_str().unwrap(),
+            taint["effect"].as_str().unwrap()
+        )),
+        agent_taint,
+        "the NodePool registers nodes with the taint the agent removes"
+    );
+    let refused = |change: &dyn Fn(&mut Value), says: &str| {
+        let mut broken = pool.clone();
+        broken["metadata"]["name"] = json!(control_plane.unique("pool"));
+        change(&mut broken);
+        let output = control_plane.kubectl(
+            &["create", "--dry-run=server", "-f", "-"],
+            &broken.to_string(),
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(says),
+            "{says}: {stderr}"
+        );
+    };
+    refused(
+        &|p| {
+            p["spec"]["disruption"]["budgets"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("duration");
+        },
+        "'schedule' must be set with 'duration'",
+    );
+    refused(
+        &|p| {
+            p["spec"]["template"]["spec"]
+                .as_object_mut()
+                .unwrap()
+                .remove("nodeClassRef");
+        },
+        "nodeClassRef",
     );
 }

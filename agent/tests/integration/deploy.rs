@@ -220,8 +220,15 @@ fn rendered_overlays_validate_and_are_privilege_minimised() {
     assert!(pod["affinity"]["nodeAffinity"].is_object());
     assert!(gpu.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
     assert!(
-        gpu.iter().any(|o| o["kind"] == "PrometheusRule")
-            && gpu.iter().any(|o| o["kind"] == "PodMonitor")
+        !gpu.iter().any(|o| o["apiVersion"].as_str().unwrap().starts_with("monitoring.coreos.com/")),
+        "a bare cluster's apply: prometheus-operator's kinds only with components/prometheus-operator"
+    );
+    let Some(operator) = render("overlays/gpu", &["components/prometheus-operator"]) else {
+        return;
+    };
+    assert!(
+        operator.iter().any(|o| o["kind"] == "PrometheusRule")
+            && operator.iter().any(|o| o["kind"] == "PodMonitor")
     );
 
     let Some(neuron) = render("overlays/neuron", &[]) else {
@@ -236,8 +243,16 @@ fn every_component_renders_valid_objects() {
     for components in [
         &["components/startup-taint"][..],
         &["components/nvidia-runtime-class"],
-        &["components/prometheus-release"],
-        &["components/servicemonitor", "components/prometheus-release"],
+        &["components/prometheus-operator"],
+        &[
+            "components/prometheus-operator",
+            "components/prometheus-release",
+        ],
+        &[
+            "components/prometheus-operator",
+            "components/servicemonitor",
+            "components/prometheus-release",
+        ],
         &["components/non-root"],
         &["components/mig-monitor"],
         &["components/repair-condition"],
@@ -278,7 +293,11 @@ fn every_component_renders_valid_objects() {
     }
     let Some(objects) = render(
         "overlays/gpu",
-        &["components/servicemonitor", "components/prometheus-release"],
+        &[
+            "components/prometheus-operator",
+            "components/servicemonitor",
+            "components/prometheus-release",
+        ],
     ) else {
         return;
     };

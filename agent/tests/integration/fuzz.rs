@@ -2,7 +2,7 @@
 //! generated and mutated input and must answer with a value or an error, never a panic, a hang or
 //! an impossible value. The suite runs a bounded number of cases (`PROPTEST_CASES`, 256 by
 //! default); `scripts/fuzz.sh` runs the same targets for longer. A failure proptest finds is saved
-//! under `agent/tests/fuzz.proptest-regressions` and replayed first on every later run: commit it,
+//! under `agent/tests/integration/fuzz.proptest-regressions` and replayed first on every later run: commit it,
 //! and it is a regression test.
 
 use std::path::Path;

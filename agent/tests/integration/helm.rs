@@ -10,7 +10,7 @@ use std::path::Path;
 
 use common::helm::{chart_dir, helm};
 use common::kustomize::{self, deploy_dir, id};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 type Id = (String, String, String);
 
@@ -21,7 +21,7 @@ fn comparable(o: &Value) -> Value {
     let mut o = o.clone();
     let labels = o["metadata"]["labels"].take();
     if let Some(release) = labels.get("release") {
-        o["metadata"]["labels"] = serde_json::json!({"release": release});
+        o["metadata"]["labels"] = json!({"release": release});
     } else {
         o["metadata"].as_object_mut().unwrap().remove("labels");
     }
@@ -79,7 +79,16 @@ fn kustomize_cluster(components: &[&str]) -> Result<BTreeMap<Id, Value>, String>
 }
 
 fn chart(values: &str) -> Result<BTreeMap<Id, Value>, String> {
-    let objects = common::helm::render(values)?
+    chart_on(values, &[])
+}
+
+/// [`chart`] for a cluster that serves `api_versions` besides Kubernetes' own.
+fn chart_on(values: &str, api_versions: &[&str]) -> Result<BTreeMap<Id, Value>, String> {
+    let args: Vec<&str> = api_versions
+        .iter()
+        .flat_map(|v| ["--api-versions", v])
+        .collect();
+    let objects = common::helm::render_with_args(values, &args)?
         .unwrap_or_else(|refused| panic!("helm template refused {values:?}: {refused}"));
     Ok(objects.into_iter().map(|o| (id(&o), o)).collect())
 }
@@ -115,14 +124,23 @@ fn assert_same(values: &str, kustomized: &BTreeMap<Id, Value>, charted: &BTreeMa
 /// into one, README labels it), and every component is a value that gives what it gives.
 #[test]
 fn the_chart_renders_what_kustomize_renders_default_and_component_by_component() {
+    const OPERATOR: &str = "components/prometheus-operator";
+    const FORCED: &str = "podMonitor: {enabled: true}\nprometheusRule: {enabled: true}\n";
     for (values, components) in [
         ("", &[][..]),
         ("startupTaint: {enabled: true}", &["components/startup-taint"]),
-        ("prometheus: {release: kube-prometheus-stack}", &["components/prometheus-release"]),
-        ("podMonitor: {enabled: false}\nserviceMonitor: {enabled: true}", &["components/servicemonitor"]),
+        (FORCED, &[OPERATOR]),
         (
-            "podMonitor: {enabled: false}\nserviceMonitor: {enabled: true}\nprometheus: {release: kube-prometheus-stack}",
-            &["components/servicemonitor", "components/prometheus-release"],
+            &format!("{FORCED}prometheus: {{release: kube-prometheus-stack}}"),
+            &[OPERATOR, "components/prometheus-release"],
+        ),
+        (
+            "podMonitor: {enabled: false}\nprometheusRule: {enabled: true}\nserviceMonitor: {enabled: true}",
+            &[OPERATOR, "components/servicemonitor"],
+        ),
+        (
+            "prometheusRule: {enabled: true}\nserviceMonitor: {enabled: true}\nprometheus: {release: kube-prometheus-stack}",
+            &[OPERATOR, "components/servicemonitor", "components/prometheus-release"],
         ),
         ("runtimeClassName: nvidia", &["components/nvidia-runtime-class"]),
         ("nonRoot: {enabled: true}", &["components/non-root"]),
@@ -140,6 +158,85 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
         let charted = common::needs!(chart(values));
         assert_same(values, &kustomized, &charted);
     }
+    // On a cluster that serves prometheus-operator's API, `auto` installs its objects; on one
+    // that does not (`helm template` sees none), nothing of it.
+    let kustomized = common::needs!(kustomize_cluster(&[OPERATOR]));
+    let charted = common::needs!(chart_on("", &["monitoring.coreos.com/v1"]));
+    assert_same("auto, served", &kustomized, &charted);
+    let bare = common::needs!(chart(""));
+    assert!(
+        !bare
+            .keys()
+            .any(|(kind, _, _)| kind.contains("Monitor") || kind == "PrometheusRule"),
+        "a bare cluster gets no prometheus-operator object: {:?}",
+        bare.keys()
+    );
+}
+
+/// A startup taint of the user's own: the admission policy allows its key, in the chart as in
+/// the kustomize component (whose one value the policy's replacement copies).
+#[test]
+fn a_custom_startup_taint_is_the_one_the_admission_policy_allows() {
+    let taint = "example.com/gpu-warming=true:NoSchedule";
+    let charted = common::needs!(chart(&format!(
+        "startupTaint: {{enabled: true, taint: \"{taint}\"}}"
+    )));
+    let policy = &charted[&(
+        "ValidatingAdmissionPolicy".into(),
+        String::new(),
+        "mlnode-agent-own-node".into(),
+    )];
+    assert_eq!(
+        startup_taint_variable(policy),
+        format!("'{taint}'"),
+        "{policy}"
+    );
+    // The component as its comment says to change it: its one value, nothing else.
+    let component = deploy_dir().join("daemonset/components/startup-taint");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let copy = dir.path().join("startup-taint");
+    std::fs::create_dir(&copy).unwrap();
+    for file in ["kustomization.yaml", "rbac.yaml"] {
+        let text = std::fs::read_to_string(component.join(file)).unwrap();
+        let edited = text.replace("mlnode.dev/not-ready:NoSchedule", taint);
+        std::fs::write(copy.join(file), edited).unwrap();
+    }
+    let overlay =
+        kustomize::relative_path(dir.path(), &deploy_dir().join("daemonset/overlays/gpu"));
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!("resources: [{overlay}]\ncomponents: [./startup-taint]\n"),
+    )
+    .unwrap();
+    let objects = common::needs!(kustomize::render(dir.path()));
+    let policy = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == "ValidatingAdmissionPolicy"
+                && o["metadata"]["name"] == "mlnode-agent-own-node"
+        })
+        .unwrap();
+    assert_eq!(startup_taint_variable(policy), format!("'{taint}'"));
+    let env = &kustomize::daemonset(&objects)["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "MLNODE_READINESS__STARTUP_TAINT" && e["value"] == taint),
+        "{env}"
+    );
+}
+
+fn startup_taint_variable(policy: &Value) -> String {
+    policy["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "startupTaint")
+        .unwrap()["expression"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -168,15 +265,18 @@ fn the_chart_holds_exact_copies_of_what_it_shares_with_kustomize() {
     let files = chart_dir().join("files");
     let base = deploy_dir().join("daemonset");
     let mut pairs: Vec<(std::path::PathBuf, std::path::PathBuf)> = [
-        "config.yaml",
-        "daemonset.yaml",
-        "podmonitor.yaml",
-        "prometheusrule.yaml",
-        "rbac.yaml",
-        "validating-admission-policy.yaml",
+        "base/config.yaml",
+        "base/daemonset.yaml",
+        "components/prometheus-operator/podmonitor.yaml",
+        "components/prometheus-operator/prometheusrule.yaml",
+        "base/rbac.yaml",
+        "base/validating-admission-policy.yaml",
     ]
     .iter()
-    .map(|f| (base.join("base").join(f), files.join("base").join(f)))
+    .map(|f| {
+        let name = Path::new(f).file_name().unwrap();
+        (base.join(f), files.join("base").join(name))
+    })
     .collect();
     pairs.push((
         base.join("components/startup-taint/rbac.yaml"),
@@ -296,6 +396,7 @@ podLabels: {team: inference}
 podAnnotations: {example.com/scrape: "false"}
 extraEnv: [{name: MLNODE_VERIFY__DEBOUNCE, value: 1s}]
 nodeSelector: {pool: inference}
+modelsHostPath: /mnt/nvme/models
 "#;
     let charted = common::needs!(chart(values));
     let config = &charted[&(
@@ -347,6 +448,13 @@ nodeSelector: {pool: inference}
             "false"
         );
         assert_eq!(pod["spec"]["nodeSelector"]["pool"], "inference");
+        let models = pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "models")
+            .unwrap();
+        assert_eq!(models["hostPath"]["path"], "/mnt/nvme/models");
         let env = container["env"].as_array().unwrap();
         assert_eq!(env.last().unwrap()["name"], "MLNODE_VERIFY__DEBOUNCE");
     }
@@ -379,4 +487,79 @@ fn dashboards_are_configmaps_grafanas_sidecar_loads() {
         found += 1;
     }
     assert_eq!(found, 3);
+}
+
+/// The chart's `config` takes what the agent takes: its schema is the agent's own (written by
+/// scripts/sync_chart_files.sh from `mlnode-agent config --schema`), the agent's whole effective
+/// configuration is accepted as `config`, and a misspelt key anywhere in it is refused, named.
+#[test]
+fn the_charts_config_is_the_agents_configuration_whole() {
+    let schema = assert_cmd::Command::cargo_bin("mlnode-agent")
+        .unwrap()
+        .args(["config", "--schema"])
+        .output()
+        .unwrap();
+    assert!(schema.status.success(), "{schema:?}");
+    let generated: Value = serde_json::from_slice(&schema.stdout).unwrap();
+    let values_schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        values_schema["properties"]["config"] == generated,
+        "values.schema.json's config differs from `mlnode-agent config --schema`: run scripts/sync_chart_files.sh"
+    );
+
+    // Everything `mlnode-agent config` prints, as a user would paste it under `config:`.
+    let effective = assert_cmd::Command::cargo_bin("mlnode-agent")
+        .unwrap()
+        .args(["config", "--set", "rdma.expected_efa_devices=32", "--set"])
+        .arg("models=[{name: llama, root: /models/llama, manifest: /etc/mlnode/manifests/llama.json, public_key: /etc/mlnode/keys/signer.pub}]")
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert!(effective.status.success(), "{effective:?}");
+    let config: Value =
+        serde_saphyr::from_str(&String::from_utf8(effective.stdout).unwrap()).unwrap();
+    for section in [
+        "rdma",
+        "kernel_log",
+        "hostname_label",
+        "start_jitter",
+        "api_request_timeout",
+    ] {
+        assert!(config.get(section).is_some(), "{section} in {config}");
+    }
+    let values = json!({"config": config}).to_string();
+    let charted = common::needs!(chart(&values));
+    let map = &charted[&(
+        "ConfigMap".into(),
+        "mlnode-system".into(),
+        "mlnode-agent-config".into(),
+    )];
+    let text = map["data"]["config.yaml"].as_str().unwrap();
+    let (_dir, file) = common::write_temp(text);
+    let loaded = mlnode_agent::config::load(Some(&file), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.rdma.expected_efa_devices, 32);
+
+    for (values, says) in [
+        ("config: {verify: {thraeds: 4}}", "'thraeds' not allowed"),
+        (
+            "config: {rdma: {expected_efa_device: 4}}",
+            "'expected_efa_device' not allowed",
+        ),
+        (
+            "config: {models: [{name: a, root: /models/a, manifest: /m/a.json, public_kee: /k}]}",
+            "'public_kee' not allowed",
+        ),
+        (
+            "config: {verify: {trust_unchanged_after_restart: 4}}",
+            "/config/verify/trust_unchanged_after_restart",
+        ),
+        ("config: {log_format: [json]}", "/config/log_format"),
+    ] {
+        let refused = common::needs!(common::helm::render(values))
+            .expect_err(&format!("helm template accepted {values:?}"));
+        assert!(refused.contains(says), "{values:?}: {refused}");
+    }
 }

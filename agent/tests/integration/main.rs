@@ -31,6 +31,7 @@ mod pod_gates;
 mod process_attribution;
 mod rdma;
 mod readiness;
+mod readme_install;
 mod real_node;
 mod repair_engines;
 mod restart;

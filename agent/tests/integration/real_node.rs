@@ -237,11 +237,15 @@ fn the_shipped_gpu_overlay_on_a_real_node_from_its_startup_taint_through_a_rollo
         namespace,
         on_node,
     } = held_until_the_agent_lifts_its_startup_taint(cluster, "held", &[&filler], |manifest| {
+        let config = common::kustomize::config_with_readme_model(&objects);
         installed = for_this_cluster(cluster, objects)
             .into_iter()
             .map(|mut o| {
                 if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-model-manifests" {
                     o["data"]["llama-3.1-8b.json"] = json!(manifest);
+                }
+                if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-agent-config" {
+                    o["data"]["config.yaml"] = json!(config);
                 }
                 o
             })
@@ -289,6 +293,11 @@ fn the_charts_gpu_daemonset_installed_by_helm_runs_on_the_real_node() {
                 json!({
                     "image": {"repository": repository, "tag": format!("test@{digest}")},
                     "modelManifests": {"llama-3.1-8b.json": manifest},
+                    "config": {"models": [{
+                        "name": "llama-3.1-8b",
+                        "root": "/models/llama-3.1-8b",
+                        "manifest": "/etc/mlnode/manifests/llama-3.1-8b.json",
+                    }]},
                     "startupTaint": {"enabled": true},
                     "runtimeClassName": "nvidia",
                     "podMonitor": {"enabled": false},
@@ -357,16 +366,7 @@ fn held_until_the_agent_lifts_its_startup_taint(
     install: impl FnOnce(String),
 ) -> Held {
     // A new GPU node as GPU Feature Discovery labels it and Karpenter's startupTaints hold it.
-    cluster.admin.admin(
-        &[
-            "label",
-            "node",
-            NODE,
-            "nvidia.com/gpu.present=true",
-            "--overwrite",
-        ],
-        "",
-    );
+    cluster.label_as_gpu_node();
     cluster.admin.admin(
         &[
             "taint",

@@ -155,7 +155,8 @@ mod tests {
     use super::*;
 
     /// The catalog's own verdicts on the XIDs the old hand-picked list got wrong both ways, and on
-    /// the ones it got right (../shared/reference/health-sources.md B.2, from NVIDIA's page).
+    /// the ones it got right (NVIDIA's XID catalog, the "Catalog" sheet of
+    /// https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, for H100).
     #[test]
     fn the_policy_is_nvidias_catalog() {
         let policy = XidPolicy::default();

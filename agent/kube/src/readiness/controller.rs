@@ -26,7 +26,9 @@ use super::settings::ReadinessSettings;
 use crate::events;
 use mlnode_core::health::{DeviceKind, FromNode, HealthSource};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
-use mlnode_core::state::{any_readiness_changed, ModelState, NodeRecords, NodeTaint, Readiness};
+use mlnode_core::state::{
+    any_readiness_differs, readiness_of, ModelState, NodeRecords, NodeTaint, Readiness,
+};
 
 const OWN_TYPES: [&str; 2] = [MODEL_CACHE_VERIFIED, ACCELERATOR_HEALTHY];
 /// After handing the monitors their records, how long the first round waits for them to conclude
@@ -182,18 +184,23 @@ impl Controller {
             // previous agent on this boot held, never overwrite it with a premature True.
             let round = async {
                 let first_read = memory.from_node.since.is_none();
-                self.read_node_if_needed(&mut memory).await?;
+                if let Err(e) = self.read_node_if_needed(&mut memory).await {
+                    return (Err(e), readiness_of(&self.sources.models));
+                }
                 if first_read {
                     self.let_models_resume().await;
                 }
+                // The verdicts the gates are decided on: one given while this round writes wakes
+                // the next at once, not an interval later.
+                let decided_on = readiness_of(&self.sources.models);
                 let gates = self.gates(&mut memory);
                 for gate in &gates {
                     self.metrics.set_gate(gate.condition_type, gate.ok());
                 }
-                self.sync(&gates, &mut memory).await
+                (self.sync(&gates, &mut memory).await, decided_on)
             };
             // A round waiting out the API server's push-back must not hold up the shutdown.
-            let synced = tokio::select! {
+            let (synced, decided_on) = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 synced = round => synced,
             };
@@ -225,7 +232,7 @@ impl Controller {
             // while the API server fails, only the back-off decides.
             let model_changed = async {
                 match in_sync {
-                    true => any_readiness_changed(&self.sources.models).await,
+                    true => any_readiness_differs(&self.sources.models, &decided_on).await,
                     false => std::future::pending().await,
                 }
             };
@@ -246,7 +253,7 @@ impl Controller {
         let resuming = || models.iter().any(|m| m.readiness() == Readiness::Resuming);
         let _ = tokio::time::timeout(RESUME_WAIT, async {
             while resuming() {
-                any_readiness_changed(models).await;
+                any_readiness_differs(models, &readiness_of(models)).await;
             }
         })
         .await;

@@ -24,7 +24,7 @@ use crate::models::{HostPaths, ModelMount};
 use crate::node_pods::NodePods;
 use crate::readiness::node::FIELD_MANAGER;
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
-use mlnode_core::state::{any_readiness_changed, ModelState, Readiness};
+use mlnode_core::state::{any_readiness_differs, readiness_of, ModelState, Readiness};
 
 /// `mlnode_pod_model_gate`, `mlnode_pod_gate_updates_total` and
 /// `mlnode_model_cache_writable_mounts`.
@@ -133,6 +133,9 @@ impl PodController {
     pub async fn run(mut self, mut pods: NodePods, shutdown: CancellationToken) {
         let mut memory = Memory::default();
         let mut recoveries = self.recoveries.clone();
+        // The verdicts the last round wrote the gates from: one given during a round wakes the
+        // next at once.
+        let mut decided_on = readiness_of(&self.models);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -143,7 +146,7 @@ impl PodController {
                     }
                 }
                 changed = pods.changes.changed() => if changed.is_err() { return },
-                _ = any_readiness_changed(&self.models) => {}
+                _ = any_readiness_differs(&self.models, &decided_on) => {}
                 _ = tokio::time::sleep(self.interval) => {}
             }
             // A failed watch says so itself and resumes quietly (a resumed watch with nothing to
@@ -151,6 +154,7 @@ impl PodController {
             // is written to the pods last seen. The collector is up only while both work.
             memory.watching = pods.changes.borrow_and_update().is_ok();
             if pods.store.wait_until_ready().now_or_never().is_some() {
+                decided_on = readiness_of(&self.models);
                 // A write waiting out the API server's push-back must not hold up the shutdown.
                 tokio::select! {
                     _ = shutdown.cancelled() => return,

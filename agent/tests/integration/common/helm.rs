@@ -20,11 +20,17 @@ pub fn helm(args: &[&str]) -> Result<Output, String> {
 /// The objects `helm template` renders in namespace mlnode-system with `values` (a YAML text,
 /// empty for the defaults); Err: no helm, or Helm's refusal (its stderr).
 pub fn render(values: &str) -> Result<Result<Vec<Value>, String>, String> {
+    render_with_args(values, &[])
+}
+
+/// [`render`] with more of `helm template`'s flags, such as `--api-versions` for the cluster's
+/// served APIs (`helm template` sees no cluster).
+pub fn render_with_args(values: &str, args: &[&str]) -> Result<Result<Vec<Value>, String>, String> {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("values.yaml");
     std::fs::write(&file, values).unwrap();
     let chart = chart_dir();
-    let output = helm(&[
+    let mut command = vec![
         "template",
         "mlnode-agent",
         path(&chart),
@@ -32,7 +38,9 @@ pub fn render(values: &str) -> Result<Result<Vec<Value>, String>, String> {
         "mlnode-system",
         "--values",
         path(&file),
-    ])?;
+    ];
+    command.extend(args);
+    let output = helm(&command)?;
     if !output.status.success() {
         return Ok(Err(String::from_utf8_lossy(&output.stderr).into_owned()));
     }

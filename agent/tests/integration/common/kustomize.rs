@@ -76,7 +76,7 @@ pub fn render_with(overlay: &str, components: &[&str]) -> Result<Vec<Value>, Str
 }
 
 /// `to` relative to the directory `from` (both absolute, canonical).
-fn relative_path(from: &Path, to: &Path) -> String {
+pub fn relative_path(from: &Path, to: &Path) -> String {
     let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
     let from: Vec<_> = from.components().collect();
     let to: Vec<_> = to.components().collect();
@@ -121,4 +121,26 @@ pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} in the rendered objects"))
+}
+
+/// The README's example model: served as llama-3.1-8b, its cache the node's
+/// /var/lib/models/llama-3.1-8b (/models in the agent's pod), its manifest the
+/// mlnode-model-manifests key llama-3.1-8b.json.
+pub const README_MODEL: &str = "llama-3.1-8b";
+
+/// The agent's config of `objects` (the mlnode-agent-config ConfigMap, which names no model) with
+/// the README's model added, as README step 3 has the user add theirs.
+pub fn config_with_readme_model(objects: &[Value]) -> String {
+    let map = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-agent-config")
+        .expect("the install's mlnode-agent-config ConfigMap");
+    let mut config: Value =
+        serde_saphyr::from_str(map["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    config["models"] = serde_json::json!([{
+        "name": README_MODEL,
+        "root": format!("/models/{README_MODEL}"),
+        "manifest": format!("/etc/mlnode/manifests/{README_MODEL}.json"),
+    }]);
+    serde_saphyr::to_string(&config).unwrap()
 }

@@ -361,6 +361,21 @@ impl OneNodeCluster {
         &self.machine_before
     }
 
+    /// The node labelled as GPU Feature Discovery labels a GPU node: where the gpu overlay's and
+    /// the chart's GPU DaemonSet run.
+    pub fn label_as_gpu_node(&self) {
+        self.admin.admin(
+            &[
+                "label",
+                "node",
+                NODE,
+                "nvidia.com/gpu.present=true",
+                "--overwrite",
+            ],
+            "",
+        );
+    }
+
     /// For a test that changes the node for every pod: no other test's pods meanwhile.
     pub fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
         self.node_wide.write().unwrap_or_else(|e| e.into_inner())
