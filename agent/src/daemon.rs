@@ -12,7 +12,7 @@ use crate::cache::watch::FileWatch;
 use crate::components::{
     gpu::Gpu, kernel_log::KernelLog, kubelet::Kubelet, models::Models, neuron::Neuron,
     pod_directory::PodDirectory, pod_gates::PodGates, rdma::Rdma, readiness::Readiness,
-    startup::Startup,
+    startup::Startup, NodeLabelsError,
 };
 use crate::config::{self, Config};
 use crate::metrics::{AgentMetrics, Subsystem};
@@ -159,12 +159,13 @@ async fn models_for_this_node(
         tries += 1;
         match api.node_labels(&config.node_name).await {
             Ok(labels) => break labels,
-            Err(reason) if tries >= NODE_LABEL_TRIES => {
+            Err(NodeLabelsError::NoApi(reason)) => return Err(DaemonError::NodeLabels { reason }),
+            Err(NodeLabelsError::Request(reason)) if tries >= NODE_LABEL_TRIES => {
                 return Err(DaemonError::NodeLabels {
                     reason: format!("{reason} ({tries} tries)"),
                 })
             }
-            Err(reason) => {
+            Err(NodeLabelsError::Request(reason)) => {
                 tracing::warn!(%reason, "cannot read the node's labels for models[].node_selector; retrying");
                 tokio::time::sleep(NODE_LABEL_RETRY).await;
             }

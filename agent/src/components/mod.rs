@@ -14,6 +14,15 @@ pub mod startup;
 
 use mlnode_core::settings::Toggle;
 
+/// Why the node's labels could not be read.
+#[derive(Debug)]
+pub enum NodeLabelsError {
+    /// No API server is configured (not in a cluster, no kubeconfig): asking again will not help.
+    NoApi(String),
+    /// The request failed: the API server may answer a later one.
+    Request(String),
+}
+
 /// The one client of the API server every component shares, built by the first that asks: one
 /// connection pool, one count of requests (`mlnode_kube_requests_total`) and one push-back for the
 /// whole agent (`mlnode_kube::api`).
@@ -71,17 +80,18 @@ impl ApiClient {
     }
 
     /// The labels of `node`, read once (models with a `node_selector` are kept only on the nodes
-    /// they select).
+    /// they select). Err(Some) when there is no API server to ask, which no retry mends;
+    /// Err(None) with the request's error otherwise.
     pub async fn node_labels(
         &self,
         node: &str,
-    ) -> Result<std::collections::BTreeMap<String, String>, String> {
-        let client = self.any().await?;
+    ) -> Result<std::collections::BTreeMap<String, String>, NodeLabelsError> {
+        let client = self.any().await.map_err(NodeLabelsError::NoApi)?;
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
         let found = nodes
             .get(node)
             .await
-            .map_err(|e| format!("cannot read Node {node}: {e}"))?;
+            .map_err(|e| NodeLabelsError::Request(format!("cannot read Node {node}: {e}")))?;
         Ok(found.metadata.labels.unwrap_or_default())
     }
 

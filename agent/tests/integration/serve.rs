@@ -313,6 +313,36 @@ fn bad_config_exits_2_naming_the_key() {
     );
 }
 
+/// A model kept only on the nodes its `node_selector` selects needs the node's labels: with no
+/// API server to ask (no cluster, no kubeconfig), `serve` exits at once saying so, rather than
+/// verifying it everywhere or nowhere.
+#[test]
+fn a_node_selector_without_an_api_server_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "listen: 127.0.0.1:0\nmodels:\n  - {name: qwen, root: /models/qwen, manifest: /m/qwen.json, node_selector: {pool: gpu}}\n",
+    )
+    .unwrap();
+    let output = Command::cargo_bin("mlnode-agent")
+        .unwrap()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("HOME", dir.path())
+        .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("models[].node_selector needs this node's labels")
+            && stderr.contains("remove node_selector"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn sigterm_during_hashing_cancels_it_and_exits_promptly() {
     // A 64 GiB sparse file: minutes of hashing, no disk used.
