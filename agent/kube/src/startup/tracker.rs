@@ -270,7 +270,9 @@ impl Tracker {
         };
         let mut startup = phases::compute(pod, &listed, model, load_end, Some(seen))?;
         if let Some(sampler) = &mut self.sampler {
-            startup.lazy_load = Some(sampler.lazy_load(&startup, main_image_id(pod)));
+            let stretches = startup.intervals.stretches();
+            let pod_name = (startup.namespace.as_str(), startup.pod.as_str());
+            startup.lazy_load = Some(sampler.lazy_load(pod_name, &stretches, main_image_id(pod)));
         }
         Some(startup)
     }

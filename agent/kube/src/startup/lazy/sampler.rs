@@ -11,9 +11,8 @@ use hyper::body::Bytes;
 
 use super::content_store::ContentStore;
 use super::soci::{self, Reading};
-use super::split::{self, LazyLoad, Sample};
+use super::split::{self, LazyLoad, Sample, Stretch};
 use super::Digest;
-use crate::startup::phases::Startup;
 use crate::startup::settings::SociSettings;
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 
@@ -106,21 +105,24 @@ impl Sampler {
         }
     }
 
-    /// Where `startup`'s image (the kubelet's `imageID` for its main container) was fetched.
-    pub fn lazy_load(&mut self, startup: &Startup, image_id: Option<&str>) -> LazyLoad {
+    /// Where an image (the kubelet's `imageID` for a pod's main container) was fetched, over
+    /// the startup's `stretches`; `pod` (namespace, name) names it in the log.
+    pub fn lazy_load(
+        &mut self,
+        pod: (&str, &str),
+        stretches: &[(Stretch, (f64, f64))],
+        image_id: Option<&str>,
+    ) -> LazyLoad {
         let layers: BTreeSet<Digest> = match image_id.map(|id| self.store.layers_of(id)) {
             Some(Ok(layers)) => layers.into_iter().collect(),
             Some(Err(e)) => {
-                tracing::warn!(pod = %startup.pod, namespace = %startup.namespace, error = %e, "cannot read the image's layers: its fetch figures are left out");
+                let (namespace, pod) = pod;
+                tracing::warn!(%pod, %namespace, error = %e, "cannot read the image's layers: its fetch figures are left out");
                 return LazyLoad::default();
             }
             None => return LazyLoad::default(),
         };
-        split::split(
-            self.samples.make_contiguous(),
-            &layers,
-            &startup.intervals.stretches(),
-        )
+        split::split(self.samples.make_contiguous(), &layers, stretches)
     }
 
     /// The reading with each digest shared with the readings before it.
