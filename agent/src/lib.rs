@@ -20,10 +20,10 @@ pub mod server;
 pub use mlnode_accel::{gpu, kernel_log, neuron, pci, rdma};
 pub use mlnode_cache as cache;
 pub use mlnode_core::{assignments, health, loads, metrics, settings, shared};
+pub use mlnode_files as files;
 pub use mlnode_kube::{
     api, kubelet, models, node_pods, readiness, release_request, startup, workloads,
 };
-pub use mlnode_verify::files;
 
 /// This binary's version, and the git commit build.rs recorded ("unknown" outside a checkout).
 pub const BUILD: metrics::Build = metrics::Build {

@@ -70,7 +70,7 @@ pub fn scan(devices: &Path, wanted: fn(u16, u16, u32) -> bool) -> Result<BusScan
         let name = entry.file_name().to_string_lossy().into_owned();
         let dir = entry.path();
         let read = |file: &str| -> Option<u32> {
-            let text = mlnode_verify::files::read_bounded_text(&dir.join(file), 64).ok()?;
+            let text = mlnode_files::read_bounded_text(&dir.join(file), 64).ok()?;
             u32::from_str_radix(text.trim().strip_prefix("0x")?, 16).ok()
         };
         match (read("vendor"), read("device"), read("class")) {

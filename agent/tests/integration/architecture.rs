@@ -146,7 +146,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn no_two_modules_depend_on_each_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for krate in ["", "cache", "core", "accel", "kube", "verify"] {
+    for krate in ["", "cache", "core", "accel", "kube", "verify", "files"] {
         assert_no_circles(&root.join(krate).join("src"));
     }
 }
@@ -185,8 +185,8 @@ fn dependencies(package: &str, direct: bool) -> BTreeSet<String> {
         .collect()
 }
 
-/// The cut of docs/architecture.md: the verifier core and the shared contracts build on no other
-/// crate of the workspace, the model-cache monitors and the collectors on those two, the
+/// The cut of docs/architecture.md: the bounded file reads build on nothing, the verifier core on
+/// them alone and the shared contracts on no other crate of the workspace, the model-cache monitors and the collectors on those two, the
 /// Kubernetes side on the collectors' verdicts, and only the binary on everything. The verifier core links no async runtime, API
 /// client, gRPC or metrics library, so it can be used alone.
 #[test]
@@ -198,11 +198,12 @@ fn crates_build_on_each_other_one_way() {
             .collect()
     };
     let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
-    assert_eq!(workspace("mlnode-verify"), set(&[]));
+    assert_eq!(workspace("mlnode-files"), set(&[]));
+    assert_eq!(workspace("mlnode-verify"), set(&["mlnode-files"]));
     assert_eq!(workspace("mlnode-core"), set(&[]));
     assert_eq!(
         workspace("mlnode-accel"),
-        set(&["mlnode-core", "mlnode-verify"])
+        set(&["mlnode-core", "mlnode-files"])
     );
     assert_eq!(
         workspace("mlnode-cache"),
@@ -210,7 +211,7 @@ fn crates_build_on_each_other_one_way() {
     );
     assert_eq!(
         workspace("mlnode-kube"),
-        set(&["mlnode-accel", "mlnode-core", "mlnode-verify"])
+        set(&["mlnode-accel", "mlnode-core", "mlnode-files"])
     );
     assert_eq!(
         workspace("mlnode-agent"),
@@ -218,11 +219,16 @@ fn crates_build_on_each_other_one_way() {
             "mlnode-accel",
             "mlnode-cache",
             "mlnode-core",
+            "mlnode-files",
             "mlnode-kube",
             "mlnode-verify"
         ])
     );
     for (package, never) in [
+        (
+            "mlnode-files",
+            &["tokio", "kube", "tonic", "prometheus", "clap", "serde"][..],
+        ),
         (
             "mlnode-verify",
             &["tokio", "kube", "tonic", "prometheus", "clap"][..],

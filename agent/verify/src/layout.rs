@@ -434,7 +434,7 @@ enum LockState {
 /// anything but a regular file counts as no lock.
 fn lock_state(path: &Path) -> LockState {
     use std::os::fd::AsRawFd;
-    let Ok(file) = crate::files::open_regular(path, libc::O_NOFOLLOW) else {
+    let Ok(file) = mlnode_files::open_regular(path, libc::O_NOFOLLOW) else {
         return LockState::Absent;
     };
     // SAFETY: flock on a descriptor this function owns; closing it releases the lock.

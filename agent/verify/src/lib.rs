@@ -13,7 +13,6 @@
 //!    [`page_cache`]), and produces a [`report::Report`]. [`generate`] writes a native manifest
 //!    from a cache the same way.
 
-pub mod files;
 pub mod fingerprint;
 pub mod generate;
 pub mod hasher;

@@ -540,7 +540,7 @@ pub fn scan(library: &Path, dirs: &[PathBuf], boot: &str) -> Result<Scan, String
 
 /// This boot's id as the journal writes `_BOOT_ID`: the kernel's UUID without its dashes.
 pub fn read_boot_id(path: &Path) -> Result<String, String> {
-    let text = mlnode_verify::files::read_bounded_text(path, 64)
+    let text = mlnode_files::read_bounded_text(path, 64)
         .map_err(|e| format!("cannot read the boot id from {}: {e}", path.display()))?;
     let id: String = text.trim().chars().filter(|c| *c != '-').collect();
     if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {

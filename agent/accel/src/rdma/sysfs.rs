@@ -161,7 +161,7 @@ fn natural_key(name: &str) -> (String, u64, String) {
 
 /// A value file's text; None when it does not exist, or cannot be read (counted).
 fn text(path: &Path, limit: u64, fabric: &mut Fabric) -> Option<String> {
-    match mlnode_verify::files::read_bounded_text(path, limit) {
+    match mlnode_files::read_bounded_text(path, limit) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(_) => {

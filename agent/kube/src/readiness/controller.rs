@@ -644,7 +644,7 @@ fn as_agent() -> PatchParams {
 /// The kernel's id of this boot; empty when it cannot be read (then nothing is carried across a
 /// restart: an empty id matches no message this agent writes, as `memory::parse` refuses it).
 fn read_boot_id(path: &std::path::Path) -> String {
-    match mlnode_verify::files::read_bounded_text(path, 64) {
+    match mlnode_files::read_bounded_text(path, 64) {
         Ok(text) => text.trim().to_string(),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot read the boot id: held XIDs are not kept across an agent restart");

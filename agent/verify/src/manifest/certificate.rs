@@ -101,7 +101,7 @@ fn load_anchors(files: &[PathBuf]) -> Result<Vec<Certificate>, ManifestError> {
             path: file.clone(),
             reason,
         };
-        let pem = crate::files::read_bounded_text(file, CHAIN_FILE_LIMIT)
+        let pem = mlnode_files::read_bounded_text(file, CHAIN_FILE_LIMIT)
             .map_err(|e| bad(format!("cannot read: {e}")))?;
         let certificates = Certificate::load_pem_chain(pem.as_bytes()).map_err(|e| {
             bad(format!(

@@ -493,7 +493,7 @@ pub fn load_with_digest(
         path: path.to_path_buf(),
         source,
     };
-    let (file, _) = crate::files::open_bounded(path, MANIFEST_LIMIT).map_err(read_error)?;
+    let (file, _) = mlnode_files::open_bounded(path, MANIFEST_LIMIT).map_err(read_error)?;
     from_source(path, file, trust)
 }
 

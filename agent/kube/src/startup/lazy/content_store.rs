@@ -9,7 +9,6 @@
 //! the SOCI index artifact that `soci convert` adds beside the image (it names linux/amd64 too).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -136,17 +135,17 @@ impl ContentStore {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
-        let file = std::fs::File::open(&path).map_err(unreadable)?;
-        let mut bytes = Vec::new();
-        file.take(MAX_MANIFEST_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(unreadable)?;
-        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-            return Err(ImageError::TooLarge {
-                digest: digest.clone(),
-            });
-        }
-        Ok(bytes)
+        // Without blocking and regular files only: a FIFO planted in the store must not hang the
+        // startup tracker.
+        mlnode_files::read_bounded(&path, MAX_MANIFEST_BYTES).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::FileTooLarge {
+                ImageError::TooLarge {
+                    digest: digest.clone(),
+                }
+            } else {
+                unreadable(e)
+            }
+        })
     }
 }
 
@@ -286,6 +285,16 @@ mod tests {
             store.layers_of(&big),
             Err(ImageError::TooLarge { .. })
         ));
+        // A FIFO where a blob should be: refused at once, never waited on for a writer.
+        let fifo = format!("sha256:{}", "3".repeat(64));
+        let path = dir.path().join("blobs/sha256").join("3".repeat(64));
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let refused = store.layers_of(&fifo).unwrap_err().to_string();
+        assert!(refused.contains("a FIFO"), "{refused}");
         let looping = format!("sha256:{}", "2".repeat(64));
         std::fs::write(
             dir.path().join("blobs/sha256").join("2".repeat(64)),

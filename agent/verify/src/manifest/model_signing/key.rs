@@ -27,7 +27,7 @@ pub(super) fn check_signature(
         path: key_path.to_path_buf(),
         reason,
     };
-    let pem = crate::files::read_bounded_text(key_path, KEY_FILE_LIMIT)
+    let pem = mlnode_files::read_bounded_text(key_path, KEY_FILE_LIMIT)
         .map_err(|e| bad_key(format!("cannot read: {e}")))?;
     let key = SignerKey::from_pem(&pem).map_err(bad_key)?;
 

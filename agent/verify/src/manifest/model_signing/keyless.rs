@@ -47,7 +47,7 @@ pub(super) fn check(
         })
     };
     let root = match &sigstore.root {
-        SigstoreRoot::File(file) => crate::files::read_bounded_text(file, TRUST_ROOT_LIMIT)
+        SigstoreRoot::File(file) => mlnode_files::read_bounded_text(file, TRUST_ROOT_LIMIT)
             .map_err(|e| format!("cannot read: {e}"))
             .and_then(|json| {
                 // model_signing's --trust-config file is a ClientTrustConfig that holds the root.

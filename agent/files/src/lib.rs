@@ -1,7 +1,9 @@
-//! Reading the small files the agent parses (config, manifests, keys): opened without blocking,
-//! refused unless they are regular files, and read only up to a bound. A FIFO or a device put
-//! where a manifest should be must not hang the agent, and an endless or huge file must not
-//! exhaust its memory.
+//! Reading the small files the agent parses (config, manifests, keys, sysfs attributes, an image's
+//! manifests in containerd's content store): opened without blocking, refused unless they are
+//! regular files, and read only up to a bound. A FIFO or a device put where a manifest should be
+//! must not hang the agent, and an endless or huge file must not exhaust its memory. A crate of its
+//! own, a leaf: the verifier core, the collectors and the Kubernetes side all read through it, and
+//! none of them need another for it.
 
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
@@ -34,8 +36,13 @@ pub fn open_bounded(path: &Path, limit: u64) -> std::io::Result<(std::fs::File, 
     Ok((file, size))
 }
 
+/// `FileTooLarge`, so a caller can tell a file refused for its size from one that could not be
+/// read.
 fn too_large(limit: u64) -> std::io::Error {
-    std::io::Error::other(format!("larger than the {limit} bytes allowed"))
+    std::io::Error::new(
+        std::io::ErrorKind::FileTooLarge,
+        format!("larger than the {limit} bytes allowed"),
+    )
 }
 
 /// Reads `path` whole, failing on anything but a regular file or a file over `limit` bytes (also
@@ -86,10 +93,9 @@ mod tests {
         assert!(error.contains("a directory"), "{error}");
         let big = dir.path().join("big");
         std::fs::write(&big, vec![b'x'; 2048]).unwrap();
-        assert!(read_bounded(&big, 1024)
-            .unwrap_err()
-            .to_string()
-            .contains("larger"));
+        let error = read_bounded(&big, 1024).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::FileTooLarge);
+        assert!(error.to_string().contains("larger"));
         assert_eq!(read_bounded(&big, 2048).unwrap().len(), 2048);
         let error = read_bounded(Path::new("/dev/zero"), 1024)
             .unwrap_err()
