@@ -10,7 +10,8 @@
 //!   tracker;
 //! - [`state`]: the model caches' and the node's state, from the monitors to the server and gates;
 //! - [`shared`]: the one shape of state one part writes and others read;
-//! - [`component`]: how every subsystem starts, and says whether it runs.
+//! - [`component`]: how every subsystem starts, and says whether it runs;
+//! - [`trouble`]: what a retrying loop says of its failures: each new one once, its recovery once.
 
 pub mod assignments;
 pub mod cgroup;
@@ -22,3 +23,4 @@ pub mod pods;
 pub mod settings;
 pub mod shared;
 pub mod state;
+pub mod trouble;

@@ -128,7 +128,7 @@ impl Watch {
     ) {
         let mut stream = std::pin::pin!(stream);
         let mut seen = 0u64;
-        let mut failing = String::new();
+        let mut trouble = mlnode_core::trouble::Trouble::default();
         let mut backoff = watcher::DefaultBackoff::default();
         loop {
             let event = tokio::select! {
@@ -139,9 +139,8 @@ impl Watch {
                 None => return,
                 Some(Err(e)) => {
                     let message = e.to_string();
-                    if message != failing {
+                    if let Some(message) = trouble.failed(message.clone()) {
                         tracing::warn!(error = %message, "the node's pod watch failed; the pods last seen are used until it resumes (retrying with backoff)");
-                        failing = message.clone();
                     }
                     self.tell.send_modify(|told| *told = Err(message));
                     // A recovery said before this failure is old news.
@@ -154,9 +153,8 @@ impl Watch {
                     }
                 }
                 Some(Ok(event)) => {
-                    if !failing.is_empty() {
+                    if trouble.recovered() {
                         tracing::info!("the node's pod watch works again");
-                        failing.clear();
                     }
                     // A relist is applied whole at its end.
                     if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {

@@ -74,7 +74,7 @@ pub async fn run(
     // Retried after kube's back-off, as the ResourceSlice watch (kubelet::dra) is.
     let stream = watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
-    let mut failing = String::new();
+    let mut trouble = mlnode_core::trouble::Trouble::default();
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -83,14 +83,14 @@ pub async fn run(
         match event {
             None => return,
             Some(Err(e)) => {
-                let message = e.to_string();
-                if message != failing {
+                if let Some(message) = trouble.failed(e.to_string()) {
                     tracing::warn!(error = %message, "the node watch failed; the release annotation and MIG manager state last seen stand until it resumes (retrying with backoff)");
-                    failing = message;
                 }
             }
             Some(Ok(event)) => {
-                failing.clear();
+                if trouble.recovered() {
+                    tracing::info!("the node watch works again");
+                }
                 match event {
                     watcher::Event::Apply(node) | watcher::Event::InitApply(node) => {
                         let asks = requested(&node);

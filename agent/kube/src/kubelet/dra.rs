@@ -139,7 +139,7 @@ async fn watch(
     let config = crate::watch::watch_config(&on_this_node);
     let events = reflector::reflector(writer, watcher(slices, config)).default_backoff();
     let mut events = std::pin::pin!(events);
-    let mut failing: Option<String> = None;
+    let mut trouble = mlnode_core::trouble::Trouble::default();
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -148,15 +148,13 @@ async fn watch(
         match event {
             None => return,
             Some(Ok(_)) => {
-                if failing.take().is_some() {
+                if trouble.recovered() {
                     tracing::info!("ResourceSlices can be watched again");
                 }
             }
             Some(Err(e)) => {
-                let reason = e.to_string();
-                if failing.as_deref() != Some(reason.as_str()) {
+                if let Some(reason) = trouble.failed(e.to_string()) {
                     tracing::warn!(error = %reason, "GPUs allocated through DRA carry no pod labels: cannot watch ResourceSlices (resource.k8s.io/v1, Kubernetes 1.34+; RBAC list and watch)");
-                    failing = Some(reason);
                 }
             }
         }

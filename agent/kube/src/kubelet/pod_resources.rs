@@ -167,7 +167,7 @@ pub async fn poll(
     errors: prometheus::IntCounter,
     shutdown: CancellationToken,
 ) {
-    let mut failing: Option<String> = None;
+    let mut trouble = mlnode_core::trouble::Trouble::default();
     let mut tick = tokio::time::interval(interval);
     loop {
         tokio::select! {
@@ -176,7 +176,7 @@ pub async fn poll(
         }
         match list(&socket).await {
             Ok(response) => {
-                if failing.take().is_some() {
+                if trouble.recovered() {
                     tracing::info!(socket = %socket.display(), "kubelet pod-resources API answers again");
                 }
                 let dra = match &dra {
@@ -193,9 +193,8 @@ pub async fn poll(
             }
             Err(reason) => {
                 errors.inc();
-                if failing.as_deref() != Some(reason.as_str()) {
+                if let Some(reason) = trouble.failed(reason) {
                     tracing::warn!(error = %reason, "no pod labels on devices: the kubelet pod-resources API is not available");
-                    failing = Some(reason);
                 }
                 published.workload.set(Workload::Unknown);
                 published.assignments.set(Assignments::default());

@@ -25,6 +25,7 @@ use crate::node_pods::NodePods;
 use crate::readiness::node::FIELD_MANAGER;
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::state::{any_readiness_differs, readiness_of, ModelState, Readiness};
+use mlnode_core::trouble::Trouble;
 
 /// `mlnode_pod_model_gate`, `mlnode_pod_gate_updates_total` and
 /// `mlnode_model_cache_writable_mounts`.
@@ -115,7 +116,7 @@ struct Memory {
 
 /// A pod whose writes the API server refuses: its error, said once, and when to try again.
 struct Failing {
-    said: String,
+    said: Trouble,
     retry_at: Instant,
     backoff: Backoff,
 }
@@ -302,20 +303,18 @@ impl PodController {
                     .failing
                     .entry(uid.to_string())
                     .or_insert_with(|| Failing {
-                        said: String::new(),
+                        said: Trouble::default(),
                         retry_at: now,
                         backoff: Backoff::default(),
                     });
                 let wait = failing.backoff.failed_now();
                 failing.retry_at = Instant::now() + wait;
-                let message = e.to_string();
-                if failing.said != message {
+                if let Some(message) = failing.said.failed(e.to_string()) {
                     let hint = match &e {
                         kube::Error::Api(status) if status.code == 403 => " (RBAC: patch pods/status; the admission policy: pods on this node only)",
                         _ => "",
                     };
                     tracing::warn!(namespace = %namespace, pod = %name, error = %message, retry_in = ?wait, "cannot write the pod's mlnode.dev/ModelVerified condition{hint}; retried with backoff");
-                    failing.said = message;
                 }
                 false
             }

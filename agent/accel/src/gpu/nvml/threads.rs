@@ -25,6 +25,7 @@ use crate::gpu::state::{DeviceRead, GpuFailure, GpuState, Released};
 use mlnode_core::cgroup::{self, CgroupOwner};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::shared::Shared;
+use mlnode_core::trouble::Trouble;
 
 /// How long one XID wait blocks before checking for shutdown.
 const XID_WAIT_MS: u32 = 500;
@@ -133,7 +134,7 @@ const NVIDIA_DRIVER: &str = "nvidia";
 fn supervise(first: NvmlSource, reopen: &Reopen, cx: &Context) {
     let mut next = Some(first);
     let mut declined = Declined::default();
-    let mut pci_said = String::new();
+    let mut pci_said = Trouble::default();
     loop {
         let source = match next.take() {
             Some(source) => source,
@@ -203,7 +204,7 @@ fn wait_for_reset(
     reopen: &Reopen,
     cx: &Context,
     declined: &mut Declined,
-    pci_said: &mut String,
+    pci_said: &mut Trouble,
 ) -> bool {
     let timeout = reopen.release_timeout;
     let named = release.named();
@@ -327,7 +328,7 @@ fn sample_session(
     cx: &Context,
     reopen: &Reopen,
     declined: &mut Declined,
-    pci_said: &mut String,
+    pci_said: &mut Trouble,
 ) -> Leave {
     let state = &cx.state;
     state.update(|state| {
@@ -418,18 +419,25 @@ fn say_attribution_trouble(read: &DeviceRead, said: &mut BTreeSet<&'static str>)
 
 /// The NVIDIA GPUs on the PCI bus; what cannot be read is said once (per distinct trouble), not
 /// every round, and never taken for an absent GPU.
-fn scan_pci(devices: &Path, said: &mut String) -> Option<crate::pci::BusScan> {
+fn scan_pci(devices: &Path, said: &mut Trouble) -> Option<crate::pci::BusScan> {
     let scan = crate::pci::scan(devices, crate::pci::is_nvidia_gpu);
     let trouble = match &scan {
-        Ok(found) if found.unreadable.is_empty() => String::new(),
-        Ok(found) => format!("unreadable entries: {}", found.unreadable.join(", ")),
-        Err(e) => e.clone(),
+        Ok(found) if found.unreadable.is_empty() => None,
+        Ok(found) => Some(format!(
+            "unreadable entries: {}",
+            found.unreadable.join(", ")
+        )),
+        Err(e) => Some(e.clone()),
     };
-    if trouble != *said {
-        if !trouble.is_empty() {
-            tracing::warn!(pci_devices = %devices.display(), trouble = %trouble, "cannot read every PCI device: GPUs there are not counted against NVML's");
+    match trouble {
+        None => {
+            said.recovered();
         }
-        *said = trouble;
+        Some(trouble) => {
+            if let Some(trouble) = said.failed(trouble) {
+                tracing::warn!(pci_devices = %devices.display(), trouble = %trouble, "cannot read every PCI device: GPUs there are not counted against NVML's");
+            }
+        }
     }
     scan.ok()
 }

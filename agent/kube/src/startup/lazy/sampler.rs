@@ -15,6 +15,7 @@ use super::split::{self, LazyLoad, Sample, Stretch};
 use super::Digest;
 use crate::startup::settings::SociSettings;
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
+use mlnode_core::trouble::Trouble;
 
 /// A reading that takes longer than this is a failed one: the snapshotter is stuck, and the next
 /// reading should not queue behind it.
@@ -32,7 +33,7 @@ pub struct Sampler {
     /// Each layer's digest once, however many readings name it.
     digests: HashSet<Digest>,
     /// Why the last reading failed, so that a lasting failure is logged once.
-    failing: Option<String>,
+    trouble: Trouble,
     up: AgentMetrics,
 }
 
@@ -46,7 +47,7 @@ impl Sampler {
             max_samples: *settings.max_samples,
             samples: VecDeque::new(),
             digests: HashSet::new(),
-            failing: None,
+            trouble: Trouble::default(),
             up,
         })
     }
@@ -63,15 +64,14 @@ impl Sampler {
         }
         let reading = match read(&self.socket).await {
             Ok(reading) => {
-                if self.failing.take().is_some() {
+                if self.trouble.recovered() {
                     tracing::info!(socket = %self.socket.display(), "the SOCI snapshotter's metrics are read again");
                 }
                 Some(self.shared(reading))
             }
             Err(reason) => {
-                if self.failing.as_ref() != Some(&reason) {
+                if let Some(reason) = self.trouble.failed(reason) {
                     tracing::warn!(socket = %self.socket.display(), %reason, "cannot read the SOCI snapshotter's metrics: the fetch figures of the startups in progress are left out");
-                    self.failing = Some(reason);
                 }
                 None
             }
