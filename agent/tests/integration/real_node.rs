@@ -840,9 +840,13 @@ fn phases_agree_with_the_kubelet_and_the_server(
         "the kubelet's pulling time {kubelet_pulling} against image_pull {}",
         phase("image_pull")
     );
+    // Ready's lastTransitionTime is whole seconds (up to a second early), and the kubelet's end is
+    // when its own pod watch saw every container running, which trails the status write under
+    // load (a full run saw 10.013 s against 9.0 s): a second and a half.
     assert!(
-        kubelet_e2e <= startup["total_seconds"].as_f64().unwrap() + 1.0,
-        "running (the kubelet's end) comes before Ready (the agent's)"
+        kubelet_e2e <= startup["total_seconds"].as_f64().unwrap() + 1.5,
+        "running (the kubelet's end, {kubelet_e2e:.3} s) comes before Ready (the agent's, {} s)",
+        startup["total_seconds"]
     );
     // The API keeps the container's start (`startedAt`, the agent's boundary between
     // container_start and model_load) in whole seconds, so that boundary lies before the server's
