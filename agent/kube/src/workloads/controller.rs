@@ -154,8 +154,11 @@ impl PodController {
             // tell sends nothing), so it never holds the rounds: a verdict that changes meanwhile
             // is written to the pods last seen. The collector is up only while both work.
             memory.watching = pods.changes.borrow_and_update().is_ok();
+            // Taken whether or not the round runs: a verdict that differs from one never written
+            // (the pods not listed yet) must not wake this loop again and again; the list's
+            // arrival starts the round that writes it.
+            decided_on = readiness_of(&self.models);
             if pods.store.wait_until_ready().now_or_never().is_some() {
-                decided_on = readiness_of(&self.models);
                 // A write waiting out the API server's push-back must not hold up the shutdown.
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
