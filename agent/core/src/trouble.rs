@@ -23,10 +23,6 @@ impl Trouble {
     pub fn recovered(&mut self) -> bool {
         self.0.take().is_some()
     }
-
-    pub fn is_failing(&self) -> bool {
-        self.0.is_some()
-    }
 }
 
 #[cfg(test)]
@@ -46,7 +42,6 @@ mod tests {
             None,
             "the same, again: quiet"
         );
-        assert!(trouble.is_failing());
         assert_eq!(
             trouble.failed("403 Forbidden"),
             Some("403 Forbidden"),

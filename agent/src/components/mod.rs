@@ -80,8 +80,8 @@ impl ApiClient {
     }
 
     /// The labels of `node`, read once (models with a `node_selector` are kept only on the nodes
-    /// they select). Err(Some) when there is no API server to ask, which no retry mends;
-    /// Err(None) with the request's error otherwise.
+    /// they select). `NoApi` when there is no API server to ask, which no retry mends;
+    /// `Request` with the request's error otherwise.
     pub async fn node_labels(
         &self,
         node: &str,

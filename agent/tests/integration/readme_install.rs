@@ -268,6 +268,16 @@ fn a_gpu_node_with_the_model(cluster: &OneNodeCluster, user: &UserShell) {
         .unwrap();
 }
 
+/// What both install paths start from: the README's install blocks, the user's folder, the node
+/// with the model, and README step 2's manifest written. The caller holds the node exclusively.
+fn a_user_with_the_models_manifest(cluster: &OneNodeCluster) -> (Vec<String>, UserShell) {
+    let blocks = install_blocks();
+    let user = UserShell::new(cluster);
+    a_gpu_node_with_the_model(cluster, &user);
+    user.run(&block(&blocks, "mlnode-agent manifest"));
+    (blocks, user)
+}
+
 fn await_no_agent(cluster: &OneNodeCluster) {
     common::wait_until("no agent pod on the node", Duration::from_secs(120), || {
         let pods = agent_pods(cluster);
@@ -337,11 +347,7 @@ fn the_readmes_helm_install_runs_as_written_on_a_real_node() {
     let cluster = common::needs!(common::node::cluster::shared());
     common::needs!(common::helm::helm(&["version"]).map(|_| ()));
     let _node_wide = cluster.exclusive();
-    let blocks = install_blocks();
-    let user = UserShell::new(cluster);
-    a_gpu_node_with_the_model(cluster, &user);
-
-    user.run(&block(&blocks, "mlnode-agent manifest"));
+    let (blocks, user) = a_user_with_the_models_manifest(cluster);
     user.run(&block(&blocks, "kubectl create namespace"));
     // This node's NVIDIA runtime is not containerd's default: the user adds it to their values,
     // as the README says between the two blocks.
@@ -387,11 +393,7 @@ fn the_readmes_helm_install_runs_as_written_on_a_real_node() {
 fn the_readmes_kustomize_install_runs_as_written_on_a_real_node() {
     let cluster = common::needs!(common::node::cluster::shared());
     let _node_wide = cluster.exclusive();
-    let blocks = install_blocks();
-    let user = UserShell::new(cluster);
-    a_gpu_node_with_the_model(cluster, &user);
-
-    user.run(&block(&blocks, "mlnode-agent manifest"));
+    let (blocks, user) = a_user_with_the_models_manifest(cluster);
     user.run(&block(&blocks, "my-mlnode/kustomization.yaml"));
     // The components this node needs, added where the README says.
     let file = user.path("my-mlnode/kustomization.yaml");
