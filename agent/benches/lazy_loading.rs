@@ -1,5 +1,5 @@
 //! The practice guide's caveat about lazy loading, measured on the tests' real node
-//! (common::node::cluster: kubelet, containerd with AWS's SOCI snapshotter, the registry behind a
+//! (testbed::node::one_node_cluster: kubelet, containerd with AWS's SOCI snapshotter, the registry behind a
 //! link held to 32 MiB/s): "benefits may shrink when startup immediately reads all
 //! weights/libraries". The same server image, with and without a SOCI index, started by two
 //! servers: one that reads all of its weights from the image's layers at start, one that reads a
@@ -13,21 +13,19 @@
 
 #[path = "support/args.rs"]
 mod args;
-#[allow(dead_code, unused_imports, unused_macros)]
-#[path = "../tests/integration/common/mod.rs"]
-mod common;
 
 use std::fmt::Write;
 
 use args::arg;
+use mlnode_testbed as testbed;
 
 use serde_json::{json, Value};
 
-use common::node::workload::{
+use testbed::node::runtime::{REGISTRY, REGISTRY_RATE};
+use testbed::node::workload::{
     await_agent_pod, await_agent_startups, await_pod_ready, container_output, events_of,
     first_with, for_this_cluster, image_with_shards, pull_seconds, weights_in_image_pod, Shard,
 };
-use common::node::{REGISTRY, REGISTRY_RATE};
 
 /// Shards of the weights: the tenth-reading server reads the first.
 const SHARDS: u8 = 10;
@@ -87,12 +85,12 @@ impl Row {
 fn main() {
     let weights_mib = arg("--weights-mib", 320.0) as usize;
     let shard_bytes = weights_mib.div_ceil(SHARDS as usize) << 20;
-    let cluster =
-        common::node::cluster::shared().unwrap_or_else(|e| panic!("the tests' node: {e}"));
+    let cluster = testbed::node::one_node_cluster::shared()
+        .unwrap_or_else(|e| panic!("the tests' node: {e}"));
     let _node_wide = cluster.exclusive();
     // A GPU node, as GPU Feature Discovery labels it: where the gpu overlay's DaemonSet runs.
     cluster.label_as_gpu_node();
-    let objects = common::kustomize::render_with("overlays/gpu", &["components/soci"])
+    let objects = testbed::renderers::kustomize::render_with("overlays/gpu", &["components/soci"])
         .unwrap_or_else(|e| panic!("kustomize: {e}"));
     let installed = for_this_cluster(cluster, objects);
     cluster.admin.apply(&installed).unwrap();
@@ -197,7 +195,7 @@ fn main() {
     std::fs::write(&out, &table).unwrap();
     eprintln!("written to {}", out.display());
 
-    let list = common::control_plane::list(installed);
+    let list = testbed::cluster::control_plane::list(installed);
     cluster
         .admin
         .admin(&["delete", "--wait", "-f", "-"], &list.to_string());

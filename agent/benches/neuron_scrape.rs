@@ -6,9 +6,7 @@
 //! `cargo bench --bench neuron_scrape -- [SCRAPES] [inf2.48xlarge|trn2.48xlarge]`
 
 // The tests' tree generator; the bench uses only part of it.
-#[allow(dead_code)]
-#[path = "../tests/integration/common/neuron.rs"]
-mod tree;
+use mlnode_testbed::devices::neuron_sysfs as tree;
 
 #[path = "support/scrape.rs"]
 mod scrape;

@@ -1,5 +1,5 @@
 //! A node at the kubelet's default maximum of 110 pods, churned on the real API server
-//! (common::control_plane: kube-apiserver and etcd, built by scripts/test.sh): the agent (release
+//! (testbed::cluster::control_plane: kube-apiserver and etcd, built by scripts/test.sh): the agent (release
 //! binary, its shipped RBAC and admission policies, a token bound to its pod on the node) follows
 //! the pods while every pod is replaced several times. Prints the agent's CPU and memory and the
 //! API requests per pod startup (target: one events list each, no polling), as the proxy in front
@@ -8,17 +8,16 @@
 //! `cargo bench --bench startup_churn -- [ROUNDS]` after `scripts/test.sh` has built the control
 //! plane (or with `MLNODE_TEST_CONTROL_PLANE` naming one) and put kubectl under target/tools.
 
-#[allow(dead_code, unused_imports, unused_macros)]
-#[path = "../tests/integration/common/mod.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
+use mlnode_testbed as testbed;
 use serde_json::Value;
 
-use common::cluster_node::ClusterNode;
-use common::pods::{bound_vllm_pod, in_namespace, kubelet_event, unix, vllm_pod, PodTimes};
-use common::process_stats::{cpu_seconds, rss_mib};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::cluster::pods::{
+    bound_vllm_pod, in_namespace, kubelet_event, unix, vllm_pod, PodTimes,
+};
+use testbed::process_stats::{cpu_seconds, rss_mib};
 
 const PODS: usize = 110;
 
@@ -41,7 +40,7 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(5);
-    let node = match ClusterNode::gpu(&[]) {
+    let node = match ApiOnlyNode::gpu(&[]) {
         Ok(node) => node,
         Err(why) => {
             eprintln!("startup_churn: {why}");
@@ -84,7 +83,7 @@ fn main() {
                 in_namespace(event, &node.inference)
             })
             .collect();
-        control_plane.create(&common::control_plane::list(events));
+        control_plane.create(&testbed::cluster::control_plane::list(events));
         let status = |ready: bool| -> Vec<(String, Value)> {
             created
                 .iter()
@@ -101,7 +100,7 @@ fn main() {
         startups += PODS;
         // Wait until the agent has measured this round, then replace every pod.
         let expected = startups;
-        common::wait_until("every startup measured", Duration::from_secs(120), || {
+        testbed::wait_until("every startup measured", Duration::from_secs(120), || {
             let lists = event_lists(&node);
             (lists >= expected)
                 .then_some(())
@@ -145,7 +144,7 @@ fn main() {
     );
 }
 
-fn event_lists(node: &ClusterNode) -> usize {
+fn event_lists(node: &ApiOnlyNode) -> usize {
     node.requests()
         .iter()
         .filter(|r| r.path.contains("/events?"))

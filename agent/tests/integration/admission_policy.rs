@@ -1,4 +1,4 @@
-//! The agent's confinement, proven by a real kube-apiserver (common::control_plane): the shipped
+//! The agent's confinement, proven by a real kube-apiserver (testbed::cluster::control_plane): the shipped
 //! RBAC and ValidatingAdmissionPolicies installed, the agent's pod made from its DaemonSet's
 //! template and bound to node A, and the bound token the kubelet would project into it (the
 //! server adds the node-name claim). With that token every write the agent makes on node A lands,
@@ -6,16 +6,15 @@
 //! another node, a kubelet condition, capacity, a foreign taint or label, annotations, a cordon;
 //! on pods, anything but its `mlnode.dev/` conditions of its own node's pods.
 
-use crate::common;
-
-use common::control_plane::{self, condition, AgentOnNode, ControlPlane};
-use common::needs;
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::cluster::control_plane::{self, condition, AgentOnNode, ControlPlane};
+use testbed::needs;
 
 /// What the agent's writes go through: the overlay with the components that give it node patches
 /// (the startup taint and model labels).
 fn agent_on_node(control_plane: &ControlPlane, components: &[&str]) -> AgentOnNode {
-    let objects = common::kustomize::render_with("overlays/gpu", components)
+    let objects = testbed::renderers::kustomize::render_with("overlays/gpu", components)
         .unwrap_or_else(|reason| panic!("kustomize (kubectl) is needed: {reason}"));
     AgentOnNode::start(control_plane, &objects, &control_plane.unique("node"))
 }
@@ -389,7 +388,7 @@ fn the_repair_condition_component_allows_exactly_that_type_more() {
     )
     .unwrap();
     kubelets_ready_condition_refused(control_plane, &agent);
-    let daemonset = common::kustomize::daemonset(&agent.install.objects);
+    let daemonset = testbed::renderers::kustomize::daemonset(&agent.install.objects);
     let env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
         .as_array()
         .unwrap();
@@ -403,7 +402,7 @@ fn gated_pod(control_plane: &ControlPlane, namespace: &str, node: &str) -> Value
     let name = control_plane.unique("vllm");
     control_plane.create_pod(
         namespace,
-        &common::pods::gated_vllm_pod("", &name, node, "/var/lib/models", json!({})),
+        &testbed::cluster::pods::gated_vllm_pod("", &name, node, "/var/lib/models", json!({})),
     )
 }
 
@@ -525,7 +524,7 @@ fn the_agents_write_on_the_example_pod_is_admitted() {
     let name = control_plane.unique("vllm-llama-3-1-8b");
     let pod = control_plane.create_pod(
         &inference,
-        &common::pods::gated_example_pod("", &name, &agent.node),
+        &testbed::cluster::pods::gated_example_pod("", &name, &agent.node),
     );
     let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod.clone()).unwrap();
     let verdicts = std::collections::BTreeMap::from([(
@@ -555,7 +554,7 @@ fn the_agents_write_on_the_example_pod_is_admitted() {
 fn a_custom_startup_taint_is_removed_by_the_agents_token() {
     let control_plane = needs!(control_plane::shared());
     let custom = "example.com/gpu-warming";
-    let objects = needs!(common::helm::render(&format!(
+    let objects = needs!(testbed::renderers::helm::render(&format!(
         "startupTaint: {{enabled: true, taint: \"{custom}=true:NoSchedule\"}}\nneuron: {{enabled: false}}"
     )))
     .unwrap_or_else(|refused| panic!("helm template refused the custom taint: {refused}"));

@@ -1,29 +1,28 @@
-//! What the agent costs the API server, against the real one (common::control_plane) through the
-//! recording proxy that pushes back on demand (common::api_proxy): in the steady state the node's
+//! What the agent costs the API server, against the real one (testbed::cluster::control_plane) through the
+//! recording proxy that pushes back on demand (testbed::cluster::fault_proxy): in the steady state the node's
 //! conditions are written once a heartbeat and a gated pod only when its verdict changes; a
 //! restart writes nothing the node and its pods already show; and when the server pushes back
 //! (API Priority and Fairness' 429 with `Retry-After`, 503, a watch ended or expired, no answer at
 //! all) the agent waits as asked, relists only when told to, writes the latest verdict once the
 //! server answers, says so once, and never holds up `/metrics` or SIGTERM.
 
-use crate::common;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent, EXIT_BOUND};
-use common::api_proxy::Recorded;
-use common::cluster_node::ClusterNode;
-use common::pods::gated_vllm_pod;
-use common::PlainModel;
+use mlnode_testbed as testbed;
 use serde_json::json;
+use testbed::agent::{sample, Agent, EXIT_BOUND};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::cluster::fault_proxy::Recorded;
+use testbed::cluster::pods::gated_vllm_pod;
+use testbed::models::PlainModel;
 
 const GATE: &str = "mlnode.dev/ModelVerified";
 const SHARD: &str = "model-00001-of-00002.safetensors";
 
 /// A node with one gated pod serving `llama`, and its model.
 struct Node {
-    cluster: ClusterNode,
+    cluster: ApiOnlyNode,
     model: PlainModel,
     _manifest_dir: tempfile::TempDir,
     manifest: std::path::PathBuf,
@@ -31,7 +30,7 @@ struct Node {
 
 impl Node {
     fn new() -> Result<Node, String> {
-        let cluster = ClusterNode::gpu(&[])?;
+        let cluster = ApiOnlyNode::gpu(&[])?;
         cluster.put_pod(&gated_vllm_pod(
             "",
             "vllm-0",
@@ -40,7 +39,7 @@ impl Node {
             json!({"mlnode.dev/model": "llama"}),
         ));
         let model = PlainModel::new();
-        let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+        let (dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
         Ok(Node {
             cluster,
             model,
@@ -54,7 +53,7 @@ impl Node {
     fn agent(&self, heartbeat: &str, extra: &str) -> Agent {
         let config = format!(
             "start_jitter: 0s\n{extra}nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: {heartbeat}\n{}    host_path: /var/lib/models/llama\n",
-            common::agent::model_config("llama", self.model.root(), &self.manifest)
+            testbed::agent::model_config("llama", self.model.root(), &self.manifest)
         );
         self.cluster.start_agent(&config)
     }
@@ -76,7 +75,7 @@ impl Node {
     }
 
     fn wait_for_gate(&self, status: &str) {
-        common::wait_until(
+        testbed::wait_until(
             &format!("the pod's gate {status}"),
             Duration::from_secs(20),
             || {
@@ -88,7 +87,7 @@ impl Node {
     }
 
     fn wait_for_node_verdict(&self, status: &str) {
-        common::wait_until(
+        testbed::wait_until(
             &format!("the node's ModelCacheVerified {status}"),
             Duration::from_secs(20),
             || {
@@ -110,7 +109,7 @@ impl Node {
     }
 
     fn wait_for_new_pods_gate(&self, status: &str) {
-        common::wait_until(
+        testbed::wait_until(
             &format!("vllm-1's gate {status}"),
             Duration::from_secs(20),
             || {
@@ -173,7 +172,7 @@ fn pod_reads(requests: &[Recorded]) -> (Vec<&Recorded>, Vec<&Recorded>) {
 
 #[test]
 fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
-    let (node, agent) = common::needs!(Node::serving("1s", ""));
+    let (node, agent) = testbed::needs!(Node::serving("1s", ""));
     // The round that wrote the node's verdict sent its events too: one round later, only the
     // steady state is left.
     node.wait_for_node_verdict("True");
@@ -192,7 +191,7 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
     );
     let mark = node.cluster.requests().len();
     // Four heartbeats of the node: the pod's verdict has not changed, so it is not written again.
-    common::wait_until("four heartbeats", Duration::from_secs(20), || {
+    testbed::wait_until("four heartbeats", Duration::from_secs(20), || {
         let n = count(
             &node.since(mark),
             "PATCH",
@@ -260,7 +259,7 @@ fn in_the_steady_state_the_node_is_written_each_heartbeat_and_the_pod_once() {
 
 #[test]
 fn a_restart_writes_nothing_the_node_and_its_pods_already_show() {
-    let (node, mut first) = common::needs!(Node::serving("1h", ""));
+    let (node, mut first) = testbed::needs!(Node::serving("1h", ""));
     wait_for_sample(
         &first,
         "mlnode_node_condition_updates_total",
@@ -307,7 +306,7 @@ const BURST: Duration = Duration::from_millis(500);
 
 #[test]
 fn a_429_holds_every_request_for_its_retry_after_and_the_latest_verdict_lands_after() {
-    let (node, agent) = common::needs!(Node::serving("1s", ""));
+    let (node, agent) = testbed::needs!(Node::serving("1s", ""));
     *node.cluster.api.state.throttle.lock().unwrap() = Some(2);
     let mark = node.cluster.requests().len();
     let throttled_at = Instant::now();
@@ -316,7 +315,7 @@ fn a_429_holds_every_request_for_its_retry_after_and_the_latest_verdict_lands_af
     agent.wait_for("the model failed", Duration::from_secs(20), |m| {
         sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(0.0)
     });
-    common::wait_until("three bursts refused", Duration::from_secs(30), || {
+    testbed::wait_until("three bursts refused", Duration::from_secs(30), || {
         let n = bursts(&node.since(mark)).len();
         (n >= 3).then_some(()).ok_or(n.to_string())
     });
@@ -368,7 +367,7 @@ fn bursts(requests: &[Recorded]) -> Vec<(Instant, Instant)> {
 
 #[test]
 fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
-    let (node, agent) = common::needs!(Node::serving("1s", ""));
+    let (node, agent) = testbed::needs!(Node::serving("1s", ""));
     node.cluster.api.state.down.store(true, Ordering::Relaxed);
     let mark = node.cluster.requests().len();
     // The readiness controller's attempts: the refused write, then reads of the node (after a
@@ -383,7 +382,7 @@ fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
             .map(|r| r.at)
             .collect()
     };
-    common::wait_until("four refused attempts", Duration::from_secs(30), || {
+    testbed::wait_until("four refused attempts", Duration::from_secs(30), || {
         let n = attempts().len();
         (n >= 4).then_some(()).ok_or(n.to_string())
     });
@@ -413,8 +412,8 @@ fn a_server_that_is_down_is_retried_with_a_doubling_wait() {
 
 #[test]
 fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
-    let (node, _agent) = common::needs!(Node::serving("1h", ""));
-    common::wait_until("the pods watched", Duration::from_secs(20), || {
+    let (node, _agent) = testbed::needs!(Node::serving("1h", ""));
+    testbed::wait_until("the pods watched", Duration::from_secs(20), || {
         let requests = node.cluster.requests();
         (!pod_reads(&requests).1.is_empty())
             .then_some(())
@@ -422,7 +421,7 @@ fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
     });
     let mark = node.cluster.requests().len();
     node.cluster.api.end_watches();
-    common::wait_until("the watch resumed", Duration::from_secs(20), || {
+    testbed::wait_until("the watch resumed", Duration::from_secs(20), || {
         let since = node.since(mark);
         let (_, watches) = pod_reads(&since);
         (!watches.is_empty())
@@ -444,7 +443,7 @@ fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
 
     let mark = node.cluster.requests().len();
     node.cluster.api.expire_watches();
-    common::wait_until("listed again", Duration::from_secs(20), || {
+    testbed::wait_until("listed again", Duration::from_secs(20), || {
         let since = node.since(mark);
         let (lists, watches) = pod_reads(&since);
         (!lists.is_empty() && !watches.is_empty())
@@ -466,7 +465,7 @@ fn a_watch_the_server_ends_is_resumed_and_one_it_expires_is_listed_again() {
 
 #[test]
 fn a_server_that_never_answers_times_out_and_holds_up_neither_metrics_nor_sigterm() {
-    let (node, agent) = common::needs!(Node::serving("1s", "api_request_timeout: 1s\n"));
+    let (node, agent) = testbed::needs!(Node::serving("1s", "api_request_timeout: 1s\n"));
     node.cluster.api.state.stall.store(true, Ordering::Relaxed);
     wait_for_requests(&agent, "patch", "nodes/status", "<timeout>", 1.0);
     answers_and_exits_at_once(agent);
@@ -485,7 +484,7 @@ fn answers_and_exits_at_once(mut agent: Agent) {
 
 #[test]
 fn sigterm_is_not_held_up_by_a_long_retry_after() {
-    let (node, agent) = common::needs!(Node::serving("1s", ""));
+    let (node, agent) = testbed::needs!(Node::serving("1s", ""));
     *node.cluster.api.state.throttle.lock().unwrap() = Some(300);
     // Whichever request came first was refused, and holds every other for 300 s.
     wait_for_sample(
@@ -510,7 +509,7 @@ fn refuse_watch_renewals(node: &Node, agent: &Agent, times: f64) {
 /// gates must not wait for it. A verdict that changes meanwhile reaches the pods last seen.
 #[test]
 fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
-    let (node, agent) = common::needs!(Node::serving("1h", ""));
+    let (node, agent) = testbed::needs!(Node::serving("1h", ""));
     refuse_watch_renewals(&node, &agent, 1.0);
     node.corrupt();
     node.wait_for_gate("False");
@@ -521,7 +520,7 @@ fn a_verdict_reaches_the_pods_while_their_watch_resumes_quietly() {
 /// a pod's gate write (a new pod, no back-off of its own) finds the server back.
 #[test]
 fn the_server_answering_again_ends_every_loops_back_off() {
-    let (node, agent) = common::needs!(Node::serving("1h", ""));
+    let (node, agent) = testbed::needs!(Node::serving("1h", ""));
     node.cluster.api.state.down.store(true, Ordering::Relaxed);
     node.corrupt();
     // Long enough for the node's back-off to reach 8 s steps (1, 2, 4 s waits first).
@@ -533,7 +532,7 @@ fn the_server_answering_again_ends_every_loops_back_off() {
     );
     node.cluster.api.state.down.store(false, Ordering::Relaxed);
     node.add_new_pod();
-    let answered = common::wait_until("the new pod's gate", Duration::from_secs(20), || {
+    let answered = testbed::wait_until("the new pod's gate", Duration::from_secs(20), || {
         let c = node.cluster.pod_condition("vllm-1", GATE);
         (c["status"] == "False")
             .then(Instant::now)
@@ -552,7 +551,7 @@ fn the_server_answering_again_ends_every_loops_back_off() {
 /// then, not a back-off later.
 #[test]
 fn a_refused_watch_resumes_when_the_server_answers_again() {
-    let (node, agent) = common::needs!(Node::serving("1h", ""));
+    let (node, agent) = testbed::needs!(Node::serving("1h", ""));
     // Four refused renewals: the watch's next wait is 6 s or more.
     refuse_watch_renewals(&node, &agent, 4.0);
     node.add_new_pod();

@@ -1,25 +1,24 @@
-//! The agent binary end to end against a real kube-apiserver (common::control_plane), as its
+//! The agent binary end to end against a real kube-apiserver (testbed::cluster::control_plane), as its
 //! DaemonSet runs it: the shipped RBAC and admission policies installed, its token bound to its
 //! pod on its node. What it writes lands (node conditions, the repair engines' condition, the
 //! startup taint removed beside a foreign one, model labels, pods' gates, the node's Event), no
 //! request of its own is refused.
 
-use crate::common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::control_plane::{self, condition, AgentOnNode, ControlPlane};
-use common::needs;
-use common::PlainModel;
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::agent::{sample, Agent};
+use testbed::cluster::control_plane::{self, condition, AgentOnNode, ControlPlane};
+use testbed::models::PlainModel;
+use testbed::needs;
 
 const GATE: &str = "mlnode.dev/ModelVerified";
 
 /// The overlay with every component whose writes the agent makes here.
 fn agent_on_node(control_plane: &ControlPlane) -> AgentOnNode {
-    let objects = common::kustomize::render_with(
+    let objects = testbed::renderers::kustomize::render_with(
         "overlays/gpu",
         &[
             "components/startup-taint",
@@ -45,7 +44,7 @@ fn run(control_plane: &ControlPlane, on: &AgentOnNode, dir: &Path, config: &str)
 }
 
 fn wait_for(what: &str, check: impl Fn() -> Result<(), String>) {
-    common::wait_until(what, Duration::from_secs(60), check);
+    testbed::wait_until(what, Duration::from_secs(60), check);
 }
 
 #[test]
@@ -57,7 +56,7 @@ fn the_agents_verdicts_land_on_its_node_and_pods_and_nothing_it_sends_is_refused
     let name = control_plane.unique("vllm");
     control_plane.create_pod(
         &inference,
-        &common::pods::gated_vllm_pod(
+        &testbed::cluster::pods::gated_vllm_pod(
             "",
             &name,
             &on.node,
@@ -66,10 +65,10 @@ fn the_agents_verdicts_land_on_its_node_and_pods_and_nothing_it_sends_is_refused
         ),
     );
     let model = PlainModel::new();
-    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1h\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  model_labels: true\n  repair_condition: AcceleratedHardwareReady\n{}    host_path: /var/lib/models/llama\n",
-        common::agent::model_config("llama", model.root(), &manifest)
+        testbed::agent::model_config("llama", model.root(), &manifest)
     );
     let agent = run(control_plane, &on, dir.path(), &config);
 
@@ -141,11 +140,11 @@ fn the_agents_verdicts_land_on_its_node_and_pods_and_nothing_it_sends_is_refused
 #[test]
 fn each_pool_keeps_the_models_its_labels_select() {
     let control_plane = needs!(control_plane::shared());
-    let objects = common::kustomize::render_with("overlays/gpu", &[])
+    let objects = testbed::renderers::kustomize::render_with("overlays/gpu", &[])
         .unwrap_or_else(|reason| panic!("kustomize (kubectl) is needed: {reason}"));
     let gpu_model = PlainModel::new();
     let inf_model = PlainModel::new();
-    let (dir, gpu_manifest) = common::write_temp(&gpu_model.manifest_json("g1", true));
+    let (dir, gpu_manifest) = testbed::write_temp(&gpu_model.manifest_json("g1", true));
     let inf_manifest = dir.path().join("inf.json");
     std::fs::write(&inf_manifest, inf_model.manifest_json("i1", true)).unwrap();
     let config = format!(

@@ -1,4 +1,4 @@
-//! The shipped objects accepted by a real kube-apiserver (common::control_plane): every overlay and
+//! The shipped objects accepted by a real kube-apiserver (testbed::cluster::control_plane): every overlay and
 //! component as kustomize renders it and the chart with every values combination as Helm installs
 //! it, server-side applied; the examples (Priority and Fairness, node-readiness-controller's
 //! NodeReadinessRule under its own CRD, the vLLM Deployments). Every warning the server gives is
@@ -6,13 +6,12 @@
 //! says and refused at `baseline`, with exactly the exceptions docs/security.md lists, as
 //! PodSecurity itself reports them.
 
-use crate::common;
-
 use std::path::Path;
 
-use common::control_plane::{self, Install};
-use common::needs;
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::cluster::control_plane::{self, Install};
+use testbed::needs;
 
 /// The reasons PodSecurity gives, as kube-apiserver prints them (k8s.io/pod-security-admission
 /// `policy/check_*.go`, each check's `ForbiddenReason`), for the checks docs/security.md's table
@@ -159,7 +158,9 @@ fn every_overlay_and_component_is_accepted_with_only_the_documented_exceptions()
     control_plane.with_crds();
     for (overlay, components, baseline, restricted) in CASES {
         let what = format!("{overlay} + {components:?}");
-        let objects = needs!(common::kustomize::render_with(overlay, components));
+        let objects = needs!(testbed::renderers::kustomize::render_with(
+            overlay, components
+        ));
         let install = Install::new(control_plane, &objects);
         let warnings = control_plane
             .apply(&install.objects)
@@ -174,7 +175,7 @@ fn every_overlay_and_component_is_accepted_with_only_the_documented_exceptions()
 
         // Its pod, as the DaemonSet controller makes it, admitted in the namespace the README
         // labels (enforce privileged)...
-        let daemonset = common::kustomize::daemonset(&install.objects);
+        let daemonset = testbed::renderers::kustomize::daemonset(&install.objects);
         // No RuntimeClass that nothing creates, unless asked for.
         let runtime_class = daemonset["spec"]["template"]["spec"]["runtimeClassName"].as_str();
         assert_eq!(
@@ -205,7 +206,7 @@ fn every_overlay_and_component_is_accepted_with_only_the_documented_exceptions()
             let runtime_class = json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                 "metadata": {"name": "nvidia"}, "handler": "nvidia"});
             control_plane.apply(&[runtime_class]).unwrap();
-            common::wait_until(&what, std::time::Duration::from_secs(30), admit);
+            testbed::wait_until(&what, std::time::Duration::from_secs(30), admit);
         }
         admit().unwrap_or_else(|refusal| panic!("{what}: {refusal}"));
         // ...and refused where the namespace enforces baseline, for exactly the documented reasons.
@@ -242,7 +243,7 @@ fn the_chart_installs_and_upgrades_through_every_values_combination() {
     control_plane.with_crds();
     let namespace = control_plane.unique("mlnode-helm");
     control_plane.create(&control_plane::readme_namespace(&namespace));
-    let chart = common::helm::chart_dir();
+    let chart = testbed::renderers::helm::chart_dir();
     let values_dir = tempfile::tempdir().unwrap();
     for values in [
         "",
@@ -261,7 +262,7 @@ fn the_chart_installs_and_upgrades_through_every_values_combination() {
     ] {
         let file = values_dir.path().join("values.yaml");
         std::fs::write(&file, values).unwrap();
-        let output = needs!(common::helm::helm(&[
+        let output = needs!(testbed::renderers::helm::helm(&[
             "upgrade",
             "--install",
             "mlnode-agent",
@@ -439,18 +440,20 @@ fn the_node_readiness_rule_example_is_valid_for_node_readiness_controller() {
     );
 }
 
-/// Karpenter's own CRDs, NodePool and EC2NodeClass, from the modules tests/karpenter-repair pins
+/// Karpenter's own CRDs, NodePool and EC2NodeClass, from the modules tests/programs/karpenter-repair pins
 /// (its go.mod), as Go's module cache holds them once scripts/test.sh has built that program. The
 /// AWS provider's copies, which carry its validation of AWS's labels, where it ships them.
 fn karpenter_crds() -> Result<Vec<std::path::PathBuf>, String> {
-    let repair = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/karpenter-repair");
+    let repair = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/programs/karpenter-repair");
     let go_mod = std::fs::read_to_string(repair.join("go.mod")).unwrap();
     let version = |module: &str| {
         go_mod
             .lines()
             .find_map(|l| l.trim().strip_prefix(&format!("{module} ")))
             .map(|v| v.split_whitespace().next().unwrap().to_string())
-            .unwrap_or_else(|| panic!("tests/karpenter-repair/go.mod requires no {module}"))
+            .unwrap_or_else(|| {
+                panic!("tests/programs/karpenter-repair/go.mod requires no {module}")
+            })
     };
     let cache = std::process::Command::new("go")
         .args(["env", "GOMODCACHE"])
@@ -475,7 +478,7 @@ fn karpenter_crds() -> Result<Vec<std::path::PathBuf>, String> {
     match nodepools {
         Some(nodepools) if classes.is_file() => Ok(vec![nodepools, classes]),
         _ => Err(format!(
-            "Karpenter's CRDs are not in Go's module cache ({} and {}): scripts/test.sh downloads them building tests/karpenter-repair",
+            "Karpenter's CRDs are not in Go's module cache ({} and {}): scripts/test.sh downloads them building tests/programs/karpenter-repair",
             core.display(),
             aws.display()
         )),
@@ -506,10 +509,11 @@ fn the_karpenter_example_is_valid_for_karpenters_crds() {
     assert_eq!(control_plane.apply(&objects), Ok(vec![]));
     let pool = objects.iter().find(|o| o["kind"] == "NodePool").unwrap();
     let taint = &pool["spec"]["template"]["spec"]["startupTaints"][0];
-    let shipped = common::kustomize::render_with("overlays/gpu", &["components/startup-taint"]);
+    let shipped =
+        testbed::renderers::kustomize::render_with("overlays/gpu", &["components/startup-taint"]);
     let shipped = needs!(shipped);
-    let env =
-        &common::kustomize::daemonset(&shipped)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let env = &testbed::renderers::kustomize::daemonset(&shipped)["spec"]["template"]["spec"]
+        ["containers"][0]["env"];
     let agent_taint = env
         .as_array()
         .unwrap()

@@ -4,16 +4,15 @@
 //! fixture; every series named is one the agent exports or a known DCGM/vLLM series; every join
 //! returns a non-empty result.
 
-use crate::common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent};
-use common::prometheus::{query, query_raw, start_prometheus};
-use common::PlainModel;
+use mlnode_testbed as testbed;
 use serde_json::Value;
+use testbed::agent::{sample, Agent};
+use testbed::models::PlainModel;
+use testbed::prometheus::{query, query_raw, start_prometheus};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -137,10 +136,12 @@ fn type_names(exposition: &str) -> BTreeSet<String> {
 #[test]
 fn every_query_runs_names_real_series_and_every_join_has_data() {
     let model = PlainModel::new();
-    let (_m, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    let tree = common::neuron::NeuronTree::new(common::neuron::INF2_48XLARGE);
+    let (_m, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
+    let tree = testbed::devices::neuron_sysfs::NeuronTree::new(
+        testbed::devices::neuron_sysfs::INF2_48XLARGE,
+    );
     // Two EFA devices and an InfiniBand HCA, for the fabric row.
-    let fabric = common::rdma::Tree::new();
+    let fabric = testbed::devices::rdma_sysfs::Tree::new();
     fabric.efa("rdmap16s27", "0000:10:1b.0", 1000);
     fabric.efa("rdmap32s27", "0000:20:1b.0", 2000);
     fabric.infiniband("mlx5_0", "0000:c1:00.0", "4: ACTIVE", "5: LinkUp", 1);
@@ -162,11 +163,11 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
     .unwrap();
     let config = format!(
         "nvml:\n  library: {:?}\n  sample_interval: 200ms\n  dcgm_names: true\n  process_attribution: true\nneuron:\n  sysfs_root: {:?}\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n{}",
-        common::nvml::fake_nvml().display().to_string(),
+        testbed::devices::fake_nvml::fake_nvml().display().to_string(),
         tree.root().display().to_string(),
         fabric.class().display().to_string(),
         fabric.pci_devices().display().to_string(),
-        common::agent::model_config("tiny-model", model.root(), &manifest)
+        testbed::agent::model_config("tiny-model", model.root(), &manifest)
     );
     let agent = Agent::start_with_env(&config, &[("FAKE_NVML_SCENARIO", &scenario)]);
     agent.wait_for("all collectors", Duration::from_secs(20), |m| {
@@ -188,7 +189,7 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
         sample(m, "mlnode_neuron_core_utilization_ratio", &[]).is_some()
     });
     let exposed = type_names(&agent.metrics());
-    let vllm_port = common::prometheus::serve_vllm_fixture();
+    let vllm_port = testbed::prometheus::serve_vllm_fixture();
     let vllm_series = type_names(
         &std::fs::read_to_string(repo().join("tests/fixtures/vllm-metrics.txt")).unwrap(),
     );
@@ -198,8 +199,8 @@ fn every_query_runs_names_real_series_and_every_join_has_data() {
     let documented = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
 
     let prometheus = start_prometheus(&[("mlnode", agent.port()), ("vllm", vllm_port)]);
-    common::prometheus::wait_query(prometheus.port, "up{job=\"vllm\"} == 1");
-    common::prometheus::wait_query(
+    testbed::prometheus::wait_query(prometheus.port, "up{job=\"vllm\"} == 1");
+    testbed::prometheus::wait_query(
         prometheus.port,
         "count(rate(mlnode_gpu_clock_event_reason_seconds_total[1m]) > 0)",
     );
@@ -282,7 +283,7 @@ fn dashboards_match_grafanas_own_schema_and_a_misplaced_option_does_not() {
         .iter()
         .map(|(name, _)| repo().join("dashboards").join(name))
         .collect();
-    let output = common::needs!(grafana_schema_check(&files));
+    let output = testbed::needs!(grafana_schema_check(&files));
     assert!(
         output.status.success(),
         "{}{}",

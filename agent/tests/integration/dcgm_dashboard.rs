@@ -2,14 +2,13 @@
 //! unchanged) against the agent with `nvml.dcgm_names: true` on two fake H100s (GPM included),
 //! through a real Prometheus: every panel returns data.
 
-use crate::common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::nvml::{fake_nvml, Scenario};
-use common::prometheus::{dashboard_panels, panels_with_data, start_prometheus, wait_query};
+use mlnode_testbed as testbed;
+use testbed::agent::{sample, Agent};
+use testbed::devices::fake_nvml::{fake_nvml, Scenario};
+use testbed::prometheus::{dashboard_panels, panels_with_data, start_prometheus, wait_query};
 
 #[test]
 fn nvidias_dcgm_exporter_dashboard_has_data_on_every_panel() {

@@ -2,14 +2,13 @@
 //! (`kubernetes-validate`, installed by the test command), and the documented init-container gate
 //! runs the verifier with the exit codes the pod relies on.
 
-use crate::common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use assert_cmd::cargo::CommandCargoExt;
-use common::kustomize::{daemonset, id};
-use common::PlainModel;
+use mlnode_testbed as testbed;
+use testbed::models::PlainModel;
+use testbed::renderers::kustomize::{daemonset, id};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -67,7 +66,7 @@ fn init_container_command(root: &Path, manifest: &Path) -> Vec<String> {
 #[test]
 fn the_init_container_gate_blocks_a_corrupt_cache() {
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let command = init_container_command(model.root(), &manifest);
     assert_eq!(command[0], "mlnode-agent");
     let run = || {
@@ -189,10 +188,10 @@ pub(crate) fn assert_locked_down(ds: &serde_json::Value) {
 }
 
 /// The objects kustomize renders, or None where no kustomize is installed (a failure under
-/// `CI=true`, see `common::needs!`).
+/// `CI=true`, see `testbed::needs!`).
 fn render(overlay: &str, components: &[&str]) -> Option<Vec<serde_json::Value>> {
-    common::kustomize::render_with(overlay, components)
-        .map_err(|reason| common::missing(&reason))
+    testbed::renderers::kustomize::render_with(overlay, components)
+        .map_err(|reason| testbed::missing(&reason))
         .ok()
 }
 
@@ -426,13 +425,17 @@ fn the_priority_and_fairness_example_matches_the_deployed_service_account() {
         std::fs::read_to_string(deploy_dir().join("examples/api-priority-and-fairness.yaml"))
             .unwrap();
     let objects: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let schema = common::kustomize::find(&objects, "FlowSchema", "mlnode-agent");
-    let level = common::kustomize::find(&objects, "PriorityLevelConfiguration", "mlnode-agent");
+    let schema = testbed::renderers::kustomize::find(&objects, "FlowSchema", "mlnode-agent");
+    let level =
+        testbed::renderers::kustomize::find(&objects, "PriorityLevelConfiguration", "mlnode-agent");
     assert_eq!(
         schema["spec"]["priorityLevelConfiguration"]["name"],
         level["metadata"]["name"]
     );
-    let rendered = common::needs!(common::kustomize::render_with("overlays/gpu", &[]));
+    let rendered = testbed::needs!(testbed::renderers::kustomize::render_with(
+        "overlays/gpu",
+        &[]
+    ));
     let ds = daemonset(&rendered);
     let subject = &schema["spec"]["rules"][0]["subjects"][0]["serviceAccount"];
     assert_eq!(

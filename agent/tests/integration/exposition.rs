@@ -8,15 +8,14 @@
 //! build's revision are replaced by `<varies>`; every other value is compared too.
 //! `UPDATE_GOLDEN=1 cargo test --test integration exposition::` rewrites the file.
 
-use crate::common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::agent::{model_config, sample, Agent};
-use common::neuron::NeuronTree;
-use common::nvml::{fake_nvml, Scenario};
-use common::PlainModel;
+use mlnode_testbed as testbed;
+use testbed::agent::{model_config, sample, Agent};
+use testbed::devices::fake_nvml::{fake_nvml, Scenario};
+use testbed::devices::neuron_sysfs::NeuronTree;
+use testbed::models::PlainModel;
 
 const GOLDEN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -68,9 +67,9 @@ fn normalize(exposition: &str) -> String {
 #[test]
 fn the_exposition_matches_the_golden_file() {
     let model = PlainModel::new();
-    let (_manifest_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_manifest_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let scenario = Scenario::new(2);
-    let neuron = NeuronTree::new(common::neuron::INF2_XLARGE);
+    let neuron = NeuronTree::new(testbed::devices::neuron_sysfs::INF2_XLARGE);
     let config = format!(
         "{}nvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\nneuron:\n  sysfs_root: {:?}\n  class_root: {:?}\n  pci_devices: {:?}\n",
         model_config("llama", model.root(), &manifest),

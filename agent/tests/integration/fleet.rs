@@ -1,13 +1,12 @@
-//! The fleet benchmark's scenarios (common::fleet, agent/benches/fleet.rs) run small: three agents,
+//! The fleet benchmark's scenarios (testbed::cluster::fleet, agent/benches/fleet.rs) run small: three agents,
 //! each on its own node with its own gated pods and bound token, on a real kube-apiserver and etcd
 //! of their own, counted by the server's audit log. What each scenario must cost, and what must
 //! still hold after it, is asserted; the benchmark prints the same figures for hundreds.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::fleet::{run_scenarios, Fleet, Phase, Settings, Timing};
+use mlnode_testbed as testbed;
+use testbed::cluster::fleet::{run_scenarios, Fleet, Phase, Settings, Timing};
 
 const AGENTS: usize = 3;
 const PODS_PER_NODE: usize = 2;
@@ -48,7 +47,7 @@ fn heartbeats_in(phase: &Phase) -> usize {
 
 #[test]
 fn a_fleet_on_a_real_api_server_keeps_its_budget_through_restarts_compaction_and_push_back() {
-    let mut fleet = common::needs!(Fleet::new(Settings {
+    let mut fleet = testbed::needs!(Fleet::new(Settings {
         agents: AGENTS,
         pods_per_node: PODS_PER_NODE,
         scale: SCALE,

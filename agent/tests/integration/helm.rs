@@ -3,14 +3,13 @@
 //! component's value the objects of that component; the files the two share copied, never kept
 //! twice by hand; and values that are wrong refused by Helm, naming the key.
 
-use crate::common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::helm::{chart_dir, helm};
-use common::kustomize::{self, deploy_dir, id};
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::renderers::helm::{chart_dir, helm};
+use testbed::renderers::kustomize::{self, deploy_dir, id};
 
 type Id = (String, String, String);
 
@@ -88,7 +87,7 @@ fn chart_on(values: &str, api_versions: &[&str]) -> Result<BTreeMap<Id, Value>, 
         .iter()
         .flat_map(|v| ["--api-versions", v])
         .collect();
-    let objects = common::helm::render_with_args(values, &args)?
+    let objects = testbed::renderers::helm::render_with_args(values, &args)?
         .unwrap_or_else(|refused| panic!("helm template refused {values:?}: {refused}"));
     Ok(objects.into_iter().map(|o| (id(&o), o)).collect())
 }
@@ -154,16 +153,16 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
             &["components/process-attribution"],
         ),
     ] {
-        let kustomized = common::needs!(kustomize_cluster(components));
-        let charted = common::needs!(chart(values));
+        let kustomized = testbed::needs!(kustomize_cluster(components));
+        let charted = testbed::needs!(chart(values));
         assert_same(values, &kustomized, &charted);
     }
     // On a cluster that serves prometheus-operator's API, `auto` installs its objects; on one
     // that does not (`helm template` sees none), nothing of it.
-    let kustomized = common::needs!(kustomize_cluster(&[OPERATOR]));
-    let charted = common::needs!(chart_on("", &["monitoring.coreos.com/v1"]));
+    let kustomized = testbed::needs!(kustomize_cluster(&[OPERATOR]));
+    let charted = testbed::needs!(chart_on("", &["monitoring.coreos.com/v1"]));
     assert_same("auto, served", &kustomized, &charted);
-    let bare = common::needs!(chart(""));
+    let bare = testbed::needs!(chart(""));
     assert!(
         !bare
             .keys()
@@ -178,7 +177,7 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
 #[test]
 fn a_custom_startup_taint_is_the_one_the_admission_policy_allows() {
     let taint = "example.com/gpu-warming=true:NoSchedule";
-    let charted = common::needs!(chart(&format!(
+    let charted = testbed::needs!(chart(&format!(
         "startupTaint: {{enabled: true, taint: \"{taint}\"}}"
     )));
     let policy = &charted[&(
@@ -208,7 +207,7 @@ fn a_custom_startup_taint_is_the_one_the_admission_policy_allows() {
         format!("resources: [{overlay}]\ncomponents: [./startup-taint]\n"),
     )
     .unwrap();
-    let objects = common::needs!(kustomize::render(dir.path()));
+    let objects = testbed::needs!(kustomize::render(dir.path()));
     let policy = objects
         .iter()
         .find(|o| {
@@ -241,7 +240,7 @@ fn startup_taint_variable(policy: &Value) -> String {
 
 #[test]
 fn the_rendered_chart_validates_and_is_privilege_minimised() {
-    let charted = common::needs!(chart(""));
+    let charted = testbed::needs!(chart(""));
     let objects: Vec<Value> = charted.into_values().collect();
     crate::deploy::validate(&objects);
     let daemonsets: Vec<&Value> = objects
@@ -320,14 +319,14 @@ fn the_chart_holds_exact_copies_of_what_it_shares_with_kustomize() {
 fn the_chart_lints_packages_and_carries_the_agents_version() {
     let chart = chart_dir();
     let chart_path = chart.to_str().unwrap();
-    let lint = common::needs!(helm(&["lint", "--strict", chart_path]));
+    let lint = testbed::needs!(helm(&["lint", "--strict", chart_path]));
     assert!(
         lint.status.success(),
         "{}",
         String::from_utf8_lossy(&lint.stdout)
     );
     let dir = tempfile::tempdir().unwrap();
-    let package = common::needs!(helm(&[
+    let package = testbed::needs!(helm(&[
         "package",
         chart_path,
         "-d",
@@ -375,7 +374,7 @@ fn wrong_values_are_refused_naming_the_key() {
             "would install no agent",
         ),
     ] {
-        let refused = common::needs!(common::helm::render(values))
+        let refused = testbed::needs!(testbed::renderers::helm::render(values))
             .expect_err(&format!("helm template accepted {values:?}"));
         assert!(refused.contains(says), "{values:?}: {refused}");
     }
@@ -398,7 +397,7 @@ extraEnv: [{name: MLNODE_VERIFY__DEBOUNCE, value: 1s}]
 nodeSelector: {pool: inference}
 modelsHostPath: /mnt/nvme/models
 "#;
-    let charted = common::needs!(chart(values));
+    let charted = testbed::needs!(chart(values));
     let config = &charted[&(
         "ConfigMap".into(),
         "mlnode-system".into(),
@@ -407,7 +406,7 @@ modelsHostPath: /mnt/nvme/models
     let text = config["data"]["config.yaml"].as_str().unwrap();
     let config: Value = serde_saphyr::from_str(text).unwrap();
     // The merged config is one the agent starts with.
-    let (_dir, file) = common::write_temp(text);
+    let (_dir, file) = testbed::write_temp(text);
     let loaded = mlnode_agent::config::load(Some(&file), &[]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(*loaded.verify.threads, 4);
     assert_eq!(config["models"].as_array().unwrap().len(), 1);
@@ -464,11 +463,11 @@ modelsHostPath: /mnt/nvme/models
 /// each dashboard of dashboards/ is one, unchanged, with the label and namespace configurable.
 #[test]
 fn dashboards_are_configmaps_grafanas_sidecar_loads() {
-    let none = common::needs!(chart(""));
+    let none = testbed::needs!(chart(""));
     assert!(!none
         .keys()
         .any(|(_, _, name)| name.starts_with("mlnode-agent-dashboard-")));
-    let charted = common::needs!(chart(
+    let charted = testbed::needs!(chart(
         "dashboards: {enabled: true, label: grafana_dashboard, labelValue: \"1\", namespace: monitoring}"
     ));
     let dashboards = deploy_dir().join("../dashboards");
@@ -531,14 +530,14 @@ fn the_charts_config_is_the_agents_configuration_whole() {
         assert!(config.get(section).is_some(), "{section} in {config}");
     }
     let values = json!({"config": config}).to_string();
-    let charted = common::needs!(chart(&values));
+    let charted = testbed::needs!(chart(&values));
     let map = &charted[&(
         "ConfigMap".into(),
         "mlnode-system".into(),
         "mlnode-agent-config".into(),
     )];
     let text = map["data"]["config.yaml"].as_str().unwrap();
-    let (_dir, file) = common::write_temp(text);
+    let (_dir, file) = testbed::write_temp(text);
     let loaded = mlnode_agent::config::load(Some(&file), &[]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(loaded.rdma.expected_efa_devices, 32);
 
@@ -558,7 +557,7 @@ fn the_charts_config_is_the_agents_configuration_whole() {
         ),
         ("config: {log_format: [json]}", "/config/log_format"),
     ] {
-        let refused = common::needs!(common::helm::render(values))
+        let refused = testbed::needs!(testbed::renderers::helm::render(values))
             .expect_err(&format!("helm template accepted {values:?}"));
         assert!(refused.contains(says), "{values:?}: {refused}");
     }

@@ -1,19 +1,18 @@
 //! The kernel log source end to end: journal files written by systemd's own tools
-//! (common::journal), the agent with the fake NVML and the readiness controller against the fake
+//! (testbed::devices::journal), the agent with the fake NVML and the readiness controller against the fake
 //! API server. An XID logged before the agent started holds the node at start; a GPU that falls
 //! off the bus later, in a file journald rotates to, fails it too; another boot's and another
 //! transport's lines are not this boot's kernel log; a journal that is not there yet is waited
 //! for, said once, and read when it comes.
 
-use crate::common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::cluster_node::ClusterNode;
-use common::journal::{driver_slot as slot, kernel, Compression, Entry};
-use common::nvml::{fake_nvml, Scenario};
+use mlnode_testbed as testbed;
+use testbed::agent::{sample, Agent};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::devices::fake_nvml::{fake_nvml, Scenario};
+use testbed::devices::journal::{driver_slot as slot, kernel, Compression, Entry};
 
 const SXID: &str = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)";
 
@@ -27,12 +26,12 @@ fn machine_dir(root: &Path) -> PathBuf {
     journal_dirs(root)[0].join("4f1c2d3e4b5a69788796a5b4c3d2e1f0")
 }
 
-fn start(scenario: &Scenario, api: &ClusterNode, root: &Path) -> Agent {
+fn start(scenario: &Scenario, api: &ApiOnlyNode, root: &Path) -> Agent {
     start_with(scenario, api, root, "")
 }
 
 /// [`start`], with more `kernel_log` settings (YAML lines indented by two spaces).
-fn start_with(scenario: &Scenario, api: &ClusterNode, root: &Path, kernel_log: &str) -> Agent {
+fn start_with(scenario: &Scenario, api: &ApiOnlyNode, root: &Path, kernel_log: &str) -> Agent {
     let [var, run] = journal_dirs(root);
     Agent::start_with_env(
         &format!(
@@ -49,7 +48,7 @@ fn start_with(scenario: &Scenario, api: &ClusterNode, root: &Path, kernel_log: &
 }
 
 fn wait_until(what: &str, check: impl Fn() -> Result<(), String>) {
-    common::wait_until(what, Duration::from_secs(20), check)
+    testbed::wait_until(what, Duration::from_secs(20), check)
 }
 
 /// Waits until the agent's `series{labels}` is `value`.
@@ -110,17 +109,17 @@ fn an_xid_logged_before_the_agent_started_holds_the_node_at_start() {
             30,
         ),
     ];
-    let file = common::needs!(common::journal::write(
+    let file = testbed::needs!(testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system.journal",
         &entries
     ));
     // systemd's own reader agrees on what this boot's kernel log is.
-    let seen = common::journal::kernel_messages(&file);
+    let seen = testbed::devices::journal::kernel_messages(&file);
     assert_eq!(seen.len(), 4, "{seen:?}");
     assert!(seen[0].contains("python3") && !seen.iter().any(|l| l.contains("quoted")));
 
-    let api = common::needs!(ClusterNode::gpu(&[]));
+    let api = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let agent = start(&scenario, &api, root.path());
     wait_until("AcceleratorHealthy False", || {
         let condition = api.condition("AcceleratorHealthy");
@@ -181,7 +180,7 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         .unwrap()
         .to_string();
     let root = tempfile::tempdir().unwrap();
-    let api = common::needs!(ClusterNode::gpu(&[]));
+    let api = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let mut agent = start(&scenario, &api, root.path());
     let not_up_saying = |what: &str, said: &str| {
         agent.wait_for_log(what, Duration::from_secs(20), |log| log.contains(said));
@@ -204,7 +203,7 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         }
     });
     // journald starts writing: the reader finds it and reads it.
-    common::needs!(common::journal::write(
+    testbed::needs!(testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system.journal",
         &[kernel(SXID, 5)]
@@ -225,7 +224,7 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
         "NVRM: GPU {}: GPU has fallen off the bus.",
         slot(&gpu0) + ".0"
     );
-    common::journal::write(
+    testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system.journal",
         &[kernel(&fall, 0), kernel(SXID, 0)],
@@ -260,7 +259,7 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
     for entry in std::fs::read_dir(machine_dir(root.path())).unwrap() {
         std::fs::remove_file(entry.unwrap().path()).unwrap();
     }
-    common::journal::write(
+    testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system.journal",
         &[kernel(SXID, 0)],
@@ -285,7 +284,8 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
     // A file journald creates and appends to while the reader follows, one write per line: every
     // line is read, the ones written before the follower saw the new file too.
     let mut writer =
-        common::journal::Writer::start(&machine_dir(root.path()), "user-1000.journal").unwrap();
+        testbed::devices::journal::Writer::start(&machine_dir(root.path()), "user-1000.journal")
+            .unwrap();
     for _ in 0..200 {
         writer.append(&[kernel(SXID, 0)]);
     }
@@ -299,7 +299,7 @@ fn a_journal_that_comes_later_and_a_fall_in_a_rotated_file_are_read() {
     // SIGTERM while the reader follows: nothing waits on it.
     let (code, elapsed) = agent.terminate();
     assert_eq!(code, Some(0), "{}", agent.log());
-    assert!(elapsed < common::agent::EXIT_BOUND, "{elapsed:?}");
+    assert!(elapsed < testbed::agent::EXIT_BOUND, "{elapsed:?}");
 }
 
 /// `mlnode-agent kernel-log` on `dir`, as JSON.
@@ -342,7 +342,7 @@ fn each_compression_systemd_writes_is_read() {
     for (algorithm, flag) in [("XZ", 1), ("LZ4", 2), ("ZSTD", 8)] {
         let dir = tempfile::tempdir().unwrap();
         let long = long_xid();
-        let file = common::needs!(common::journal::write_compressed(
+        let file = testbed::needs!(testbed::devices::journal::write_compressed(
             dir.path(),
             "system.journal",
             &[kernel(&long, 60), kernel(SXID, 30)],
@@ -361,7 +361,7 @@ fn each_compression_systemd_writes_is_read() {
             "{algorithm}: the long payload is stored compressed"
         );
         assert_eq!(
-            common::journal::kernel_messages(&file),
+            testbed::devices::journal::kernel_messages(&file),
             [long.as_str(), SXID],
             "{algorithm}: journalctl reads it back"
         );
@@ -394,7 +394,7 @@ fn compressed_dirty_and_truncated_files_are_read_and_what_cannot_be_is_skipped()
             )
         })
         .collect();
-    let file = common::needs!(common::journal::write(
+    let file = testbed::needs!(testbed::devices::journal::write(
         dir.path(),
         "system.journal",
         &entries
@@ -442,7 +442,7 @@ fn compressed_dirty_and_truncated_files_are_read_and_what_cannot_be_is_skipped()
     );
 }
 
-fn healthy(api: &ClusterNode) -> Result<(), String> {
+fn healthy(api: &ApiOnlyNode) -> Result<(), String> {
     let condition = api.condition("AcceleratorHealthy");
     match condition["status"].as_str() {
         Some("True") => Ok(()),
@@ -456,12 +456,12 @@ fn healthy(api: &ClusterNode) -> Result<(), String> {
 fn without_libsystemd_the_agent_serves_and_says_why_once() {
     let scenario = Scenario::new(1);
     let root = tempfile::tempdir().unwrap();
-    common::needs!(common::journal::write(
+    testbed::needs!(testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system.journal",
         &[kernel(SXID, 5)]
     ));
-    let api = common::needs!(ClusterNode::gpu(&[]));
+    let api = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let missing = root.path().join("lib/libsystemd.so.0");
     let agent = start_with(
         &scenario,
@@ -506,13 +506,13 @@ fn set_incompatible_flag(file: &Path, bit: u32) {
 fn a_file_with_an_unknown_incompatible_flag_is_counted_and_named_and_the_rest_read() {
     let scenario = Scenario::new(1);
     let root = tempfile::tempdir().unwrap();
-    let newer = common::needs!(common::journal::write(
+    let newer = testbed::needs!(testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system@00062a1b2c3d4e5f-0000000000000001.journal",
         &[kernel(SXID, 60)]
     ));
     set_incompatible_flag(&newer, 1 << 6);
-    common::journal::write(
+    testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system.journal",
         &[kernel(SXID, 5)],
@@ -526,7 +526,7 @@ fn a_file_with_an_unknown_incompatible_flag_is_counted_and_named_and_the_rest_re
         newer.display().to_string()
     );
 
-    let api = common::needs!(ClusterNode::gpu(&[]));
+    let api = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let agent = start(&scenario, &api, root.path());
     let sxids = ("mlnode_nvswitch_sxid_errors_total", [("sxid", "12028")]);
     wait_for_sample(&agent, sxids.0, &sxids.1, 1.0);
@@ -537,7 +537,8 @@ fn a_file_with_an_unknown_incompatible_flag_is_counted_and_named_and_the_rest_re
         1.0,
     );
     let mut writer =
-        common::journal::Writer::start(&machine_dir(root.path()), "system.journal").unwrap();
+        testbed::devices::journal::Writer::start(&machine_dir(root.path()), "system.journal")
+            .unwrap();
     writer.append(&[kernel(SXID, 0)]);
     writer.finish();
     wait_for_sample(&agent, sxids.0, &sxids.1, 2.0);
@@ -579,12 +580,12 @@ fn every_xid_of_the_boot_is_counted_once_whichever_source_saw_it() {
     ];
     let xids = "mlnode_gpu_xid_errors_total";
     let root = tempfile::tempdir().unwrap();
-    common::needs!(common::journal::write(
+    testbed::needs!(testbed::devices::journal::write(
         &machine_dir(root.path()),
         "system.journal",
         &[kernel(&xid13, 600)]
     ));
-    let api = common::needs!(ClusterNode::gpu(&[]));
+    let api = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let mut agent = start(&scenario, &api, root.path());
     wait_for_sample(&agent, xids, &counted, 1.0);
     wait_until("AcceleratorHealthy True", || healthy(&api));
@@ -594,7 +595,8 @@ fn every_xid_of_the_boot_is_counted_once_whichever_source_saw_it() {
     wait_for_sample(&agent, "mlnode_gpu_last_xid", &[("gpu", "0")], 13.0);
     assert_eq!(sample(&agent.metrics(), xids, &counted), Some(2.0));
     let mut writer =
-        common::journal::Writer::start(&machine_dir(root.path()), "system.journal").unwrap();
+        testbed::devices::journal::Writer::start(&machine_dir(root.path()), "system.journal")
+            .unwrap();
     writer.append(&[kernel(&xid13, 0)]);
     wait_for_sample(&agent, "mlnode_kernel_log_entries_read_total", &[], 2.0);
     assert_eq!(

@@ -1,9 +1,8 @@
 //! The integration tests of the agent, one binary: the agent run as users run it (its command line,
 //! its HTTP server, the manifests as kustomize renders them, a container as the kubelet would start
 //! it) against fakes shaped like the real components, and the real ones where users have them
-//! (Prometheus, promtool, kubectl, the dashboards' schema). `common` is built once for all.
-
-mod common;
+//! (Prometheus, promtool, kubectl, the dashboards' schema). What they stand up is the
+//! mlnode-testbed crate (agent/testbed).
 
 mod admission_policy;
 mod alerts;

@@ -1,7 +1,6 @@
 //! docs/metrics.md and the exposition must list the same series with the same types and labels.
 
-use crate::common;
-
+use mlnode_testbed as testbed;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -172,10 +171,12 @@ fn exposition() -> String {
     workloads.set_writable("m", "inference", "vllm-0", 1);
     register_startup(&registry);
     register_kernel_log(&registry);
-    let tree = common::neuron::NeuronTree::new(common::neuron::INF2_XLARGE);
+    let tree = testbed::devices::neuron_sysfs::NeuronTree::new(
+        testbed::devices::neuron_sysfs::INF2_XLARGE,
+    );
     // One counter reset and one unreadable file, so those families have samples too.
     register_neuron(&registry, &tree);
-    let rdma = common::rdma::Tree::new();
+    let rdma = testbed::devices::rdma_sysfs::Tree::new();
     rdma.efa("rdmap16s27", "0000:10:1b.0", 1000);
     rdma.infiniband("mlx5_0", "0000:c1:00.0", "4: ACTIVE", "5: LinkUp", 0);
     let settings = mlnode_agent::rdma::settings::RdmaSettings {
@@ -202,13 +203,13 @@ fn exposition() -> String {
     let port = rdma.port("rdmap16s27", 1).join("hw_counters");
     std::fs::write(port.join("rx_bytes"), "0\n").unwrap();
     std::fs::write(port.join("tx_bytes"), "garbage\n").unwrap();
-    common::neuron::write(
+    testbed::devices::neuron_sysfs::write(
         &tree
             .core_stats(0, 0)
             .join("other_info/inference_count/total"),
         0,
     );
-    common::neuron::write(
+    testbed::devices::neuron_sysfs::write(
         &tree
             .core_stats(0, 0)
             .join("other_info/model_load_count/total"),
@@ -475,7 +476,10 @@ fn register_startup(registry: &prometheus::Registry) {
     metrics.set_last_phases(&startup);
 }
 
-fn register_neuron(registry: &prometheus::Registry, tree: &common::neuron::NeuronTree) {
+fn register_neuron(
+    registry: &prometheus::Registry,
+    tree: &testbed::devices::neuron_sysfs::NeuronTree,
+) {
     let settings = mlnode_agent::neuron::settings::NeuronSettings {
         sysfs_root: tree.root().to_path_buf(),
         class_root: tree.class_root().to_path_buf(),

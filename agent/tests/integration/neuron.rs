@@ -5,18 +5,17 @@
 //! reset, and a scrape racing a writer. The last test runs the agent binary against a trn2 tree,
 //! with pod labels from a fake kubelet.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::neuron::{
-    write, Driver, NeuronTree, DRIVER_STATUS_NAMES, INF1_24XLARGE, INF2_48XLARGE, INF2_XLARGE,
-    TRN1_32XLARGE, TRN2_48XLARGE,
-};
 use mlnode_agent::assignments::SharedAssignments;
 use mlnode_agent::neuron::collector::NeuronCollector;
 use mlnode_agent::neuron::settings::{LogicalNcConfig, NeuronSettings};
+use mlnode_testbed as testbed;
+use testbed::agent::{sample, Agent};
+use testbed::devices::neuron_sysfs::{
+    write, Driver, NeuronTree, DRIVER_STATUS_NAMES, INF1_24XLARGE, INF2_48XLARGE, INF2_XLARGE,
+    TRN1_32XLARGE, TRN2_48XLARGE,
+};
 
 /// A registry with only the Neuron collector on `tree`, configured with the instance's EC2 type
 /// (as the Node label gives it in a cluster); each call of the closure is one scrape.
@@ -742,10 +741,12 @@ fn the_agent_serves_neuron_series_with_pod_labels_on_logical_cores() {
     let tree = NeuronTree::new(TRN2_48XLARGE);
     // The device plugin's ids: device indexes under aws.amazon.com/neuron, logical core indexes
     // under aws.amazon.com/neuroncore.
-    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&[
-        ("llama-0", "aws.amazon.com/neuron", &["3"]),
-        ("mistral-0", "aws.amazon.com/neuroncore", &["10"]),
-    ]));
+    let kubelet = testbed::node::pod_resources::FakeKubelet::serve(
+        testbed::node::pod_resources::response(&[
+            ("llama-0", "aws.amazon.com/neuron", &["3"]),
+            ("mistral-0", "aws.amazon.com/neuroncore", &["10"]),
+        ]),
+    );
     let config = format!(
         "models: []\nnvml:\n  enabled: false\nneuron:\n  sysfs_root: {:?}\n  class_root: {:?}\n  availability_zone: us-east-2a\nkubelet:\n  pod_resources_socket: {:?}\n  pod_resources_interval: 200ms\n",
         tree.root().display().to_string(),
@@ -812,7 +813,7 @@ fn the_agent_serves_neuron_series_with_pod_labels_on_logical_cores() {
 /// driver's: on a trn2.48xlarge-shaped tree both are 16 (the NIC on the bus is none of them).
 #[test]
 fn neuron_devices_on_the_pci_bus_are_counted() {
-    let tree = NeuronTree::new(common::neuron::TRN2_48XLARGE);
+    let tree = NeuronTree::new(testbed::devices::neuron_sysfs::TRN2_48XLARGE);
     let scrape = scraper_of(NeuronSettings {
         sysfs_root: tree.root().to_path_buf(),
         class_root: tree.class_root().to_path_buf(),

@@ -5,17 +5,16 @@
 //! Neuron runtime's own data are exactly those docs/neuron.md lists, and with neuron-monitor's
 //! reports written to `neuron.monitor_input` (a FIFO, as a sidecar would) every panel does.
 
-use crate::common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::neuron::{NeuronTree, TRN2_48XLARGE};
-use common::prometheus::{dashboard_panels, panels_with_data, start_prometheus, wait_query};
 use mlnode_agent::neuron::collector::NeuronCollector;
 use mlnode_agent::neuron::settings::NeuronSettings;
 use mlnode_agent::neuron::NodeLabels;
+use mlnode_testbed as testbed;
+use testbed::agent::{sample, Agent};
+use testbed::devices::neuron_sysfs::{NeuronTree, TRN2_48XLARGE};
+use testbed::prometheus::{dashboard_panels, panels_with_data, start_prometheus, wait_query};
 
 /// 4M cycles on every physical core; logical core 0 (device 0, physical 4 and 5) half busy.
 fn advance_cycles(tree: &NeuronTree) {
@@ -59,7 +58,7 @@ fn neuron_monitor_series_come_from_sysfs_and_procfs() {
     let scrape = || mlnode_agent::metrics::encode(&registry);
     scrape();
     advance_cycles(&tree);
-    common::neuron::write(
+    testbed::devices::neuron_sysfs::write(
         &tree.device(3).join("stats/hardware/mem_ecc_uncorrected"),
         "2\n",
     );

@@ -1,18 +1,17 @@
-//! The tests' node, first part: its container runtime (common::node), real. An image the test
+//! The tests' node, first part: its container runtime (testbed::node), real. An image the test
 //! builds and pushes to the node's own registry is pulled by containerd and run by runc with
 //! seccomp's default filter; the container reads a model through a read-only bind mount, as a pod
 //! reads a hostPath. Nothing of it shows in the machine's own mounts, and nothing is left running
 //! once it stops.
 
-use crate::common;
-
+use mlnode_testbed as testbed;
 use serde_json::Value;
 
-use common::node::{Runtime, REGISTRY};
+use testbed::node::runtime::{Runtime, REGISTRY};
 
 #[test]
 fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount() {
-    let programs = common::needs!(common::node::programs());
+    let programs = testbed::needs!(testbed::node::runtime::programs());
     let runtime = Runtime::start().unwrap();
     let digest = runtime.push_image("workload:v1", &[&programs.join("workload")], "/workload");
     let image = format!("{REGISTRY}/workload:v1");
@@ -20,7 +19,10 @@ fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount()
     let manifest = runtime.crane(&["manifest", &image]);
     assert_eq!(
         digest,
-        format!("sha256:{}", common::sha256_hex(manifest.as_bytes()))
+        format!(
+            "sha256:{}",
+            testbed::models::sha256_hex(manifest.as_bytes())
+        )
     );
     runtime.ctr(&["images", "pull", "--plain-http", &image]);
     assert!(
@@ -28,7 +30,7 @@ fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount()
         "containerd holds the image by the registry's digest"
     );
 
-    let model = common::PlainModel::new();
+    let model = testbed::models::PlainModel::new();
     let model_bytes: u64 = walkdir::WalkDir::new(model.root())
         .into_iter()
         .filter_map(Result::ok)
@@ -78,7 +80,7 @@ fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount()
     );
     assert_eq!(event("model_loaded")["bytes"], model_bytes, "{output}");
     assert!(
-        common::node::machine_mounts_under(runtime.dir()).is_empty(),
+        testbed::node::runtime::machine_mounts_under(runtime.dir()).is_empty(),
         "the snapshots' mounts stay in the node's namespace"
     );
 
@@ -93,7 +95,7 @@ fn a_container_from_the_nodes_registry_reads_a_model_through_a_read_only_mount()
         cgroups.iter().all(|c| !c.exists()),
         "the node's cgroups are removed with it: {cgroups:?}"
     );
-    let left = common::node::machine_mounts_under(&dir);
+    let left = testbed::node::runtime::machine_mounts_under(&dir);
     assert!(left.is_empty(), "mounts left behind: {left:?}");
     let running: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()

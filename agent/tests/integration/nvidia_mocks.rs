@@ -1,20 +1,19 @@
 //! The GPU collector on NVIDIA's own descriptions of its hardware rather than values typed here:
 //! go-nvml's mock DGX A100, H100, H200 and B200 servers (pkg/nvml/mock, v0.13.4-1), MIG instances
 //! created through the mock's own calls at NVIDIA's placements and named by go-nvlib, and the PCI
-//! tree go-nvlib's `MockNvpci` writes (pkg/nvpci, v0.13.0). tests/nvidia-mocks walks each through
+//! tree go-nvlib's `MockNvpci` writes (pkg/nvpci, v0.13.0). tests/programs/nvidia-mocks walks each through
 //! NVIDIA's interfaces; the agent reads the same values through the C ABI (tests/fake-nvml) and
 //! sysfs, and its series must say what NVIDIA's mock answered.
-
-use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::cluster_node::ClusterNode;
-use common::nvml::{fake_nvml, Scenario};
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::agent::{sample, Agent};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::devices::fake_nvml::{fake_nvml, Scenario};
 
 /// The families a GPU has when NVML answers its identity, memory and MIG layout and nothing else:
 /// the agent's bookkeeping, and what the mock models. Any other GPU series would be a reading the
@@ -45,14 +44,14 @@ const MODELLED: [&str; 18] = [
 /// does not model absent, not 0; on the H100 and the B200 a full 7-slice split and a mixed one.
 #[test]
 fn the_agent_reports_what_nvidias_mock_servers_answer() {
-    common::needs!(common::nvidia_mocks::binary());
+    testbed::needs!(testbed::devices::nvidia_mocks::binary());
     for (server, mig) in [
         ("dgxa100", false),
         ("dgxh100", true),
         ("dgxh200", false),
         ("dgxb200", true),
     ] {
-        let (scenario, answers) = common::nvidia_mocks::server(server, mig).unwrap();
+        let (scenario, answers) = testbed::devices::nvidia_mocks::server(server, mig).unwrap();
         let gpus = answers["gpus"].as_array().unwrap();
         assert_eq!(gpus.len(), 8, "{server}: a DGX has eight GPUs");
         let scenario = Scenario::of(scenario);
@@ -225,9 +224,9 @@ fn the_mig_devices_are_the_mocks_instances(server: &str, m: &str, gpu: &Value) {
 /// VM, and finds no GPU missing.
 #[test]
 fn nvidias_pci_tree_counts_physical_functions_and_names_a_gpu_handed_to_a_vm() {
-    common::needs!(common::nvidia_mocks::binary());
-    let api = common::needs!(ClusterNode::gpu(&[]));
-    let (mut scenario, answers) = common::nvidia_mocks::server("dgxa100", false).unwrap();
+    testbed::needs!(testbed::devices::nvidia_mocks::binary());
+    let api = testbed::needs!(ApiOnlyNode::gpu(&[]));
+    let (mut scenario, answers) = testbed::devices::nvidia_mocks::server("dgxa100", false).unwrap();
     let addresses: Vec<&str> = answers["gpus"]
         .as_array()
         .unwrap()
@@ -236,7 +235,7 @@ fn nvidias_pci_tree_counts_physical_functions_and_names_a_gpu_handed_to_a_vm() {
         .collect();
     let vm = addresses[7];
     let dir = tempfile::tempdir().unwrap();
-    let tree = common::nvidia_mocks::pci_tree(
+    let tree = testbed::devices::nvidia_mocks::pci_tree(
         dir.path(),
         &[
             "--a100",
@@ -253,7 +252,11 @@ fn nvidias_pci_tree_counts_physical_functions_and_names_a_gpu_handed_to_a_vm() {
     let root = Path::new(tree["root"].as_str().unwrap());
     // A ConnectX-7 beside the GPUs (vendor 0x15b3 Mellanox, class 0x020700 InfiniBand
     // controller): no GPU.
-    common::nvml::pci_function(root, "0000:c1:00.0", ["0x15b3", "0x1021", "0x020700"]);
+    testbed::devices::fake_nvml::pci_function(
+        root,
+        "0000:c1:00.0",
+        ["0x15b3", "0x1021", "0x020700"],
+    );
     // The GPU the VM holds is bound to vfio-pci: an NVML initialised now does not list it.
     scenario["devices"][7]["bound"] = json!(false);
     let scenario = Scenario::of(scenario);
@@ -318,7 +321,7 @@ fn nvidias_pci_tree_counts_physical_functions_and_names_a_gpu_handed_to_a_vm() {
             .count(),
         1
     );
-    let condition = common::wait_until(
+    let condition = testbed::wait_until(
         "AcceleratorHealthy written",
         Duration::from_secs(20),
         || {
@@ -346,9 +349,9 @@ fn of_gpu(m: &str, name: &str, uuid: &str) -> Option<f64> {
 /// L40S, GPM before Hopper, a fabric without NVSwitches.
 #[test]
 fn every_nvidia_mock_profile_is_reported_as_it_says() {
-    for name in common::nvml_profiles::PROFILES {
-        let profile = common::nvml_profiles::load(name).unwrap();
-        let scenario = Scenario::of(common::nvml_profiles::scenario(&profile));
+    for name in testbed::devices::nvml_profiles::PROFILES {
+        let profile = testbed::devices::nvml_profiles::load(name).unwrap();
+        let scenario = Scenario::of(testbed::devices::nvml_profiles::scenario(&profile));
         let devices = profile["devices"].as_array().unwrap();
         let gpm = matches!(
             profile["device_defaults"]["architecture"].as_str(),
@@ -484,11 +487,11 @@ fn each_failure_mode_of_the_profiles_gives_its_verdict() {
             "FatalXID",
         ),
     ] {
-        let mut profile = common::nvml_profiles::load("h100").unwrap();
+        let mut profile = testbed::devices::nvml_profiles::load("h100").unwrap();
         profile["devices"][3]["failure"] = failure.clone();
-        let scenario = Scenario::of(common::nvml_profiles::scenario(&profile));
+        let scenario = Scenario::of(testbed::devices::nvml_profiles::scenario(&profile));
         // A node of its own each time: the last agent's verdict is not this one's.
-        let (agent, api) = common::needs!(crate::gpu::start_with_readiness(&scenario));
+        let (agent, api) = testbed::needs!(crate::gpu::start_with_readiness(&scenario));
         agent.wait_for("every GPU read", Duration::from_secs(20), |m| {
             sample(m, "mlnode_gpu_count", &[]) == Some(8.0)
                 && m.lines()
@@ -496,7 +499,7 @@ fn each_failure_mode_of_the_profiles_gives_its_verdict() {
                     .count()
                     >= 7
         });
-        let condition = common::wait_until(
+        let condition = testbed::wait_until(
             &format!("the verdict on {failure}"),
             Duration::from_secs(20),
             || {

@@ -1,20 +1,19 @@
 //! Per-workload model trust in the agent binary against the real kube-apiserver
-//! (common::control_plane), through the recording proxy (common::api_proxy), with the shipped RBAC
+//! (testbed::cluster::control_plane), through the recording proxy (testbed::cluster::fault_proxy), with the shipped RBAC
 //! and admission policies and its pod's token: each pod that lists the `mlnode.dev/ModelVerified`
 //! readiness gate gets its own model's verdict (the exact `pods/status` patch, only the agent's
 //! condition), a corrupted file takes it False and a repair back, the node's `models.mlnode.dev/`
 //! label follows, a pod whose status another policy refuses or that vanishes leaves the others
 //! alone, and a pod mounting the cache writable gets a Warning event and a series.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::cluster_node::ClusterNode;
-use common::pods::gated_vllm_pod;
-use common::PlainModel;
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::agent::{sample, Agent};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::cluster::pods::gated_vllm_pod;
+use testbed::models::PlainModel;
 
 const GATE: &str = "mlnode.dev/ModelVerified";
 
@@ -23,17 +22,17 @@ fn gated(name: &str, node: &str, annotations: Value, host_path: &str) -> Value {
 }
 
 fn wait_until(what: &str, check: impl Fn() -> bool) {
-    common::wait_until(what, Duration::from_secs(20), || {
+    testbed::wait_until(what, Duration::from_secs(20), || {
         check().then_some(()).ok_or_else(String::new)
     })
 }
 
 /// The GPU node with the model-labels component, whose RBAC the labels need.
-fn cluster_node() -> Result<ClusterNode, String> {
-    ClusterNode::gpu(&["components/model-labels"])
+fn cluster_node() -> Result<ApiOnlyNode, String> {
+    ApiOnlyNode::gpu(&["components/model-labels"])
 }
 
-fn status_patches(node: &ClusterNode, pod: &str) -> Vec<common::api_proxy::Recorded> {
+fn status_patches(node: &ApiOnlyNode, pod: &str) -> Vec<testbed::cluster::fault_proxy::Recorded> {
     let path = node.pod_status_path(pod);
     node.requests()
         .into_iter()
@@ -43,7 +42,7 @@ fn status_patches(node: &ClusterNode, pod: &str) -> Vec<common::api_proxy::Recor
 
 /// A ValidatingAdmissionPolicy of another controller that refuses every write to `pod`'s status,
 /// in force before this returns (a dry run of such a write is refused).
-fn refuse_status_writes(node: &ClusterNode, pod: &str) {
+fn refuse_status_writes(node: &ApiOnlyNode, pod: &str) {
     let name = format!("pod-guard.{}", node.inference);
     let policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
@@ -62,7 +61,7 @@ fn refuse_status_writes(node: &ClusterNode, pod: &str) {
     node.control_plane.apply(&[policy, binding]).unwrap();
     let probe =
         json!({"status": {"conditions": [{"type": "example.com/Probe", "status": "True"}]}});
-    common::wait_until("the pod guard in force", Duration::from_secs(30), || {
+    testbed::wait_until("the pod guard in force", Duration::from_secs(30), || {
         let output = node.control_plane.kubectl(
             &[
                 "patch",
@@ -86,19 +85,19 @@ fn refuse_status_writes(node: &ClusterNode, pod: &str) {
     });
 }
 
-fn start(node: &ClusterNode, model: &PlainModel, manifest: &std::path::Path) -> Agent {
+fn start(node: &ApiOnlyNode, model: &PlainModel, manifest: &std::path::Path) -> Agent {
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1h\n  model_labels: true\n{}    host_path: /var/lib/models/llama\n",
-        common::agent::model_config("llama", model.root(), manifest)
+        testbed::agent::model_config("llama", model.root(), manifest)
     );
     node.start_agent(&config)
 }
 
 #[test]
 fn each_pod_follows_its_own_models_verification() {
-    let node = common::needs!(cluster_node());
+    let node = testbed::needs!(cluster_node());
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let llama = json!({"mlnode.dev/model": "llama"});
     node.put_pod(&gated(
         "vllm-0",
@@ -245,7 +244,7 @@ fn each_pod_follows_its_own_models_verification() {
 
     // A deleted pod's series goes with it.
     node.delete_pod("vllm-1");
-    common::wait_until(
+    testbed::wait_until(
         "vllm-1's series gone",
         Duration::from_secs(20),
         || match gate_series(&agent.metrics(), "vllm-1") {
@@ -260,9 +259,9 @@ fn each_pod_follows_its_own_models_verification() {
 /// pod and the node's own conditions are written as ever.
 #[test]
 fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
-    let node = common::needs!(cluster_node());
+    let node = testbed::needs!(cluster_node());
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let llama = json!({"mlnode.dev/model": "llama"});
     for name in ["vllm-0", "vllm-refused", "vllm-vanished"] {
         node.put_pod(&gated(name, node.name(), llama.clone(), "/var/lib/models"));
@@ -348,9 +347,9 @@ fn a_refused_or_vanished_pod_leaves_the_others_and_the_node_alone() {
 
 #[test]
 fn a_pod_mounting_the_cache_writable_is_warned_once_and_counted() {
-    let node = common::needs!(cluster_node());
+    let node = testbed::needs!(cluster_node());
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let mut writable = gated("vllm-0", node.name(), json!({}), "/var/lib/models");
     writable["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] = json!(false);
     node.put_pod(&writable);
@@ -413,7 +412,7 @@ fn a_pod_mounting_the_cache_writable_is_warned_once_and_counted() {
         "{event}"
     );
     node.delete_pod("vllm-0");
-    common::wait_until(
+    testbed::wait_until(
         "its series gone",
         Duration::from_secs(20),
         || match writable_series("vllm-0") {
@@ -444,20 +443,24 @@ fn matches(term: &Value, labels: &Value) -> bool {
 /// the node, is gated on its model and prefers the node once the agent labels it.
 #[test]
 fn the_example_deployment_is_gated_on_its_model_and_prefers_its_node() {
-    let deployment = common::pods::gated_example();
+    let deployment = testbed::cluster::pods::gated_example();
     let template = &deployment["spec"]["template"];
     let revision = template["metadata"]["annotations"]["mlnode.dev/model-revision"]
         .as_str()
         .unwrap();
-    let node = common::needs!(cluster_node());
-    let pod = common::pods::gated_example_pod("", "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", node.name());
+    let node = testbed::needs!(cluster_node());
+    let pod = testbed::cluster::pods::gated_example_pod(
+        "",
+        "vllm-llama-3-1-8b-7d9f8c6b5-x2k4p",
+        node.name(),
+    );
     node.put_pod(&pod);
     let labels_before = node.node()["metadata"]["labels"].clone();
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json(revision, true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json(revision, true));
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n  interval: 200ms\n  model_labels: true\n{}    host_path: /var/lib/models/llama-3.1-8b\n",
-        common::agent::model_config("llama-3.1-8b", model.root(), &manifest)
+        testbed::agent::model_config("llama-3.1-8b", model.root(), &manifest)
     );
     let agent = node.start_agent(&config);
     let condition = || node.pod_condition("vllm-llama-3-1-8b-7d9f8c6b5-x2k4p", GATE);

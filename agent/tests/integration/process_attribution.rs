@@ -1,21 +1,20 @@
 //! Per-pod use of a shared GPU end to end: the fake NVML lists the GPU's processes (nvml.h's
 //! `nvmlProcessInfo_t`, `nvmlProcessUtilizationSample_t`), each process's cgroup names its pod
 //! and container as the kubelet and containerd name them (core::cgroup cites the forms), the pods
-//! live on the real API server (common::control_plane; their UIDs the server's, their
+//! live on the real API server (testbed::cluster::control_plane; their UIDs the server's, their
 //! containerStatuses with `containerd://` ids as the kubelet writes them), and the fake kubelet hands out time-slicing replicas `GPU-<uuid>::<n>` as NVIDIA's device
 //! plugin does.
-
-use crate::common;
 
 use std::path::Path;
 use std::time::Duration;
 
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
 
-use common::agent::{sample, Agent};
-use common::cluster_node::ClusterNode;
-use common::nvml::{fake_nvml, Scenario};
-use common::pods::{unix_now, vllm_pod, PodTimes};
+use testbed::agent::{sample, Agent};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::cluster::pods::{unix_now, vllm_pod, PodTimes};
+use testbed::devices::fake_nvml::{fake_nvml, Scenario};
 
 const GIB: u64 = 1 << 30;
 
@@ -97,7 +96,7 @@ fn offline_uids() -> Vec<String> {
 }
 
 /// A vLLM pod named `name` on `node` whose one container has `container_id`.
-fn pod(name: &str, node: &ClusterNode, container_id: &str) -> Value {
+fn pod(name: &str, node: &ApiOnlyNode, container_id: &str) -> Value {
     let mut pod = vllm_pod("", name, "/models", &times());
     pod["spec"]["nodeName"] = json!(node.name());
     pod["status"]["containerStatuses"][0]["containerID"] =
@@ -107,7 +106,7 @@ fn pod(name: &str, node: &ClusterNode, container_id: &str) -> Value {
 
 /// `pods` created on the node's inference namespace, their status written as the kubelet
 /// writes it; the UIDs the server gave them, in order.
-fn put_pods(node: &ClusterNode, pods: &[Value]) -> Vec<String> {
+fn put_pods(node: &ApiOnlyNode, pods: &[Value]) -> Vec<String> {
     node.control_plane
         .create_pods(&node.inference, pods)
         .iter()
@@ -116,7 +115,7 @@ fn put_pods(node: &ClusterNode, pods: &[Value]) -> Vec<String> {
 }
 
 /// The tenants' pods on `node` (the first `count`); their UIDs.
-fn tenants_on(node: &ClusterNode, count: usize) -> Vec<String> {
+fn tenants_on(node: &ApiOnlyNode, count: usize) -> Vec<String> {
     let pods: Vec<Value> = TENANTS[..count]
         .iter()
         .map(|t| pod(t.pod, node, t.container_id))
@@ -149,7 +148,7 @@ fn scenario() -> (Scenario, u64, u32) {
 
 /// NVIDIA's device plugin with time-slicing: each tenant (in `namespace`) holds one replica of
 /// the GPU `uuid`.
-fn time_slicing_kubelet(namespace: &str, uuid: &str) -> common::kubelet::FakeKubelet {
+fn time_slicing_kubelet(namespace: &str, uuid: &str) -> testbed::node::pod_resources::FakeKubelet {
     let ids: Vec<[String; 1]> = TENANTS
         .iter()
         .map(|t| [format!("{uuid}::{}", t.replica)])
@@ -160,7 +159,9 @@ fn time_slicing_kubelet(namespace: &str, uuid: &str) -> common::kubelet::FakeKub
         .zip(&id_refs)
         .map(|(t, id)| (t.pod, "nvidia.com/gpu", &id[..]))
         .collect();
-    common::kubelet::FakeKubelet::serve(common::kubelet::response_in(namespace, &held))
+    testbed::node::pod_resources::FakeKubelet::serve(testbed::node::pod_resources::response_in(
+        namespace, &held,
+    ))
 }
 
 /// The agent with the tenants' pods on a node of the real cluster and their replicas of GPU
@@ -173,7 +174,7 @@ fn tenants_sharing(
     nvml: &str,
     kubelet: &str,
 ) -> Result<Sharing, String> {
-    let node = ClusterNode::gpu(&[])?;
+    let node = ApiOnlyNode::gpu(&[])?;
     let uids = tenants_on(&node, TENANTS.len());
     host_proc(proc_root, &uids, &[]);
     let fake_kubelet = time_slicing_kubelet(&node.inference, uuid);
@@ -196,15 +197,15 @@ fn tenants_sharing(
 
 struct Sharing {
     agent: Agent,
-    node: ClusterNode,
+    node: ApiOnlyNode,
     /// The tenants' pods' UIDs, in TENANTS' order.
     uids: Vec<String>,
-    _kubelet: common::kubelet::FakeKubelet,
+    _kubelet: testbed::node::pod_resources::FakeKubelet,
 }
 
 /// The agent with process attribution on, the fake NVML, `proc_root` as the host's /proc, and
 /// where given, the cluster `node` it runs on; `extra` is more YAML.
-fn start(scenario: &Scenario, proc_root: &Path, node: Option<&ClusterNode>, extra: &str) -> Agent {
+fn start(scenario: &Scenario, proc_root: &Path, node: Option<&ApiOnlyNode>, extra: &str) -> Agent {
     let mut env = vec![("FAKE_NVML_SCENARIO", scenario.path())];
     let mut config = format!(
         "models: []\nnvml:\n  library: {:?}\n  sample_interval: 100ms\n  pci_devices: {:?}\n  process_attribution: true\n  proc_root: {:?}\n{extra}",
@@ -237,7 +238,7 @@ fn four_pods_time_slicing_one_gpu_each_show_their_own_use() {
             ),
         ],
     );
-    let sharing = common::needs!(tenants_sharing(&scenario, &uuid, proc_root.path(), "", ""));
+    let sharing = testbed::needs!(tenants_sharing(&scenario, &uuid, proc_root.path(), "", ""));
     let Sharing {
         agent, node, uids, ..
     } = &sharing;
@@ -344,7 +345,7 @@ fn pods_sharing_a_mig_device_each_show_their_memory_and_no_utilisation() {
             ],
         }]}),
     );
-    let node = common::needs!(ClusterNode::gpu(&[]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let uids = tenants_on(&node, 2);
     let proc_root = tempfile::tempdir().unwrap();
     host_proc(proc_root.path(), &uids, &[]);
@@ -456,14 +457,16 @@ fn a_holders_uid_and_chosen_labels_go_on_its_gpus_series() {
     let uuid = gpu_uuid(&scenario, 0);
     let proc_root = tempfile::tempdir().unwrap();
     host_proc(proc_root.path(), &[], &[]);
-    let node = common::needs!(ClusterNode::gpu(&[]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let mut held = pod(TENANTS[0].pod, &node, TENANTS[0].container_id);
     held["metadata"]["labels"]["app.kubernetes.io/part-of"] = json!("search");
     let uid = put_pods(&node, &[held]).remove(0);
-    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response_in(
-        &node.inference,
-        &[(TENANTS[0].pod, "nvidia.com/gpu", &[uuid.as_str()])],
-    ));
+    let kubelet = testbed::node::pod_resources::FakeKubelet::serve(
+        testbed::node::pod_resources::response_in(
+            &node.inference,
+            &[(TENANTS[0].pod, "nvidia.com/gpu", &[uuid.as_str()])],
+        ),
+    );
     let agent = start(
         &scenario,
         proc_root.path(),
@@ -509,7 +512,7 @@ fn virtual_gpus_copy_dcgm_series_per_replica_holder_with_their_own_use() {
     let (scenario, device_memory, _) = scenario();
     let uuid = gpu_uuid(&scenario, 0);
     let proc_root = tempfile::tempdir().unwrap();
-    let sharing = common::needs!(tenants_sharing(
+    let sharing = testbed::needs!(tenants_sharing(
         &scenario,
         &uuid,
         proc_root.path(),
@@ -573,7 +576,7 @@ fn series_on_a_node_with_8_gpus_each_shared_by_8_pods() {
     const PODS: usize = 8;
     let mut scenario = Scenario::new(GPUS);
     let proc_root = tempfile::tempdir().unwrap();
-    let node = common::needs!(ClusterNode::gpu(&[]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let mut pods = Vec::new();
     let mut held: Vec<(String, String)> = Vec::new();
     let mut processes: Vec<(u32, String)> = Vec::new();
@@ -604,8 +607,9 @@ fn series_on_a_node_with_8_gpus_each_shared_by_8_pods() {
         .zip(&ids)
         .map(|((pod, _), id)| (pod.as_str(), "nvidia.com/gpu", &id[..]))
         .collect();
-    let kubelet =
-        common::kubelet::FakeKubelet::serve(common::kubelet::response_in(&node.inference, &listed));
+    let kubelet = testbed::node::pod_resources::FakeKubelet::serve(
+        testbed::node::pod_resources::response_in(&node.inference, &listed),
+    );
     let socket = kubelet.socket().display().to_string();
     let count = |nvml: &str, kubelet_extra: &str| {
         let config = format!(

@@ -1,16 +1,15 @@
 //! The RDMA collector on device trees shaped from the kernel's and the EFA driver's sources
-//! (common::rdma): a p5.48xlarge's 32 EFA devices and an InfiniBand HCA whose port is down, the
+//! (testbed::devices::rdma_sysfs): a p5.48xlarge's 32 EFA devices and an InfiniBand HCA whose port is down, the
 //! agent run as `serve`; then what a driver reload, a device that goes away and a value in no
 //! format do to the series.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::cluster_node::ClusterNode;
-use common::rdma::{Tree, EFA_PORT_STATS};
 use mlnode_agent::rdma::settings::DEFAULT_COUNTERS;
+use mlnode_testbed as testbed;
+use testbed::agent::{sample, Agent};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::devices::rdma_sysfs::{Tree, EFA_PORT_STATS};
 
 fn start(tree: &Tree) -> Agent {
     start_with(tree, "")
@@ -35,16 +34,18 @@ fn each_pods_efa_devices_are_named_from_the_kubelet() {
     tree.efa("rdmap32s27", "0000:20:1b.0", 2000);
     tree.efa("rdmap48s27", "0000:30:1b.0", 3000);
     tree.uverbs(1, "rdmap32s27");
-    let kubelet = common::kubelet::FakeKubelet::serve(common::kubelet::response(&[
-        ("prefill-0", "vpc.amazonaws.com/efa", &["rdmap16s27"]),
-        (
-            "decode-0",
-            "vpc.amazonaws.com/efa",
-            &["uverbs1", "0000:30:1b.0"],
-        ),
-        ("decode-1", "vpc.amazonaws.com/efa", &["efa-7"]),
-        ("vllm-0", "nvidia.com/gpu", &["rdmap48s27"]),
-    ]));
+    let kubelet = testbed::node::pod_resources::FakeKubelet::serve(
+        testbed::node::pod_resources::response(&[
+            ("prefill-0", "vpc.amazonaws.com/efa", &["rdmap16s27"]),
+            (
+                "decode-0",
+                "vpc.amazonaws.com/efa",
+                &["uverbs1", "0000:30:1b.0"],
+            ),
+            ("decode-1", "vpc.amazonaws.com/efa", &["efa-7"]),
+            ("vllm-0", "nvidia.com/gpu", &["rdmap48s27"]),
+        ]),
+    );
     let agent = start_with(
         &tree,
         &format!(
@@ -277,22 +278,22 @@ fn a_p5_nodes_efa_devices_and_an_infiniband_port_are_read_as_the_kernel_writes_t
 /// An agent judging a fabric, and what it needs kept while it runs.
 struct Judged {
     agent: Agent,
-    _model: common::PlainModel,
+    _model: testbed::models::PlainModel,
     _manifest: tempfile::TempDir,
 }
 
 /// The agent with the RDMA collector on `tree` (32 EFA devices expected), a verified model, and
 /// the readiness controller on `node` (the real server, through the proxy) with the startup taint
 /// and `readiness` (more lines of its section).
-fn start_judged(tree: &Tree, node: &ClusterNode, readiness: &str) -> Judged {
-    let model = common::PlainModel::new();
-    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+fn start_judged(tree: &Tree, node: &ApiOnlyNode, readiness: &str) -> Judged {
+    let model = testbed::models::PlainModel::new();
+    let (dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let agent = node.start_agent(
         &format!(
             "nvml:\n  enabled: false\nneuron:\n  enabled: false\nrdma:\n  sysfs_root: {:?}\n  pci_devices: {:?}\n  expected_efa_devices: 32\nreadiness:\n  enabled: true\n  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n{readiness}{}",
             tree.class().display().to_string(),
             tree.pci_devices().display().to_string(),
-            common::agent::model_config("llama", model.root(), &manifest)
+            testbed::agent::model_config("llama", model.root(), &manifest)
         ),
     );
     Judged {
@@ -321,9 +322,9 @@ const WITH_REPAIR: &[&str] = &["components/startup-taint", "components/repair-co
 #[test]
 fn the_repair_condition_hands_a_faulty_fabric_to_the_repair_engines() {
     let tree = p5_missing_one();
-    let api = common::needs!(ClusterNode::gpu(WITH_REPAIR));
+    let api = testbed::needs!(ApiOnlyNode::gpu(WITH_REPAIR));
     let _judged = start_judged(&tree, &api, REPAIR);
-    common::wait_until(
+    testbed::wait_until(
         "NetworkingReady False",
         Duration::from_secs(20),
         || match api.condition("NetworkingReady")["status"].as_str() {
@@ -342,17 +343,17 @@ fn the_repair_condition_hands_a_faulty_fabric_to_the_repair_engines() {
 
 /// A flapping InfiniBand port (its `link_downed` up by more than `rdma.flap_threshold` within the
 /// window) turns `NetworkingReady` False on the real server, and Karpenter's own matcher
-/// (tests/karpenter-repair) replaces the node after 30 minutes under every policy set: its
+/// (tests/programs/karpenter-repair) replaces the node after 30 minutes under every policy set: its
 /// `NetworkingReady` policy reads no reason. No heartbeat moves the transition it counts from.
 #[test]
 fn karpenter_replaces_a_node_whose_infiniband_port_flaps_after_thirty_minutes() {
     let tree = Tree::new();
     tree.p5();
     tree.infiniband("mlx5_0", "0000:c1:00.0", "4: ACTIVE", "5: LinkUp", 0);
-    let api = common::needs!(ClusterNode::gpu(WITH_REPAIR));
+    let api = testbed::needs!(ApiOnlyNode::gpu(WITH_REPAIR));
     let judged = start_judged(&tree, &api, REPAIR);
     let networking = |what: &str, check: &dyn Fn(&serde_json::Value) -> bool| {
-        common::wait_until(what, Duration::from_secs(20), || {
+        testbed::wait_until(what, Duration::from_secs(20), || {
             let condition = api.condition("NetworkingReady");
             if check(&condition) {
                 Ok(condition)
@@ -365,11 +366,12 @@ fn karpenter_replaces_a_node_whose_infiniband_port_flaps_after_thirty_minutes() 
     std::fs::write(tree.port("mlx5_0", 1).join("counters/link_downed"), "5\n").unwrap();
     let flapping = networking("the port flapping", &|c| c["status"] == "False");
     assert_eq!(flapping["reason"], "RDMALinkFlapping", "{flapping}");
-    let decided = common::karpenter::decisions_for(&api.node(), "NetworkingReady").unwrap();
+    let decided =
+        testbed::cluster::karpenter::decisions_for(&api.node(), "NetworkingReady").unwrap();
     assert_eq!(
         decided
             .iter()
-            .map(common::karpenter::said)
+            .map(testbed::cluster::karpenter::said)
             .collect::<Vec<_>>(),
         ["replace after 30 min, any reason"; 3]
     );
@@ -384,7 +386,7 @@ fn karpenter_replaces_a_node_whose_infiniband_port_flaps_after_thirty_minutes() 
 #[test]
 fn a_networking_condition_another_writer_owns_is_never_taken_over() {
     let tree = p5_missing_one();
-    let api = common::needs!(ClusterNode::gpu(WITH_REPAIR));
+    let api = testbed::needs!(ApiOnlyNode::gpu(WITH_REPAIR));
     let theirs = serde_json::json!({"type": "NetworkingReady", "status": "True", "reason": "NetworkingIsReady",
         "message": "Monitoring for the Networking system is active",
         "lastHeartbeatTime": "2026-11-30T03:58:00Z", "lastTransitionTime": "2026-11-30T03:51:00Z"});
@@ -403,7 +405,7 @@ fn a_networking_condition_another_writer_owns_is_never_taken_over() {
     );
     let judged = start_judged(&tree, &api, REPAIR);
     let agent = &judged.agent;
-    common::wait_until(
+    testbed::wait_until(
         "our repair condition and FabricHealthy",
         Duration::from_secs(20),
         || match (
@@ -446,10 +448,10 @@ fn a_networking_condition_another_writer_owns_is_never_taken_over() {
 fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
     let tree = p5_missing_one();
     tree.infiniband("mlx5_0", "0000:c1:00.0", "1: DOWN", "3: Disabled", 0);
-    let api = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
+    let api = testbed::needs!(ApiOnlyNode::gpu(&["components/startup-taint"]));
     let judged = start_judged(&tree, &api, "");
     let agent = &judged.agent;
-    common::wait_until("FabricHealthy False", Duration::from_secs(20), || match api
+    testbed::wait_until("FabricHealthy False", Duration::from_secs(20), || match api
         .condition("FabricHealthy")["status"]
         .as_str()
     {
@@ -470,7 +472,7 @@ fn a_missing_efa_device_and_a_port_down_fail_fabric_healthy_naming_them() {
         "{message}"
     );
     assert_eq!(api.condition("AcceleratorHealthy")["status"], "True");
-    common::wait_until("the startup taint off", Duration::from_secs(20), || {
+    testbed::wait_until("the startup taint off", Duration::from_secs(20), || {
         let taints = api.node()["spec"]["taints"].clone();
         match taints
             .as_array()
@@ -763,7 +765,7 @@ fn read_as_the_agent(
     devices: usize,
 ) -> (tempfile::TempDir, String) {
     let tree = tempfile::tempdir().unwrap();
-    common::ttar::unpack(&std::fs::read_to_string(archive).unwrap(), tree.path())
+    testbed::devices::ttar::unpack(&std::fs::read_to_string(archive).unwrap(), tree.path())
         .unwrap_or_else(|e| panic!("{}: {e}", archive.display()));
     let no_pci = tempfile::tempdir().unwrap();
     let agent = Agent::start(&format!(
@@ -783,12 +785,12 @@ fn read_as_the_agent(
 fn a_malformed_ttar_archive_is_refused_naming_the_line() {
     let into = tempfile::tempdir().unwrap();
     let short = "Directory: sys\nMode: 755\nPath: sys/rate\nLines: 2\n100 Gb/sec\n";
-    let refused = common::ttar::unpack(short, into.path()).unwrap_err();
+    let refused = testbed::devices::ttar::unpack(short, into.path()).unwrap_err();
     assert!(
         refused.starts_with("line 3: fewer lines than it says"),
         "{refused}"
     );
-    let unknown = common::ttar::unpack("Entry: sys\n", into.path()).unwrap_err();
+    let unknown = testbed::devices::ttar::unpack("Entry: sys\n", into.path()).unwrap_err();
     assert!(
         unknown.contains("neither Directory, Path nor Mode"),
         "{unknown}"

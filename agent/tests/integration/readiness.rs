@@ -1,23 +1,22 @@
 //! The readiness controller in the agent binary against the real kube-apiserver
-//! (common::control_plane), as its DaemonSet runs it (the shipped RBAC and admission policies, its
+//! (testbed::cluster::control_plane), as its DaemonSet runs it (the shipped RBAC and admission policies, its
 //! pod's bound token), through the proxy that records what it sends and pushes back on demand
-//! (common::api_proxy): the exact requests (paths, content types, bodies), kubelet's conditions
+//! (testbed::cluster::fault_proxy): the exact requests (paths, content types, bodies), kubelet's conditions
 //! untouched, heartbeat skipping, the startup taint removed beside a foreign one and retried when
 //! another writer changes the list under it, and an API server that is down at start.
-
-use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::agent::{sample, Agent};
-use common::api_proxy::Recorded;
-use common::cluster_node::ClusterNode;
-use common::PlainModel;
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::agent::{sample, Agent};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::cluster::fault_proxy::Recorded;
+use testbed::models::PlainModel;
 
-fn tainted(node: &ClusterNode) -> bool {
+fn tainted(node: &ApiOnlyNode) -> bool {
     node.node()["spec"]["taints"]
         .as_array()
         .into_iter()
@@ -29,7 +28,7 @@ fn nvidia_taint() -> Value {
     json!({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"})
 }
 
-fn start(node: &ClusterNode, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
+fn start(node: &ApiOnlyNode, model: &PlainModel, manifest: &Path, extra: &str) -> Agent {
     let readiness =
         "  startup_taint: mlnode.dev/not-ready:NoSchedule\n  interval: 200ms\n  heartbeat: 1s\n";
     start_with(node, readiness, model.root(), manifest, extra)
@@ -38,7 +37,7 @@ fn start(node: &ClusterNode, model: &PlainModel, manifest: &Path, extra: &str) -
 /// The agent with the readiness settings `readiness` (indented lines of its section) and the
 /// model `llama` at `root`, against `node`'s server through its proxy.
 fn start_with(
-    node: &ClusterNode,
+    node: &ApiOnlyNode,
     readiness: &str,
     root: &Path,
     manifest: &Path,
@@ -46,13 +45,13 @@ fn start_with(
 ) -> Agent {
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: true\n{readiness}{extra}{}",
-        common::agent::model_config("llama", root, manifest)
+        testbed::agent::model_config("llama", root, manifest)
     );
     node.start_agent(&config)
 }
 
 fn wait_until(what: &str, limit: Duration, check: impl Fn() -> bool) {
-    common::wait_until(what, limit, || {
+    testbed::wait_until(what, limit, || {
         check().then_some(()).ok_or_else(String::new)
     })
 }
@@ -91,9 +90,9 @@ fn patches<'a>(requests: &'a [Recorded], path: &str) -> Vec<&'a Recorded> {
 
 #[test]
 fn conditions_and_taint_are_written_exactly_and_only_ours() {
-    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let kubelet_before: Vec<_> = node.node()["status"]["conditions"]
         .as_array()
         .unwrap()
@@ -226,9 +225,9 @@ fn conditions_and_taint_are_written_exactly_and_only_ours() {
 
 #[test]
 fn unchanged_conditions_are_skipped_until_the_heartbeat() {
-    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let agent = start(&node, &model, &manifest, "");
     wait_until("verified", Duration::from_secs(20), || {
         node.condition("ModelCacheVerified")["status"] == "True"
@@ -265,7 +264,7 @@ fn unchanged_conditions_are_skipped_until_the_heartbeat() {
 
 #[test]
 fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
-    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&["components/startup-taint"]));
     // Another controller adds a taint between the agent's read of the node and its write.
     let (control_plane, name) = (node.control_plane, node.on.node.clone());
     let path = node.path();
@@ -278,7 +277,7 @@ fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
         },
     );
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let _agent = start(&node, &model, &manifest, "");
     wait_until("taint removed", Duration::from_secs(20), || {
         node.node()["spec"]["taints"]
@@ -301,10 +300,10 @@ fn a_taint_list_that_changes_under_us_is_reread_and_retried() {
 
 #[test]
 fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
-    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&["components/startup-taint"]));
     node.api.state.down.store(true, Ordering::Relaxed);
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let agent = start(&node, &model, &manifest, "");
     agent.wait_for("errors counted", Duration::from_secs(20), |m| {
         sample(
@@ -347,9 +346,9 @@ fn an_api_server_that_is_down_delays_but_never_fakes_the_conditions() {
 
 #[test]
 fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
-    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let agent = start(&node, &model, &manifest, "  taint_mode: continuous\n");
     let tainted = || tainted(&node);
     wait_until("taint removed", Duration::from_secs(20), || !tainted());
@@ -417,9 +416,9 @@ fn continuous_mode_puts_the_taint_back_when_a_gate_fails() {
 /// True within seconds, because the controller waits on the models' state as well as its clock.
 #[test]
 fn a_verdict_is_written_when_the_verification_ends_not_a_round_later() {
-    let node = common::needs!(ClusterNode::gpu(&["components/startup-taint"]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&["components/startup-taint"]));
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let later = tempfile::tempdir().unwrap();
     let root = later.path().join("llama");
     let _agent = start_with(

@@ -1,6 +1,6 @@
 //! README.md's install as a person pastes it: the shell blocks of its "Install in a cluster"
 //! section, read from README.md at run time (never copied here), each run by `bash -e` in a
-//! folder of the user's own against the tests' real node (common::node::cluster: kube-apiserver,
+//! folder of the user's own against the tests' real node (testbed::node::one_node_cluster: kube-apiserver,
 //! the scheduler and controllers, a kubelet with containerd). The agent's pod must turn Ready, the
 //! node's ModelCacheVerified True for the README's model, and the check commands, README's and
 //! those `helm install` prints, must run and print the node's conditions. The node's control plane
@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::common;
-use common::node::cluster::{OneNodeCluster, NODE};
-use common::node::workload::{agent_pods, await_agent_pod, open_to_all};
-use common::node::REGISTRY;
+use mlnode_testbed as testbed;
+use testbed::node::one_node_cluster::{OneNodeCluster, NODE};
+use testbed::node::runtime::REGISTRY;
+use testbed::node::workload::{agent_pods, await_agent_pod, open_to_all};
 
 const SECTION: &str = "## Install in a cluster";
 
@@ -104,10 +104,10 @@ fn every_shell_block_of_the_readme_and_docs_parses() {
     }
     assert!(parsed >= 10, "only {parsed} shell blocks found");
     // The commands `helm install` prints (the chart's NOTES.txt), as a person pastes them.
-    let notes = common::needs!(common::helm::helm(&[
+    let notes = testbed::needs!(testbed::renderers::helm::helm(&[
         "install",
         "mlnode-agent",
-        common::helm::chart_dir().to_str().unwrap(),
+        testbed::renderers::helm::chart_dir().to_str().unwrap(),
         "--namespace",
         "mlnode-system",
         "--dry-run=client",
@@ -241,14 +241,17 @@ fn a_gpu_node_with_the_model(cluster: &OneNodeCluster, user: &UserShell) {
         &["taint", "node", NODE, "mlnode.dev/not-ready:NoSchedule-"],
         "",
     );
-    let model = common::PlainModel::new();
+    let model = testbed::models::PlainModel::new();
     let on_node = cluster
         .runtime
         .dir()
         .join("models")
-        .join(common::kustomize::README_MODEL);
+        .join(testbed::renderers::kustomize::README_MODEL);
     let _ = std::fs::remove_dir_all(&on_node);
-    for root in [on_node.clone(), user.path(common::kustomize::README_MODEL)] {
+    for root in [
+        on_node.clone(),
+        user.path(testbed::renderers::kustomize::README_MODEL),
+    ] {
         for (path, bytes) in &model.files {
             let file = root.join(path);
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
@@ -256,7 +259,7 @@ fn a_gpu_node_with_the_model(cluster: &OneNodeCluster, user: &UserShell) {
         }
     }
     open_to_all(&on_node);
-    common::wait_until_settled(&on_node);
+    testbed::models::wait_until_settled(&on_node);
     cluster
         .admin
         .apply(&[serde_json::json!({
@@ -279,7 +282,7 @@ fn a_user_with_the_models_manifest(cluster: &OneNodeCluster) -> (Vec<String>, Us
 }
 
 fn await_no_agent(cluster: &OneNodeCluster) {
-    common::wait_until("no agent pod on the node", Duration::from_secs(120), || {
+    testbed::wait_until("no agent pod on the node", Duration::from_secs(120), || {
         let pods = agent_pods(cluster);
         pods.is_empty()
             .then_some(())
@@ -292,7 +295,7 @@ fn await_no_agent(cluster: &OneNodeCluster) {
 fn the_agent_verifies_the_readmes_model(cluster: &OneNodeCluster, started: Instant) -> (f64, f64) {
     await_agent_pod(cluster, None);
     let ready = started.elapsed().as_secs_f64();
-    common::wait_until(
+    testbed::wait_until(
         "ModelCacheVerified True for the README's model",
         Duration::from_secs(120),
         || match cluster.node_condition("ModelCacheVerified") {
@@ -344,8 +347,8 @@ fn the_check_prints_the_nodes_conditions(user: &UserShell, check: &str) {
 
 #[test]
 fn the_readmes_helm_install_runs_as_written_on_a_real_node() {
-    let cluster = common::needs!(common::node::cluster::shared());
-    common::needs!(common::helm::helm(&["version"]).map(|_| ()));
+    let cluster = testbed::needs!(testbed::node::one_node_cluster::shared());
+    testbed::needs!(testbed::renderers::helm::helm(&["version"]).map(|_| ()));
     let _node_wide = cluster.exclusive();
     let (blocks, user) = a_user_with_the_models_manifest(cluster);
     user.run(&block(&blocks, "kubectl create namespace"));
@@ -391,7 +394,7 @@ fn the_readmes_helm_install_runs_as_written_on_a_real_node() {
 
 #[test]
 fn the_readmes_kustomize_install_runs_as_written_on_a_real_node() {
-    let cluster = common::needs!(common::node::cluster::shared());
+    let cluster = testbed::needs!(testbed::node::one_node_cluster::shared());
     let _node_wide = cluster.exclusive();
     let (blocks, user) = a_user_with_the_models_manifest(cluster);
     user.run(&block(&blocks, "my-mlnode/kustomization.yaml"));
@@ -460,7 +463,7 @@ fn what_helm_says_of_the_cluster_it_installs_on(cluster: &OneNodeCluster, user: 
     assert!(!String::from_utf8_lossy(&here.stdout).contains("WARNING: model"));
 
     let auto = "auto-mode-node";
-    cluster.admin.create(&common::control_plane::node(
+    cluster.admin.create(&testbed::cluster::control_plane::node(
         auto,
         serde_json::json!({"metadata": {"labels": {"eks.amazonaws.com/compute-type": "auto", "nvidia.com/gpu.present": null}}}),
     ));

@@ -1,15 +1,14 @@
 //! docs/runbooks.md's tables of what the repair engines do, checked against Karpenter's own matcher
-//! (common::karpenter): every reason of every row on a Node of its own, judged under Karpenter
+//! (testbed::cluster::karpenter): every reason of every row on a Node of its own, judged under Karpenter
 //! 1.15's policies, with its `RebootForRepair` gate, and under 1.14's legacy ones; and every reason
 //! docs/readiness.md says the agent writes is in a row.
-
-use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use common::karpenter::{decide, said, Policies};
+use mlnode_testbed as testbed;
 use serde_json::json;
+use testbed::cluster::karpenter::{decide, said, Policies};
 
 const SECTION: &str = "## What each AcceleratorHealthy reason means to the repair engines";
 
@@ -98,7 +97,7 @@ fn rows() -> Vec<Row> {
 
 #[test]
 fn the_runbooks_repair_table_is_what_karpenters_matcher_decides() {
-    common::needs!(common::karpenter::binary());
+    testbed::needs!(testbed::cluster::karpenter::binary());
     let rows = rows();
     let conditions: BTreeSet<&str> = rows.iter().map(|r| r.condition.as_str()).collect();
     assert_eq!(

@@ -1,26 +1,25 @@
 //! A restarted agent and what a previous agent of the same boot verified (issue 38,
 //! docs/cache-verification.md "Restarts"): the record kept in `ModelCacheVerified`'s message on a
-//! real kube-apiserver (through the recording proxy, common::cluster_node), real files on disk, the
+//! real kube-apiserver (through the recording proxy, testbed::cluster::api_only_node), real files on disk, the
 //! agent binary run twice. An unchanged cache is
 //! verified again without a byte read and no gate leaves True; anything that changed while the
 //! agent was down is hashed and found.
-
-use crate::common;
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::agent::{sample, Agent};
-use common::cluster_node::ClusterNode;
-use common::PlainModel;
+use mlnode_testbed as testbed;
 use serde_json::{json, Value};
+use testbed::agent::{sample, Agent};
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::models::PlainModel;
 
 const BOOT: &str = "3f2b1c9e-8d7a-4c1b-9e2f-0a1b2c3d4e5f";
 
 /// A node of the real cluster and its boot id.
 struct Node {
-    api: ClusterNode,
+    api: ApiOnlyNode,
     _boot: tempfile::TempDir,
     boot_id: PathBuf,
 }
@@ -31,7 +30,7 @@ impl Node {
         let boot_id = boot.path().join("boot_id");
         std::fs::write(&boot_id, format!("{BOOT}\n")).unwrap();
         Ok(Node {
-            api: ClusterNode::gpu(&[])?,
+            api: ApiOnlyNode::gpu(&[])?,
             _boot: boot,
             boot_id,
         })
@@ -48,7 +47,7 @@ impl Node {
         let config = format!(
             "start_jitter: {jitter}\nnvml:\n  enabled: false\nneuron:\n  enabled: false\nverify:\n  restart_jitter: 0s\n{verify}readiness:\n  enabled: true\n  interval: 200ms\n  heartbeat: 1s\n  boot_id_file: {:?}\n{}",
             self.boot_id.display().to_string(),
-            common::agent::model_config("llama", root, manifest)
+            testbed::agent::model_config("llama", root, manifest)
         );
         self.api.start_agent(&config)
     }
@@ -62,7 +61,7 @@ impl Node {
     fn wait_for_record(&self) -> String {
         let boot = std::fs::read_to_string(&self.boot_id).unwrap();
         let boot = boot.trim();
-        common::wait_until(
+        testbed::wait_until(
             "a complete record on the node",
             Duration::from_secs(30),
             || {
@@ -102,7 +101,7 @@ impl Node {
 
 /// /readyz once the model has a verdict, either way.
 fn ready(agent: &Agent) -> String {
-    common::wait_until("a verdict on /readyz", Duration::from_secs(30), || {
+    testbed::wait_until("a verdict on /readyz", Duration::from_secs(30), || {
         let (status, body) = agent.get("/readyz");
         let failed = body.contains("not verified:") && !body.contains("in progress");
         (status == 200 || failed)
@@ -131,7 +130,7 @@ fn restart_records(agent: &Agent, result: &str) -> f64 {
 
 /// A model verified by a first agent, which left its record on the node and was stopped.
 fn verified_then_stopped(node: &Node, model: &PlainModel, manifest: &Path) {
-    common::wait_until_settled(model.root());
+    testbed::models::wait_until_settled(model.root());
     let mut first = node.agent(model.root(), manifest, "");
     assert_eq!(ready(&first).lines().count(), 1);
     node.wait_for_record();
@@ -140,11 +139,11 @@ fn verified_then_stopped(node: &Node, model: &PlainModel, manifest: &Path) {
 
 #[test]
 fn an_unchanged_cache_is_verified_at_restart_without_a_read_and_every_gate_stays_true() {
-    let node = common::needs!(Node::new());
+    let node = testbed::needs!(Node::new());
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     // A pod serving the model, gated on it.
-    node.api.put_pod(&common::pods::gated_vllm_pod(
+    node.api.put_pod(&testbed::cluster::pods::gated_vllm_pod(
         "",
         "vllm-0",
         node.api.name(),
@@ -152,11 +151,11 @@ fn an_unchanged_cache_is_verified_at_restart_without_a_read_and_every_gate_stays
         json!({"mlnode.dev/model": "llama"}),
     ));
     let gate = || node.api.pod_condition("vllm-0", "mlnode.dev/ModelVerified");
-    common::wait_until_settled(model.root());
+    testbed::models::wait_until_settled(model.root());
     let mut first = node.agent(model.root(), &manifest, "");
     ready(&first);
     node.wait_for_record();
-    common::wait_until("the pod's gate True", Duration::from_secs(20), || {
+    testbed::wait_until("the pod's gate True", Duration::from_secs(20), || {
         (gate()["status"] == "True")
             .then_some(())
             .ok_or(gate().to_string())
@@ -183,7 +182,7 @@ fn an_unchanged_cache_is_verified_at_restart_without_a_read_and_every_gate_stays
         .contains("a previous agent of this boot recorded what it verified"));
 
     // The condition says where the verdict came from, carries the record on, and never left True.
-    let condition = common::wait_until("the restart said", Duration::from_secs(20), || {
+    let condition = testbed::wait_until("the restart said", Duration::from_secs(20), || {
         let c = node.cache_condition();
         c["message"]
             .as_str()
@@ -221,10 +220,10 @@ fn an_unchanged_cache_is_verified_at_restart_without_a_read_and_every_gate_stays
 /// asked for everything, and the whole cache was hashed again a second after it was trusted.
 #[test]
 fn a_write_beside_the_manifest_during_a_restart_reads_nothing() {
-    let node = common::needs!(Node::new());
+    let node = testbed::needs!(Node::new());
     let model = PlainModel::new();
-    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
-    common::wait_until_settled(model.root());
+    let (dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
+    testbed::models::wait_until_settled(model.root());
     let mut first = node.agent(model.root(), &manifest, "");
     ready(&first);
     node.wait_for_record();
@@ -234,10 +233,10 @@ fn a_write_beside_the_manifest_during_a_restart_reads_nothing() {
     // Written again and again until the cache is trusted: some of it lands while the agent
     // watches and waits.
     let mut writes = 0;
-    common::wait_until("trusted", Duration::from_secs(30), || {
+    testbed::wait_until("trusted", Duration::from_secs(30), || {
         writes += 1;
         std::fs::write(dir.path().join("other-model.json"), writes.to_string()).unwrap();
-        match common::agent::http_get(second.port(), "/readyz") {
+        match testbed::agent::http_get(second.port(), "/readyz") {
             Ok((200, body)) => Ok(body),
             other => Err(format!("{other:?}")),
         }
@@ -263,9 +262,9 @@ enum Expect {
 /// Runs a first agent, stops it, changes the cache with `change`, starts a second agent and checks
 /// that exactly the changed file was hashed again and judged as `expect` says.
 fn restart_after(change: impl FnOnce(&PlainModel), expect: Expect) {
-    let node = common::needs!(Node::new());
+    let node = testbed::needs!(Node::new());
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     verified_then_stopped(&node, &model, &manifest);
     change(&model);
     let second = node.agent(model.root(), &manifest, "");
@@ -281,7 +280,7 @@ fn restart_after(change: impl FnOnce(&PlainModel), expect: Expect) {
     }
     // Each file of this small model is a group of its own: only the changed one is read.
     let size = model.files[path].len() as f64;
-    common::wait_until("the run counted", Duration::from_secs(10), || {
+    testbed::wait_until("the run counted", Duration::from_secs(10), || {
         (hashed(&second) == size).then_some(()).ok_or(format!(
             "hashed {} bytes, the file has {size}",
             hashed(&second)
@@ -318,7 +317,12 @@ fn replace_shard(model: &PlainModel, bytes: &[u8]) {
 #[test]
 fn a_file_replaced_by_another_of_the_same_size_is_hashed_and_found() {
     restart_after(
-        |model| replace_shard(model, &common::content(9, model.files[SHARD].len())),
+        |model| {
+            replace_shard(
+                model,
+                &testbed::models::content(9, model.files[SHARD].len()),
+            )
+        },
         Expect::Fails(SHARD),
     );
 }
@@ -338,7 +342,11 @@ fn a_write_whose_mtime_was_set_back_is_hashed_and_found() {
         |model| {
             let path = model.path(SHARD);
             let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
-            std::fs::write(&path, common::content(11, model.files[SHARD].len())).unwrap();
+            std::fs::write(
+                &path,
+                testbed::models::content(11, model.files[SHARD].len()),
+            )
+            .unwrap();
             std::fs::File::options()
                 .write(true)
                 .open(&path)
@@ -353,9 +361,9 @@ fn a_write_whose_mtime_was_set_back_is_hashed_and_found() {
 
 #[test]
 fn a_new_boot_a_changed_manifest_and_a_foreign_record_are_hashed_whole() {
-    let node = common::needs!(Node::new());
+    let node = testbed::needs!(Node::new());
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let all: f64 = model.files.values().map(|b| b.len() as f64).sum();
     verified_then_stopped(&node, &model, &manifest);
 
@@ -412,9 +420,9 @@ fn a_new_boot_a_changed_manifest_and_a_foreign_record_are_hashed_whole() {
 
 #[test]
 fn with_trust_off_a_restart_hashes_as_before() {
-    let node = common::needs!(Node::new());
+    let node = testbed::needs!(Node::new());
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     verified_then_stopped(&node, &model, &manifest);
     let agent = node.agent(
         model.root(),
@@ -431,10 +439,10 @@ fn with_trust_off_a_restart_hashes_as_before() {
 /// restart looks at.
 #[test]
 fn an_unchanged_hub_cache_is_trusted_and_a_rewritten_blob_is_not() {
-    let node = common::needs!(Node::new());
-    let cache = common::HfCache::new();
-    let (_dir, manifest) = common::write_temp(&cache.manifest_json(common::COMMIT));
-    common::wait_until_settled(cache.hub.path());
+    let node = testbed::needs!(Node::new());
+    let cache = testbed::models::HfCache::new();
+    let (_dir, manifest) = testbed::write_temp(&cache.manifest_json(testbed::models::COMMIT));
+    testbed::models::wait_until_settled(cache.hub.path());
     let mut first = node.agent(&cache.root(), &manifest, "");
     ready(&first);
     node.wait_for_record();
@@ -448,7 +456,10 @@ fn an_unchanged_hub_cache_is_trusted_and_a_rewritten_blob_is_not() {
 
     // The blob the entry links is written anew with the same bytes: not the file recorded.
     let weights = &cache.files["model.safetensors"];
-    let blob = cache.root().join("blobs").join(common::sha256_hex(weights));
+    let blob = cache
+        .root()
+        .join("blobs")
+        .join(testbed::models::sha256_hex(weights));
     std::fs::remove_file(&blob).unwrap();
     std::fs::write(&blob, weights).unwrap();
     let third = node.agent(&cache.root(), &manifest, "");

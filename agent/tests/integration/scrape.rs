@@ -1,16 +1,15 @@
 //! A real Prometheus (Debian's `prometheus`, installed by the test command) scrapes the running
 //! agent on loopback: the exposition must be accepted (`up == 1`) and the series queryable.
 
-use crate::common;
-
-use common::agent::{model_config, Agent};
-use common::prometheus::{start_prometheus, wait_query};
-use common::PlainModel;
+use mlnode_testbed as testbed;
+use testbed::agent::{model_config, Agent};
+use testbed::models::PlainModel;
+use testbed::prometheus::{start_prometheus, wait_query};
 
 #[test]
 fn prometheus_scrapes_the_agent() {
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let agent = Agent::start(&model_config("llama-3.1-8b", model.root(), &manifest));
     let prometheus = start_prometheus(&[("mlnode", agent.port())]);
 

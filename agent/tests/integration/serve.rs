@@ -1,8 +1,6 @@
 //! `mlnode-agent serve` end to end: the real binary as a child process on a loopback port, a real
 //! model cache in a temp dir, its manifest in a directory laid out like a mounted ConfigMap.
 
-use crate::common;
-
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -10,8 +8,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use assert_cmd::cargo::CommandCargoExt;
-use common::agent::{model_config, sample, Agent, EXIT_BOUND};
-use common::PlainModel;
+use mlnode_testbed as testbed;
+use testbed::agent::{model_config, sample, Agent, EXIT_BOUND};
+use testbed::models::PlainModel;
 
 /// A ConfigMap volume: `<dir>/manifest.json -> ..data/manifest.json`, `..data -> ..<version>/`.
 /// kubelet updates it by writing a new version directory and renaming a new `..data` link over the old.
@@ -215,8 +214,8 @@ fn corrupt_restore_and_configmap_swap_end_to_end() {
 #[test]
 fn a_broken_model_never_stops_the_others() {
     let good = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&good.manifest_json("v1", true));
-    let (_bad_dir, bad_manifest) = common::write_temp("{\"files\": ");
+    let (_dir, manifest) = testbed::write_temp(&good.manifest_json("v1", true));
+    let (_bad_dir, bad_manifest) = testbed::write_temp("{\"files\": ");
     let config = format!(
         "{}{}{}",
         model_config("good", good.root(), &manifest),
@@ -261,7 +260,7 @@ fn a_broken_model_never_stops_the_others() {
 #[test]
 fn a_download_in_progress_is_reported_as_such() {
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let shard = "model-00002-of-00002.safetensors";
     std::fs::remove_file(model.path(shard)).unwrap();
     std::fs::write(model.path(&format!("{shard}.incomplete")), b"partial").unwrap();
@@ -357,7 +356,7 @@ fn sigterm_during_hashing_cancels_it_and_exits_promptly() {
         "0".repeat(64),
         64u64 << 30
     );
-    let (_m, manifest_path) = common::write_temp(&manifest);
+    let (_m, manifest_path) = testbed::write_temp(&manifest);
     // At normal priority: at `auto` the hashing thread is SCHED_IDLE, and on a machine whose cores
     // the suite's other tests keep busy it may not run at all within the cancel's grace (a full
     // run once saw "did not stop within 500ms"). What is tested is that SIGTERM cancels it.
@@ -369,7 +368,7 @@ fn sigterm_during_hashing_cancels_it_and_exits_promptly() {
     let started = std::time::Instant::now();
     loop {
         // Connection refused until the agent listens.
-        let (status, body) = common::agent::http_get(agent.port(), "/readyz").unwrap_or_default();
+        let (status, body) = testbed::agent::http_get(agent.port(), "/readyz").unwrap_or_default();
         if status == 503
             && body.contains("first verification in progress")
             && started.elapsed() > Duration::from_millis(500)
@@ -446,7 +445,7 @@ fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     setrlimit(Resource::RLIMIT_NOFILE, hard.min(65536), hard).unwrap();
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let agent = Agent::start(&model_config("llama", model.root(), &manifest));
     agent.wait_for("serving", Duration::from_secs(20), |m| {
         m.contains("mlnode_build_info")
@@ -509,7 +508,7 @@ fn idle_and_half_sent_connections_neither_block_metrics_nor_stay_open() {
 /// An agent serving a model, limited to 512 descriptors: a 128-connection cap derived from them.
 fn serving_with_512_descriptors() -> ((PlainModel, tempfile::TempDir), Agent) {
     let model = PlainModel::new();
-    let (dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let agent = Agent::start_wrapped(
         &model_config("llama", model.root(), &manifest),
         &[],
@@ -539,15 +538,16 @@ fn clients_that_never_read_their_replies_are_dropped() {
         })
         .collect();
     assert!(held.len() > 128, "{} connections", held.len());
-    let answered = (0..600).find_map(
-        |_| match common::agent::http_get(agent.port(), "/metrics") {
-            Ok((200, body)) => Some(body),
-            _ => {
-                std::thread::sleep(Duration::from_millis(100));
-                None
-            }
-        },
-    );
+    let answered =
+        (0..600).find_map(
+            |_| match testbed::agent::http_get(agent.port(), "/metrics") {
+                Ok((200, body)) => Some(body),
+                _ => {
+                    std::thread::sleep(Duration::from_millis(100));
+                    None
+                }
+            },
+        );
     let body = answered.unwrap_or_else(|| {
         panic!(
             "/metrics never answered while the readers were held\n{}",
@@ -574,7 +574,7 @@ fn a_scrape_gets_a_slot_while_silent_clients_hold_every_one() {
     let silent: Vec<std::net::TcpStream> = (0..200)
         .map(|_| std::net::TcpStream::connect(&address).unwrap())
         .collect();
-    let (status, body) = common::agent::http_get(agent.port(), "/metrics").unwrap();
+    let (status, body) = testbed::agent::http_get(agent.port(), "/metrics").unwrap();
     assert_eq!(status, 200);
     assert!(body.contains("mlnode_model_cache_verified"));
     // Which silent connections the agent closed: a read that ends (or is reset) at once.
@@ -603,7 +603,7 @@ fn a_scrape_gets_a_slot_while_silent_clients_hold_every_one() {
 fn a_permission_fix_reverifies_the_file_at_once() {
     use std::os::unix::fs::PermissionsExt;
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let shard = model.path("model-00002-of-00002.safetensors");
     std::os::unix::fs::chown(&shard, Some(1000), Some(1000)).unwrap();
     std::fs::set_permissions(&shard, std::fs::Permissions::from_mode(0o000)).unwrap();
@@ -645,7 +645,7 @@ fn sigterm_while_a_large_manifest_loads_exits_promptly() {
     let entries: Vec<String> = (0..300_000)
         .map(|i| format!("\"shard/{i:07}.bin\": {{\"sha256\": \"{i:064x}\", \"size\": {i}}}"))
         .collect();
-    let (_dir, manifest) = common::write_temp(&format!(
+    let (_dir, manifest) = testbed::write_temp(&format!(
         "{{\"revision\": \"v1\", \"files\": {{{}}}}}",
         entries.join(", ")
     ));
@@ -671,14 +671,14 @@ fn sigterm_while_a_large_manifest_loads_exits_promptly() {
 /// entry fails the model at once, not at the next full rescan (a day away here).
 #[test]
 fn a_change_in_the_shared_xet_store_reverifies_the_model_at_once() {
-    let cache = common::SharedStoreCache::new();
+    let cache = testbed::models::SharedStoreCache::new();
     let repo = cache.repo("llama");
-    let snapshot = repo.join("snapshots").join(common::SHARED_COMMIT);
+    let snapshot = repo.join("snapshots").join(testbed::models::SHARED_COMMIT);
     let config = std::fs::read(snapshot.join("sub/config.json")).unwrap();
-    let manifest = serde_json::json!({"revision": common::SHARED_COMMIT, "files": {
-        "model.safetensors": {"sha256": common::sha256_hex(&cache.weights), "size": cache.weights.len()},
-        "sub/config.json": common::sha256_hex(&config)}});
-    let (_dir, manifest) = common::write_temp(&manifest.to_string());
+    let manifest = serde_json::json!({"revision": testbed::models::SHARED_COMMIT, "files": {
+        "model.safetensors": {"sha256": testbed::models::sha256_hex(&cache.weights), "size": cache.weights.len()},
+        "sub/config.json": testbed::models::sha256_hex(&config)}});
+    let (_dir, manifest) = testbed::write_temp(&manifest.to_string());
     let config = format!(
         "{}verify:\n  full_rescan_interval: 24h\n",
         model_config("llama", &repo, &manifest)
@@ -774,9 +774,9 @@ fn a_root_renamed_away_and_back_is_watched_again() {
 #[test]
 fn a_hundred_and_forty_models_share_one_watch() {
     let base = tempfile::tempdir().unwrap();
-    let (_dir, manifest) = common::write_temp(
+    let (_dir, manifest) = testbed::write_temp(
         &serde_json::json!({"revision": "v1", "files": {
-            "config.json": {"sha256": common::sha256_hex(b"{}"), "size": 2}
+            "config.json": {"sha256": testbed::models::sha256_hex(b"{}"), "size": 2}
         }})
         .to_string(),
     );

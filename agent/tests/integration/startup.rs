@@ -2,17 +2,18 @@
 //! the tracker in the agent binary against the real API server (list, watch, 410 Gone, one events
 //! list per startup), with the model load seen from a real process opening the weights.
 
-use crate::common;
-
+use mlnode_testbed as testbed;
 use serde_json::json;
 use std::time::Duration;
 
-use common::agent::sample;
-use common::cluster_node::ClusterNode;
-use common::pods::{bound_vllm_pod, in_namespace, kubelet_event, unix, vllm_pod, PodTimes};
-use common::PlainModel;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use mlnode_agent::startup::phases::{compute, Phase};
+use testbed::agent::sample;
+use testbed::cluster::api_only_node::ApiOnlyNode;
+use testbed::cluster::pods::{
+    bound_vllm_pod, in_namespace, kubelet_event, unix, vllm_pod, PodTimes,
+};
+use testbed::models::PlainModel;
 
 const MAIN: &str = "spec.containers{vllm}";
 
@@ -200,9 +201,9 @@ fn clock_skew_makes_a_phase_unknown_and_not_ready_is_no_startup() {
 
 #[test]
 fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
-    let node = common::needs!(ClusterNode::gpu(&[]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let root = model.root().display().to_string();
     // The pods as their ReplicaSet creates them, bound to the node; their times are the server's.
     let create = |name: &str| node.put_pod(&bound_vllm_pod(name, &root, node.name()));
@@ -220,11 +221,11 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
         last_finished: None,
     };
     // The kubelet's record of the start, each moment in the past by the time it is written.
-    common::wait_until(
+    testbed::wait_until(
         "the pod's start in the past",
         Duration::from_secs(10),
         || {
-            (common::pods::unix_now() > t.started + 1.0)
+            (testbed::cluster::pods::unix_now() > t.started + 1.0)
                 .then_some(())
                 .ok_or_else(String::new)
         },
@@ -236,7 +237,7 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
 
     let config = format!(
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n{}",
-        common::agent::model_config("llama", model.root(), &manifest)
+        testbed::agent::model_config("llama", model.root(), &manifest)
     );
     let agent = node.start_agent(&config);
     agent.wait_for("cache verified", Duration::from_secs(20), |m| {
@@ -256,7 +257,7 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     let started_loading = std::time::Instant::now();
     let (opening, opened) = loop {
         let before = weight_opens();
-        let opening = common::pods::unix_now();
+        let opening = testbed::cluster::pods::unix_now();
         for shard in [
             "model-00001-of-00002.safetensors",
             "model-00002-of-00002.safetensors",
@@ -268,7 +269,7 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
                 .unwrap();
             assert!(status.success());
         }
-        let opened = common::pods::unix_now();
+        let opened = testbed::cluster::pods::unix_now();
         let attempt = std::time::Instant::now();
         while weight_opens() < before + 2.0 && attempt.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(50));
@@ -283,7 +284,7 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     };
     node.delete_pod("vllm-llama-1");
     let ready = PodTimes {
-        ready: Some(common::pods::unix_now().ceil() + 1.0),
+        ready: Some(testbed::cluster::pods::unix_now().ceil() + 1.0),
         ..t
     };
     set_status(&node, "vllm-llama-0", &root, &ready);
@@ -357,13 +358,13 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     };
     let (lists_before, watches_before) = (pod_lists(), watches());
     node.api.expire_watches();
-    common::wait_until("a new list of pods", Duration::from_secs(10), || {
+    testbed::wait_until("a new list of pods", Duration::from_secs(10), || {
         (pod_lists() > lists_before)
             .then_some(())
             .ok_or_else(String::new)
     });
     // The watcher asks for its next watch only once the tracker has taken every listed pod.
-    common::wait_until("a new watch of pods", Duration::from_secs(10), || {
+    testbed::wait_until("a new watch of pods", Duration::from_secs(10), || {
         (watches() > watches_before)
             .then_some(())
             .ok_or_else(String::new)
@@ -386,7 +387,7 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
 }
 
 /// The pod's status as the kubelet writes it for `t`.
-fn set_status(node: &ClusterNode, name: &str, root: &str, t: &PodTimes) {
+fn set_status(node: &ApiOnlyNode, name: &str, root: &str, t: &PodTimes) {
     let status = &vllm_pod("", name, root, t)["status"];
     node.control_plane
         .write_pod_status(&node.inference, name, status);
@@ -396,7 +397,7 @@ fn set_status(node: &ClusterNode, name: &str, root: &str, t: &PodTimes) {
 /// the pod's phases from what the server stores, its creation time the server's own.
 #[test]
 fn startup_report_prints_the_phases_from_the_api() {
-    let control_plane = common::needs!(common::control_plane::shared());
+    let control_plane = testbed::needs!(testbed::cluster::control_plane::shared());
     let namespace = control_plane.namespace("inference", json!({}));
     let node = control_plane.unique("node");
     let created = control_plane.create_pod(
@@ -529,7 +530,7 @@ impl SociSocket {
     fn await_reads(&self, more: usize) {
         let count = || self.reads.load(std::sync::atomic::Ordering::SeqCst);
         let target = count() + more;
-        common::wait_until("the agent's readings", Duration::from_secs(10), || {
+        testbed::wait_until("the agent's readings", Duration::from_secs(10), || {
             (count() >= target)
                 .then_some(())
                 .ok_or_else(|| format!("{} readings", count()))
@@ -583,9 +584,9 @@ fn startup_line(log: &str, pod: &str) -> Option<serde_json::Value> {
 /// the phases the agent could not see absent (not 0), say why, and the rest of the agent goes on.
 #[test]
 fn a_lazily_loaded_images_fetching_is_split_over_its_phases_and_a_cut_leaves_the_rest_absent() {
-    let node = common::needs!(ClusterNode::gpu(&[]));
+    let node = testbed::needs!(ApiOnlyNode::gpu(&[]));
     let model = PlainModel::new();
-    let (_dir, manifest) = common::write_temp(&model.manifest_json("v1", true));
+    let (_dir, manifest) = testbed::write_temp(&model.manifest_json("v1", true));
     let root = model.root().display().to_string();
     let store = fixture_content_store();
     let soci = SociSocket::start();
@@ -594,16 +595,16 @@ fn a_lazily_loaded_images_fetching_is_split_over_its_phases_and_a_cut_leaves_the
         "nvml:\n  enabled: false\nneuron:\n  enabled: false\nreadiness:\n  enabled: false\nstartup:\n  enabled: true\n  soci:\n    metrics_socket: {}\n    content_store: {}\n    sample_interval: 100ms\n{}",
         soci.path.display(),
         store.path().display(),
-        common::agent::model_config("llama", model.root(), &manifest)
+        testbed::agent::model_config("llama", model.root(), &manifest)
     );
     let agent = node.start_agent(&config);
     // Pods created once the tracker watches: its first reading is as their startups begin.
     agent.wait_for("the tracker started", Duration::from_secs(20), |m| {
         sample(m, "mlnode_collector_up", &[("collector", "startup")]) == Some(1.0)
     });
-    let now = common::pods::unix_now;
+    let now = testbed::cluster::pods::unix_now;
     let after = |at: f64| {
-        common::wait_until("the moment", Duration::from_secs(10), || {
+        testbed::wait_until("the moment", Duration::from_secs(10), || {
             (now() >= at).then_some(()).ok_or_else(String::new)
         })
     };
@@ -657,7 +658,7 @@ fn a_lazily_loaded_images_fetching_is_split_over_its_phases_and_a_cut_leaves_the
         ready
     };
     let awaited = |pod: &str| {
-        common::wait_until(
+        testbed::wait_until(
             &format!("the agent's startup of {pod}"),
             Duration::from_secs(20),
             || startup_line(&agent.log(), pod).ok_or_else(|| agent.log()),
@@ -766,7 +767,7 @@ fn a_lazily_loaded_images_fetching_is_split_over_its_phases_and_a_cut_leaves_the
 }
 
 /// The pod's status as the kubelet writes it for `t`, its main container's image `image_id`.
-fn set_status_of_image(node: &ClusterNode, name: &str, root: &str, t: &PodTimes, image_id: &str) {
+fn set_status_of_image(node: &ApiOnlyNode, name: &str, root: &str, t: &PodTimes, image_id: &str) {
     let mut status = vllm_pod("", name, root, t)["status"].clone();
     status["containerStatuses"][0]["imageID"] = json!(image_id);
     node.control_plane

@@ -6,7 +6,6 @@
 
 pub mod attribution;
 pub mod collector;
-mod families;
 pub mod health;
 mod nvml;
 pub mod release;
