@@ -359,7 +359,11 @@ fn the_examples_are_accepted() {
             "",
         );
     }
-    for file in ["vllm-with-model-gate.yaml", "vllm-with-verified-cache.yaml"] {
+    for file in [
+        "vllm-with-model-gate.yaml",
+        "vllm-with-verified-cache.yaml",
+        "vllm-with-verified-download.yaml",
+    ] {
         assert_eq!(control_plane.apply(&example(file)), Ok(vec![]), "{file}");
     }
 }

@@ -1,12 +1,17 @@
-//! The tests' real node (testbed::node::one_node_cluster), one scenario per test: the node itself
-//! (`registration`, `scheduling`); the shipped GPU overlay on it, installed by the first scenario
-//! that asks and left for the next, each holding the node exclusively: the install under the
-//! startup taint (`startup_taint`), the startup phases of one pod after
-//! another (`cache_hit`, `init_containers`, `crash_restart`, `failed_pull`, `lazy`), the agent as
-//! its manifest says (`manifest`), the model's readiness gate (`readiness_gate`), a rollout
-//! (`rollout`) and a kubelet restart (`kubelet_restart`); and the chart installed by Helm
-//! (`helm_chart`), on the node without the overlay. `cargo test --test integration
-//! real_node::rollout` runs one (docs/testing.md).
+//! The tests' real node (testbed::node::one_node_cluster), one scenario per test:
+//!
+//! - the node itself: `registration`, `scheduling`;
+//! - the shipped GPU overlay on it, installed by the first scenario that asks and left for the
+//!   next, each holding the node exclusively: the install under the startup taint
+//!   (`startup_taint`); the startup phases of one pod after another (`cache_hit`,
+//!   `init_containers`, `crash_restart`, `failed_pull`, `lazy`); the agent as its manifest says
+//!   (`manifest`); the model's readiness gate (`readiness_gate`); a rollout (`rollout`); a kubelet
+//!   restart (`kubelet_restart`);
+//! - the chart installed by Helm, on the node without the overlay (`helm_chart`);
+//! - a start that downloads and verifies its model before its server runs, beside whatever is
+//!   installed (`verified_download`).
+//!
+//! `cargo test --test integration real_node::rollout` runs one (docs/testing.md).
 
 mod cache_hit;
 mod crash_restart;
@@ -21,6 +26,7 @@ mod registration;
 mod rollout;
 mod scheduling;
 mod startup_taint;
+mod verified_download;
 
 use std::time::Duration;
 
