@@ -413,7 +413,7 @@ impl OneNodeCluster {
                     cluster: self,
                     resident: poisoned.into_inner(),
                 };
-                if let Some(left) = &node.resident.as_ref() {
+                if let Some(left) = node.resident.as_ref() {
                     eprintln!(
                         "one-node cluster: a test failed while {} was installed: removing it",
                         left.name
