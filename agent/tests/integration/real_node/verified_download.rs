@@ -214,6 +214,9 @@ impl VerifiedStart {
         let verify = &mut spec["initContainers"][1];
         assert_eq!(verify["name"], "verify-model");
         verify["image"] = json!(cluster.agent_image());
+        // The example asks two cores for hashing a GPU node's model; the tests' node has two in
+        // all, the agent's own pod and the other tests' among them.
+        verify["resources"]["requests"]["cpu"] = json!("100m");
         let server = &mut spec["containers"][0];
         server["image"] = json!(image);
         server["args"] = json!(["--model", "/model", "--listen", "0.0.0.0:8000"]);
