@@ -22,13 +22,14 @@
 use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::cluster::control_plane::{self, log_tail, spawn_for_the_run, ControlPlane};
 use crate::cluster::private_control_plane::PrivateControlPlane;
+use crate::node::resident::{Exclusive, ResidentLock, Sharing};
 use crate::node::runtime::Runtime;
 
 /// The node's name, as the kubelet registers it and its certificate names it.
@@ -49,6 +50,9 @@ rules:
   - level: Metadata
 ";
 
+/// The one-node cluster held by one test.
+pub type NodeWide<'a> = Exclusive<'a, OneNodeCluster>;
+
 pub struct OneNodeCluster {
     /// The cluster's admin, on the machine's loopback.
     pub admin: ControlPlane,
@@ -61,7 +65,7 @@ pub struct OneNodeCluster {
     /// Held exclusively by a test that changes the node for every pod (its taints, the agent
     /// installed on it), shared by tests that only run pods on it; it holds what a test left
     /// installed for the tests after it.
-    node_wide: RwLock<Option<Resident>>,
+    node_wide: ResidentLock<OneNodeCluster>,
     /// The agent's image, pushed once: its reference by digest.
     agent_image: OnceLock<String>,
     /// What the node must leave as it was on the machine, read before it started.
@@ -201,7 +205,7 @@ impl OneNodeCluster {
             control_plane,
             programs,
             kubelet: Mutex::new(None),
-            node_wide: RwLock::new(None),
+            node_wide: ResidentLock::default(),
             agent_image: OnceLock::new(),
             machine_before,
         };
@@ -379,61 +383,25 @@ impl OneNodeCluster {
     }
 
     /// For a test that changes the node for every pod: no other test's pods meanwhile, and
-    /// nothing another test left installed (see [`NodeWide::install`]).
+    /// nothing another test left installed (see [`ResidentLock`]).
     pub fn exclusive(&self) -> NodeWide<'_> {
-        let mut node = self.exclusive_as_left();
-        node.remove_resident();
-        node
+        self.node_wide.exclusive(self)
     }
 
     /// The node exclusively, with `name` installed: as an earlier test left it, else installed
-    /// now (see [`NodeWide::install`]).
+    /// now (see [`Exclusive::install`]).
     pub fn exclusive_with<T: Any + Send + Sync>(
         &self,
         name: &'static str,
         install: impl FnOnce(&Self) -> T,
         remove: impl FnOnce(&Self) + Send + Sync + 'static,
     ) -> NodeWide<'_> {
-        let mut node = self.exclusive_as_left();
-        if node.resident.as_ref().is_none_or(|r| r.name != name) {
-            node.install(name, install, remove);
-        }
-        node
-    }
-
-    /// The node exclusively as the last test left it. A test that failed while it held the node
-    /// may have left its install half made or half changed: that install is removed, so that the
-    /// next test starts from one it makes itself.
-    fn exclusive_as_left(&self) -> NodeWide<'_> {
-        let resident = match self.node_wide.write() {
-            Ok(resident) => resident,
-            Err(poisoned) => {
-                self.node_wide.clear_poison();
-                let mut node = NodeWide {
-                    cluster: self,
-                    resident: poisoned.into_inner(),
-                };
-                if let Some(left) = node.resident.as_ref() {
-                    eprintln!(
-                        "one-node cluster: a test failed while {} was installed: removing it",
-                        left.name
-                    );
-                }
-                node.remove_resident();
-                return node;
-            }
-        };
-        NodeWide {
-            cluster: self,
-            resident,
-        }
+        self.node_wide.exclusive_with(self, name, install, remove)
     }
 
     /// For a test that runs pods on the node as it is.
-    pub fn sharing(&self) -> Sharing<'_> {
-        Sharing {
-            _held: self.node_wide.read().unwrap_or_else(|e| e.into_inner()),
-        }
+    pub fn sharing(&self) -> Sharing<'_, OneNodeCluster> {
+        self.node_wide.sharing()
     }
 
     /// The agent's image in the node's registry, as the Dockerfile's final stage lays it out
@@ -596,69 +564,4 @@ fn kubelet_config(runtime: &Runtime, credentials: &Path) -> Value {
             "nodefs.inodesFree": "1%",
         },
     })
-}
-
-/// An install one test makes and leaves on the node for the next that asks for it by name (the
-/// agent with its inference pods, say), so that a run installs it once rather than once per
-/// scenario: what the install made (any type) and how to remove it, which a test wanting the node
-/// without it runs first.
-struct Resident {
-    name: &'static str,
-    /// None until the install has finished.
-    state: Option<Box<dyn Any + Send + Sync>>,
-    remove: Box<dyn FnOnce(&OneNodeCluster) + Send + Sync>,
-}
-
-/// The node shared by tests that run pods on it as it is.
-pub struct Sharing<'a> {
-    _held: RwLockReadGuard<'a, Option<Resident>>,
-}
-
-/// The node held exclusively by one test, and what is installed on it.
-pub struct NodeWide<'a> {
-    cluster: &'a OneNodeCluster,
-    resident: RwLockWriteGuard<'a, Option<Resident>>,
-}
-
-impl NodeWide<'_> {
-    /// Removes what is installed, then runs `install` and leaves what it made installed for the
-    /// next test that asks for `name`. `remove` is known before `install` runs: an install that
-    /// fails part way is removed by the next test, so it must remove what exists and pass over
-    /// what does not.
-    pub fn install<T: Any + Send + Sync>(
-        &mut self,
-        name: &'static str,
-        install: impl FnOnce(&OneNodeCluster) -> T,
-        remove: impl FnOnce(&OneNodeCluster) + Send + Sync + 'static,
-    ) -> &T {
-        self.remove_resident();
-        *self.resident = Some(Resident {
-            name,
-            state: None,
-            remove: Box::new(remove),
-        });
-        let state = install(self.cluster);
-        self.resident.as_mut().expect("registered above").state = Some(Box::new(state));
-        self.state()
-    }
-
-    /// What the resident install made; panics naming the type when none of that type is.
-    pub fn state<T: Any>(&self) -> &T {
-        self.resident
-            .as_ref()
-            .and_then(|r| r.state.as_ref())
-            .and_then(|state| state.downcast_ref())
-            .unwrap_or_else(|| panic!("no {} installed on the node", std::any::type_name::<T>()))
-    }
-
-    /// Removes what is installed: for a test that changed it beyond what the next may meet.
-    pub fn remove(&mut self) {
-        self.remove_resident();
-    }
-
-    fn remove_resident(&mut self) {
-        if let Some(left) = self.resident.take() {
-            (left.remove)(self.cluster);
-        }
-    }
 }
