@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 /// What it really takes is measured by `scripts/bench_serve.py`, not asserted.
 pub const EXIT_BOUND: Duration = Duration::from_secs(5);
 
+/// The agent binary (the tests' build) running as a child process with a config of the test's, its
+/// log kept; stopped when dropped.
 pub struct Agent {
     child: Child,
     /// The port the agent bound: it listens on port 0 and logs what the kernel gave it, so no other
@@ -20,10 +22,12 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Starts `mlnode-agent serve` on `config_yaml` and waits until it serves.
     pub fn start(config_yaml: &str) -> Agent {
         Agent::start_with_env(config_yaml, &[])
     }
 
+    /// As [`Agent::start`], with `env` set for it (the fake NVML's scenario file, say).
     pub fn start_with_env(config_yaml: &str, env: &[(&str, &Path)]) -> Agent {
         Agent::start_wrapped(config_yaml, env, &[])
     }
@@ -172,6 +176,7 @@ pub fn logged_port(log: impl Fn() -> String, marker: &str, keys: &[&str]) -> u16
     )
 }
 
+/// GET `path` on loopback `port`: the status and the body, or why there is none.
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     let agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -215,6 +220,8 @@ fn matching<'a>(
     })
 }
 
+/// The `models:` section of a config naming one model: `name` at `root`, checked against
+/// `manifest`.
 pub fn model_config(name: &str, root: &Path, manifest: &Path) -> String {
     format!("models:\n  - name: {name}\n    root: {root:?}\n    manifest: {manifest:?}\n")
 }

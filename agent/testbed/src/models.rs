@@ -10,6 +10,7 @@ use sha2::Digest;
 
 use crate::{repo_root, wait_until};
 
+/// The SHA-256 of `bytes`, in lower-case hex, as manifests write it.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
@@ -86,7 +87,9 @@ impl PlainModel {
     }
 }
 
+/// The revision an [`HfCache`]'s `main` points at.
 pub const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+/// Another revision, for a cache at the wrong one.
 pub const OTHER_COMMIT: &str = "fedcba9876543210fedcba9876543210fedcba98";
 
 /// A Hugging Face hub cache: `<hub>/models--org--tiny/{blobs,refs,snapshots}`, laid out as
@@ -98,6 +101,7 @@ pub struct HfCache {
 }
 
 impl HfCache {
+    /// A hub cache of one repo at [`COMMIT`], its blobs and snapshot links as the hub writes them.
     pub fn new() -> HfCache {
         let hub = tempfile::tempdir().unwrap();
         let mut files = BTreeMap::new();
@@ -170,9 +174,11 @@ pub struct SharedStoreCache {
     pub weights: Vec<u8>,
 }
 
+/// The revision a [`SharedStoreCache`]'s repos point at.
 pub const SHARED_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 impl SharedStoreCache {
+    /// Two repos whose files are in the shared xet store, laid out by huggingface_hub's own code.
     pub fn new() -> SharedStoreCache {
         let dir = tempfile::tempdir().unwrap();
         let weights = content(11, 300_000);

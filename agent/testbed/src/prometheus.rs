@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::agent::{http_get, logged_port};
 
+/// A running Prometheus, stopped when dropped: its port and its folder.
 pub struct Prometheus {
     child: Child,
     pub port: u16,
@@ -97,6 +98,7 @@ pub fn query(port: u16, promql: &str) -> Option<serde_json::Value> {
     (result.as_array().is_some_and(|r| !r.is_empty())).then_some(result)
 }
 
+/// Waits until `promql` has a result, and returns it.
 pub fn wait_query(port: u16, promql: &str) -> serde_json::Value {
     crate::wait_until(
         &format!("a result for {promql}"),

@@ -12,6 +12,8 @@ use crate::cluster::control_plane::{self, gpu_taints, AgentOnNode, ControlPlane}
 use crate::cluster::fault_proxy::ApiProxy;
 use crate::cluster::fault_proxy::Recorded;
 
+/// The agent's objects installed on the shared control plane for one Node that exists only in the
+/// API (no kubelet runs it), with the agent's pod bound to it and that pod's token.
 pub struct ApiOnlyNode {
     pub control_plane: &'static ControlPlane,
     pub on: AgentOnNode,

@@ -50,6 +50,7 @@ impl Request {
     }
 }
 
+/// Whether the audit log's `verb` changes an object.
 pub fn is_write(verb: &str) -> bool {
     matches!(
         verb,
@@ -60,6 +61,7 @@ pub fn is_write(verb: &str) -> bool {
 /// Requests counted by verb, resource and code, as `apiserver_request_total` counts them.
 pub type Counts = BTreeMap<(String, String, u16), usize>;
 
+/// The requests counted by verb, resource and response code.
 pub fn counts<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Counts {
     let mut counts = Counts::new();
     for r in requests {

@@ -20,6 +20,8 @@ use serde_json::{json, Value};
 /// takes seconds; this bounds a control plane that never becomes ready.
 const START_LIMIT: Duration = Duration::from_secs(180);
 
+/// A client of a real control plane: its address, its admin's kubeconfig, and `kubectl` run
+/// against it. The run's shared one is [`shared`].
 pub struct ControlPlane {
     kubeconfig: PathBuf,
     server: String,
@@ -40,6 +42,8 @@ pub fn shared() -> Result<&'static ControlPlane, String> {
     }
 }
 
+/// The control-plane program `scripts/test.sh` builds (tests/programs/control-plane), or why
+/// there is none.
 pub fn binary() -> Result<PathBuf, String> {
     crate::built_program(
         "MLNODE_TEST_CONTROL_PLANE",
@@ -387,6 +391,7 @@ pub struct Install {
 }
 
 impl Install {
+    /// The rendered `objects`, in a namespace and under names of their own on `control_plane`.
     pub fn new(control_plane: &ControlPlane, objects: &[Value]) -> Install {
         let namespace = control_plane.unique("mlnode");
         let objects = objects

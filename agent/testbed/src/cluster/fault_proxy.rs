@@ -28,6 +28,8 @@ enum Cut {
     Expire,
 }
 
+/// The proxy: an address the agent is given as its API server, the faults it is told to inject,
+/// and the requests it saw.
 pub struct ApiProxy {
     /// The push-back switches and the record.
     pub state: Arc<ApiState>,
@@ -199,6 +201,7 @@ fn expired() -> Value {
         "message": "too old resource version: 1 (1001)", "reason": "Expired", "code": 410}})
 }
 
+/// One request the proxy saw.
 #[derive(Clone, Debug)]
 pub struct Recorded {
     pub method: &'static str,

@@ -21,6 +21,7 @@ pub enum Policies {
 }
 
 impl Policies {
+    /// Every policy set the tests judge a node under.
     pub const ALL: [Policies; 3] = [
         Policies::Current,
         Policies::RebootForRepair,
@@ -53,6 +54,8 @@ pub struct Decision {
     pub toleration: Option<Duration>,
 }
 
+/// Karpenter's repair matcher, as `scripts/test.sh` builds it (tests/programs/karpenter-repair),
+/// or why there is none.
 pub fn binary() -> Result<PathBuf, String> {
     crate::built_program(
         "MLNODE_TEST_KARPENTER_REPAIR",

@@ -3,8 +3,10 @@
 
 use serde_json::{json, Value};
 
+/// The node the shaped pods are bound to, named as EKS names nodes.
 pub const NODE: &str = "ip-10-0-1-23.us-east-2.compute.internal";
 
+/// Now, in Unix seconds.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -12,6 +14,7 @@ pub fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
+/// Unix seconds as the API server writes a time (RFC 3339, whole seconds).
 pub fn rfc3339(unix: f64) -> String {
     humantime::format_rfc3339_seconds(
         std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(unix),
@@ -28,6 +31,7 @@ pub fn unix(timestamp: &Value) -> f64 {
         .as_secs_f64()
 }
 
+/// When each moment of a pod's start happened, in Unix seconds.
 #[derive(Default)]
 pub struct PodTimes {
     pub created: f64,
@@ -39,6 +43,7 @@ pub struct PodTimes {
     pub last_finished: Option<f64>,
 }
 
+/// A vLLM pod on a GPU node as the API server returns it, its status at the times `t` says.
 pub fn vllm_pod(uid: &str, name: &str, model_host_path: &str, t: &PodTimes) -> Value {
     let mut conditions = vec![
         json!({"type": "PodReadyToStartContainers", "status": "True", "lastProbeTime": null, "lastTransitionTime": rfc3339(t.scheduled + 1.0)}),

@@ -15,6 +15,7 @@ use crate::cluster::control_plane::{self, log_tail, spawn_for_the_run_ended_by, 
 /// never becomes ready.
 const START_LIMIT: Duration = Duration::from_secs(180);
 
+/// A control plane of one test's own: etcd and kube-apiserver, each a process.
 pub struct PrivateControlPlane {
     binary: PathBuf,
     dir: PathBuf,

@@ -127,10 +127,12 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// `systemd-journal-remote` writing `name` in `dir`, in its default compression.
     pub fn start(dir: &Path, name: &str) -> Result<Writer, String> {
         Writer::start_compressed(dir, name, Compression::Default)
     }
 
+    /// As [`Writer::start`], in `compression`.
     pub fn start_compressed(
         dir: &Path,
         name: &str,
@@ -195,6 +197,7 @@ pub fn write(dir: &Path, name: &str, entries: &[Entry]) -> Result<PathBuf, Strin
     write_compressed(dir, name, entries, Compression::Default)
 }
 
+/// As [`write`], in `compression`.
 pub fn write_compressed(
     dir: &Path,
     name: &str,

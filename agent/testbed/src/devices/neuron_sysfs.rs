@@ -114,26 +114,31 @@ pub struct Instance {
     pub devices: u32,
 }
 
+/// inf1.24xlarge: 16 Inferentia devices.
 pub const INF1_24XLARGE: Instance = Instance {
     ec2_type: "inf1.24xlarge",
     chip: Chip::Inferentia,
     devices: 16,
 };
+/// inf2.xlarge: 1 Inferentia2 device.
 pub const INF2_XLARGE: Instance = Instance {
     ec2_type: "inf2.xlarge",
     chip: Chip::Inferentia2,
     devices: 1,
 };
+/// inf2.48xlarge: 12 Inferentia2 devices.
 pub const INF2_48XLARGE: Instance = Instance {
     ec2_type: "inf2.48xlarge",
     chip: Chip::Inferentia2,
     devices: 12,
 };
+/// trn1.32xlarge: 16 Trainium devices.
 pub const TRN1_32XLARGE: Instance = Instance {
     ec2_type: "trn1.32xlarge",
     chip: Chip::Trainium1,
     devices: 16,
 };
+/// trn2.48xlarge: 16 Trainium2 devices.
 pub const TRN2_48XLARGE: Instance = Instance {
     ec2_type: "trn2.48xlarge",
     chip: Chip::Trainium2,
@@ -149,6 +154,7 @@ pub enum Driver {
     V2_25,
 }
 
+/// A Neuron sysfs tree in a folder of its own, as the driver writes it.
 pub struct NeuronTree {
     pub dir: tempfile::TempDir,
     pub class: tempfile::TempDir,
@@ -164,6 +170,7 @@ fn scratch_dir() -> tempfile::TempDir {
         .unwrap()
 }
 
+/// Writes one sysfs attribute, its folders made.
 pub fn write(path: &Path, value: impl ToString) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, value.to_string()).unwrap();
@@ -205,6 +212,7 @@ impl NeuronTree {
         NeuronTree::with_driver(instance, Driver::V2_25)
     }
 
+    /// The tree `driver` writes on `instance`.
     pub fn with_driver(instance: Instance, driver: Driver) -> NeuronTree {
         let tree = NeuronTree {
             dir: scratch_dir(),

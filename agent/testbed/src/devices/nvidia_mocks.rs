@@ -7,6 +7,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// The mocks' program, as `scripts/test.sh` builds it (tests/programs/nvidia-mocks), or why there
+/// is none.
 pub fn binary() -> Result<PathBuf, String> {
     crate::built_program(
         "MLNODE_TEST_NVIDIA_MOCKS",

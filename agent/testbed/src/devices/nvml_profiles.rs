@@ -10,8 +10,10 @@ use std::path::PathBuf;
 
 use serde_json::{json, Map, Value};
 
+/// Every profile k8s-test-infra ships.
 pub const PROFILES: [&str; 7] = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"];
 
+/// Where `profile`'s file is, under tests/fixtures.
 pub fn path(profile: &str) -> PathBuf {
     crate::repo_root()
         .join("tests/fixtures/k8s-test-infra")

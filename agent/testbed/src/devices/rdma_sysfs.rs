@@ -86,6 +86,7 @@ fn write(path: &Path, text: &str) {
 }
 
 impl Tree {
+    /// An empty tree: `class/infiniband` and `bus/pci/devices`, no device yet.
     pub fn new() -> Tree {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("class/infiniband")).unwrap();

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+/// Unpacks the archive `text` under `into`; Err names the line that is not ttar.
 pub fn unpack(text: &str, into: &Path) -> Result<(), String> {
     let mut lines = text.lines().enumerate().peekable();
     while let Some((number, line)) = lines.next() {

@@ -259,6 +259,7 @@ pub struct Image {
 }
 
 impl Image {
+    /// The final stage of the Dockerfile `text`: what it copies, its entrypoint, arguments and user.
     pub fn from_dockerfile(text: &str) -> Image {
         let stage = text.rsplit("\nFROM ").next().unwrap();
         let json_list = |keyword: &str| -> Vec<String> {

@@ -53,6 +53,7 @@ rules:
 /// The one-node cluster held by one test.
 pub type NodeWide<'a> = Exclusive<'a, OneNodeCluster>;
 
+/// The one-node cluster: its control plane, its node and what the node must leave as it was.
 pub struct OneNodeCluster {
     /// The cluster's admin, on the machine's loopback.
     pub admin: ControlPlane,
@@ -493,6 +494,7 @@ pub struct MachineState {
 }
 
 impl MachineState {
+    /// The machine's state now.
     pub fn read() -> MachineState {
         let entries = |dir: &str, only_folders: bool| -> Vec<String> {
             let mut names: Vec<String> = std::fs::read_dir(dir)

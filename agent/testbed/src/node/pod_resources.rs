@@ -7,6 +7,7 @@ use fake_kubelet::api::pod_resources_lister_server::{
 };
 use fake_kubelet::api::*;
 
+/// The fake, serving on a unix socket of its own until dropped.
 pub struct FakeKubelet {
     dir: PathBuf,
     _temp: Option<tempfile::TempDir>,
@@ -26,6 +27,7 @@ impl PodResourcesLister for Lister {
 }
 
 impl FakeKubelet {
+    /// Serves `response` to every `List`.
     pub fn serve(response: ListPodResourcesResponse) -> FakeKubelet {
         let temp = tempfile::tempdir().unwrap();
         let mut kubelet = FakeKubelet::serve_in(temp.path(), response);

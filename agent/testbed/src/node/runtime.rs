@@ -68,6 +68,8 @@ pub const KERNEL_TUNABLES: [&str; 6] = [
 /// Every node of this test process gets a number, for its folder and cgroup root.
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// The node's runtime, started in namespaces of its own; stopped when dropped, or with the test
+/// process at the latest.
 pub struct Runtime {
     namespace: Child,
     /// The namespaces' first process (unshare's child, the script): the one whose PID namespace

@@ -174,6 +174,8 @@ pub fn workload_pod(name: &str, image: &str, model: &std::path::Path, ready_afte
     })
 }
 
+/// Makes every folder and file under `root` readable by all, as a node's model cache is to its
+/// pods' users.
 pub fn open_to_all(root: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     for entry in walkdir::WalkDir::new(root).into_iter().flatten() {
@@ -203,6 +205,7 @@ pub fn await_pod_ready(cluster: &OneNodeCluster, namespace: &str, name: &str) ->
     )
 }
 
+/// The Events the cluster holds for `pod`.
 pub fn events_of(cluster: &OneNodeCluster, namespace: &str, pod: &str) -> Vec<Value> {
     let events = cluster.admin.get(&[
         "events",

@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The chart's folder, deploy/helm/mlnode-agent.
 pub fn chart_dir() -> PathBuf {
     crate::renderers::kustomize::deploy_dir().join("helm/mlnode-agent")
 }

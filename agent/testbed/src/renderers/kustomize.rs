@@ -6,6 +6,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// The repository's deploy/ folder.
 pub fn deploy_dir() -> PathBuf {
     crate::repo_root().join("deploy").canonicalize().unwrap()
 }
@@ -113,6 +114,7 @@ pub fn daemonset(objects: &[Value]) -> &Value {
     }
 }
 
+/// The object of `kind` named `name`; panics naming them when there is none.
 pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
         .iter()

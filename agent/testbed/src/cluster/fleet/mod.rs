@@ -34,6 +34,7 @@ use clients::{Flood, OtherClient, CLIENT_TIMEOUT, FLOOD_CLIENTS};
 use measure::{delta, peak_cores, request_p99, sum_of};
 pub use scenarios::{run_scenarios, Timing};
 
+/// The readiness gate the fleet's pods list.
 pub const GATE: &str = "mlnode.dev/ModelVerified";
 const NAMESPACE: &str = "mlnode-system";
 /// Who every agent is to the server: the DaemonSet's one service account.
@@ -42,6 +43,7 @@ const MODEL_PATH: &str = "/var/lib/models/llama";
 /// The weight file a "change on the node" rewrites.
 const CHANGED_FILE: &str = "model-00002-of-00002.safetensors";
 
+/// How large a fleet, and how fast its agents' clocks run.
 pub struct Settings {
     pub agents: usize,
     pub pods_per_node: usize,
@@ -51,6 +53,7 @@ pub struct Settings {
     pub scale: f64,
 }
 
+/// One Node of the fleet, its model and its agent.
 pub struct FleetNode {
     pub name: String,
     model: PlainModel,
@@ -59,6 +62,7 @@ pub struct FleetNode {
     agent: Option<Agent>,
 }
 
+/// The fleet: its control plane of its own, its nodes and their agents.
 pub struct Fleet {
     pub server: PrivateControlPlane,
     pub admin: ControlPlane,
@@ -184,6 +188,7 @@ impl Phase {
     }
 }
 
+/// The `q` quantile of `values`: the value at the rounded rank; None for none.
 pub fn percentile(values: &[f64], q: f64) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
