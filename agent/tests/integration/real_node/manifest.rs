@@ -47,7 +47,7 @@ fn the_agent_runs_as_its_manifest_says() {
 fn the_admission_policies_type_check_without_warnings() {
     let on = testbed::needs!(on_overlay());
     let cluster = on.cluster;
-    let objects = &testbed::needs!(overlay_objects());
+    let objects = testbed::needs!(overlay_objects());
     let mut get = vec!["validatingadmissionpolicies"];
     get.extend(
         objects

@@ -28,6 +28,7 @@ mod scheduling;
 mod startup_taint;
 mod verified_download;
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use mlnode_testbed as testbed;
@@ -60,16 +61,22 @@ struct Overlay {
 }
 
 /// The overlay as its scenarios install it: with the startup taint, the NVIDIA runtime class and
-/// SOCI.
-fn overlay_objects() -> Result<Vec<Value>, String> {
-    testbed::renderers::kustomize::render_with(
-        "overlays/gpu",
-        &[
-            "components/startup-taint",
-            "components/nvidia-runtime-class",
-            "components/soci",
-        ],
-    )
+/// SOCI; rendered once per run, whichever scenario asks first.
+fn overlay_objects() -> Result<&'static [Value], String> {
+    static RENDERED: OnceLock<Result<Vec<Value>, String>> = OnceLock::new();
+    RENDERED
+        .get_or_init(|| {
+            testbed::renderers::kustomize::render_with(
+                "overlays/gpu",
+                &[
+                    "components/startup-taint",
+                    "components/nvidia-runtime-class",
+                    "components/soci",
+                ],
+            )
+        })
+        .as_deref()
+        .map_err(Clone::clone)
 }
 
 /// An overlay scenario's start: the node held exclusively with the overlay installed, and the
@@ -99,7 +106,7 @@ fn on_overlay() -> Result<OnOverlay, String> {
     let node = cluster.exclusive_with(
         OVERLAY,
         |cluster| install_overlay(cluster, objects),
-        remove_overlay,
+        |cluster| remove_overlay(cluster, objects),
     );
     Ok(OnOverlay {
         cluster,
@@ -110,7 +117,7 @@ fn on_overlay() -> Result<OnOverlay, String> {
 
 /// The overlay installed on a new GPU node its startup taint holds, the user's model and a
 /// server pod waiting on it: [`held_until_the_agent_lifts_its_startup_taint`].
-fn install_overlay(cluster: &OneNodeCluster, objects: Vec<Value>) -> Overlay {
+fn install_overlay(cluster: &OneNodeCluster, objects: &[Value]) -> Overlay {
     // 64 MiB beside the server in its image, incompressible: two seconds over the node's link.
     let filler = cluster.runtime.dir().join("filler.bin");
     let mut bytes = vec![0u8; 64 << 20];
@@ -122,8 +129,8 @@ fn install_overlay(cluster: &OneNodeCluster, objects: Vec<Value>) -> Overlay {
     std::fs::write(&filler, bytes).unwrap();
     let held =
         held_until_the_agent_lifts_its_startup_taint(cluster, "held", &[&filler], |manifest| {
-            let config = testbed::renderers::kustomize::config_with_readme_model(&objects);
-            let installed: Vec<Value> = for_this_cluster(cluster, objects)
+            let config = testbed::renderers::kustomize::config_with_readme_model(objects);
+            let installed: Vec<Value> = for_this_cluster(cluster, objects.to_vec())
                 .into_iter()
                 .map(|mut o| {
                     if o["kind"] == "ConfigMap" && o["metadata"]["name"] == "mlnode-model-manifests"
@@ -149,8 +156,8 @@ fn install_overlay(cluster: &OneNodeCluster, objects: Vec<Value>) -> Overlay {
 }
 
 /// Removes what [`install_overlay`] made, as far as it got.
-fn remove_overlay(cluster: &OneNodeCluster) {
-    let objects = for_this_cluster(cluster, overlay_objects().expect("rendered at its install"));
+fn remove_overlay(cluster: &OneNodeCluster, objects: &[Value]) {
+    let objects = for_this_cluster(cluster, objects.to_vec());
     cluster.admin.admin(
         &["delete", "--ignore-not-found", "--wait", "-f", "-"],
         &testbed::cluster::control_plane::list(objects).to_string(),
