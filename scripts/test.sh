@@ -142,9 +142,14 @@ soci_version="github.com/awslabs/soci-snapshotter/version"
 go_program "the SOCI snapshotter (soci, soci-snapshotter-grpc)" tests/programs/soci tool "$node_programs/" \
     -ldflags="-X $soci_version.Version=v0.16.1 -X $soci_version.Revision=$(sed -n 's|.*soci-snapshotter/cmd v0.0.0-[0-9]*-\([0-9a-f]*\).*|\1|p' tests/programs/soci/go.mod)"
 export MLNODE_TEST_NODE_RUNC="$node_programs/runc"
+# The tests' device plugin (tests/programs/device-plugin, on the kubelet's own device-plugin API,
+# k8s.io/kubelet pinned by its go.mod): nvidia.com/gpu for the real kubelet to allocate.
+device_plugin="$PWD/target/device-plugin/device-plugin"
+CGO_ENABLED=0 go_program "the tests' device plugin" tests/programs/device-plugin . "$device_plugin"
+export MLNODE_TEST_DEVICE_PLUGIN="$device_plugin"
 
 # Nothing the tests need may be missing: a run that skipped them would pass without testing.
-for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR" "$MLNODE_TEST_NVIDIA_MOCKS" "$MLNODE_TEST_NODE_RUNC" "$node_programs/soci-snapshotter-grpc" nsenter; do
+for tool in python3 kubernetes-validate prometheus promtool kubectl helm node unshare journalctl /lib/systemd/systemd-journal-remote "$MLNODE_TEST_JOURNAL_REMOTE_BACKPORT" "$MLNODE_TEST_CONTROL_PLANE" "$MLNODE_TEST_KARPENTER_REPAIR" "$MLNODE_TEST_NVIDIA_MOCKS" "$MLNODE_TEST_NODE_RUNC" "$MLNODE_TEST_DEVICE_PLUGIN" "$node_programs/soci-snapshotter-grpc" nsenter; do
     command -v "$tool" >/dev/null 2>&1 || { echo "scripts/test.sh: $tool is needed and could not be installed" >&2; exit 1; }
 done
 export CI="${CI:-true}"

@@ -45,6 +45,22 @@ impl Assignments {
             .map(|((_, id), holder)| (id.as_str(), holder))
     }
 
+    /// Every container holding a device under any of `resources`, a shared device's replica
+    /// holders with its first: (device id, holder), a holder of several replicas once for each.
+    pub fn every_holder<'a>(
+        &'a self,
+        resources: &'a [String],
+    ) -> impl Iterator<Item = (&'a str, &'a Assignment)> + 'a {
+        self.of(resources).flat_map(move |(id, first)| {
+            let replicas = self
+                .replicas
+                .keys()
+                .filter(move |(device, holder)| device == id && holder != first)
+                .map(|(_, holder)| holder);
+            std::iter::once(first).chain(replicas).map(move |h| (id, h))
+        })
+    }
+
     /// Records that `holder` holds replica `replica` of the shared device `id`.
     pub fn assign_replica(&mut self, id: &str, replica: &str, holder: Assignment) {
         self.replicas

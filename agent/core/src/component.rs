@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::assignments::SharedAssignments;
-use crate::health::HealthSource;
+use crate::health::{HealthSource, LatestReports};
 use crate::metrics::{AgentMetrics, Subsystem};
 use crate::pods::SharedPods;
 use crate::settings::Toggle;
@@ -40,6 +40,8 @@ pub struct StartContext {
     /// Accelerator collectors the operator required (`enabled: true`) that are not running, in
     /// words, for the accelerator gate.
     pub required_missing: Vec<String>,
+    /// The collectors' reports as the readiness controller last took them, for the pods' gates.
+    pub latest_reports: LatestReports,
 }
 
 /// The extended resources (and DRA drivers) whose devices a running collector labels by the
@@ -67,6 +69,7 @@ impl StartContext {
             devices: LabelledDevices::default(),
             health: Vec::new(),
             required_missing: Vec::new(),
+            latest_reports: LatestReports::new(None),
         }
     }
 }

@@ -20,6 +20,10 @@ pub struct Problem {
     /// The GPU XID that caused the problem or came with it, where there is one: the repair engines
     /// decide by it (docs/readiness.md, "Repair by the engines clusters run").
     pub xid: Option<XidCause>,
+    /// The devices the problem is pinned to, as its report's [`Held::device`] names them (GPU
+    /// UUIDs, Neuron device indexes): the pods holding one share it. Empty: a verdict on the node
+    /// (a count mismatch, NVML not answering), which no pod's gate takes (docs/readiness.md).
+    pub devices: Vec<String>,
 }
 
 /// An XID behind a [`Problem`]: one that holds the GPU by itself, or one that held it only by
@@ -36,7 +40,19 @@ impl Problem {
             reason: reason.to_string(),
             message,
             xid: None,
+            devices: Vec::new(),
         }
+    }
+
+    /// The problem pinned to `device` too.
+    pub fn on(mut self, device: &str) -> Problem {
+        self.devices.push(device.to_string());
+        self
+    }
+
+    /// Whether the problem is pinned to `device`.
+    pub fn concerns(&self, device: &str) -> bool {
+        self.devices.iter().any(|d| d == device)
     }
 
     /// The problem with the XID that caused it or came with it; none leaves it as it is.
@@ -81,7 +97,34 @@ pub struct Report {
     pub problems: Vec<Problem>,
     /// The faults that hold a device, by device id, for the node to remember ([`FromNode`]).
     pub held: HeldFaults,
+    /// The devices each pod holds, as the collector resolves the ids the kubelet gave it: what
+    /// each pod's own gate is decided by.
+    pub holdings: Holdings,
 }
+
+/// A pod, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// One device a pod holds, resolved from the id the kubelet gave it: a GPU from its UUID, a MIG
+/// device or a time-sliced replica from the GPU it is part of, a Neuron core from its device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The device whose problems the pod shares ([`Problem::device`]).
+    pub device: String,
+    /// The device as the verdicts name it: `GPU 1 (GPU-…, 00000000:4E:00.0)`, `MIG device MIG-…
+    /// of GPU 1 (…)`, `Neuron device 3`.
+    pub name: String,
+    /// Whether the collector lists the device: one it does not (fell off the bus before the agent
+    /// read it, or an id no collector knows) is held but cannot be judged.
+    pub listed: bool,
+}
+
+/// What each pod holds of one collector's devices.
+pub type Holdings = BTreeMap<PodRef, Vec<Held>>;
 
 impl Report {
     pub fn new(kind: DeviceKind) -> Report {
@@ -90,6 +133,7 @@ impl Report {
             devices: 0,
             problems: Vec::new(),
             held: HeldFaults::new(),
+            holdings: Holdings::new(),
         }
     }
 }
@@ -149,6 +193,10 @@ impl FromNode {
         self.cleared_before.is_none_or(|cleared| at > cleared)
     }
 }
+
+/// The accelerator collectors' reports as the readiness controller last took them, for the pods'
+/// own gates: None until its first round, so that no pod's gate is decided on nothing.
+pub type LatestReports = crate::shared::Shared<Option<Vec<Report>>>;
 
 /// A collector whose devices' health the readiness gate combines.
 pub trait HealthSource: Send + Sync {

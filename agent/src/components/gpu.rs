@@ -38,6 +38,18 @@ pub struct Gpu {
     pub holder_labels: HolderLabels,
 }
 
+impl Gpu {
+    /// What GPUs are assigned under: the extended resources, and the DRA drivers, whose devices
+    /// are looked up under their driver's name (kubelet::dra).
+    fn gpu_resources(&self) -> Vec<String> {
+        self.resources
+            .iter()
+            .chain(&self.dra_drivers)
+            .cloned()
+            .collect()
+    }
+}
+
 impl Component for Gpu {
     fn about(&self) -> About {
         About::collector(
@@ -58,11 +70,14 @@ impl Component for Gpu {
                 gpu.gpus,
                 self.settings.library.display()
             );
+            let resources = self.gpu_resources();
             cx.health.push(Box::new(GpuHealth {
                 state: gpu.state.clone(),
                 policy: self.policy,
                 thresholds: self.thresholds,
+                resources,
                 kernel_log: self.kernel_log,
+                assignments: cx.assignments.clone(),
             }));
             cx.devices.resources.extend(self.resources);
             cx.devices.dra_drivers.extend(self.dra_drivers);
@@ -94,13 +109,7 @@ async fn open(gpu: &Gpu, cx: &StartContext) -> Result<GpuRuntime, String> {
         cx.up.clone(),
         gpu.kernel_log.clone(),
     );
-    // DRA devices are looked up under their driver's name (kubelet::dra).
-    let resources: Vec<String> = gpu
-        .resources
-        .iter()
-        .chain(&gpu.dra_drivers)
-        .cloned()
-        .collect();
+    let resources = gpu.gpu_resources();
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("nvml-start".into())

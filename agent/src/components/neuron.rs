@@ -63,9 +63,10 @@ impl Component for Neuron {
             )
             .map_err(NotStarted::Absent)?;
             cx.health.push(Box::new(NeuronHealth::new(
-                settings.sysfs_root.clone(),
-                settings.pci_devices.clone(),
+                settings.clone(),
                 self.kernel_log.clone(),
+                cx.assignments.clone(),
+                (self.device_resources.clone(), self.core_resources.clone()),
             )));
             cx.devices.resources.extend(self.device_resources.iter().cloned());
             cx.devices.resources.extend(self.core_resources.iter().cloned());

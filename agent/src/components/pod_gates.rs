@@ -54,6 +54,7 @@ impl Component for PodGates {
                 interval: self.settings.interval.get(),
                 metrics: WorkloadMetrics::register(&cx.registry)?,
                 up: cx.up.clone(),
+                reports: cx.latest_reports.clone(),
             };
             let pods = NodePods::shared(
                 &self.node_pods,

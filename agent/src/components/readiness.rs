@@ -59,6 +59,7 @@ impl Component for Readiness {
                 missing_collectors: cx.required_missing.clone(),
                 node_taint: self.node_taint,
                 node_records: self.node_records,
+                latest_reports: cx.latest_reports.clone(),
             };
             let detail = format!(
                 "{} models, {} accelerator collectors",

@@ -427,6 +427,18 @@ fn pod_status(
     )
 }
 
+/// The agent on its node, a namespace, and a gated pod there on the agent's node and one on
+/// another node.
+fn pods_here_and_there(control_plane: &ControlPlane) -> (AgentOnNode, String, Value, Value) {
+    let agent = agent_on_node(control_plane, &[]);
+    let other = control_plane.unique("node");
+    control_plane.create(&control_plane::node(&other, json!({})));
+    let inference = control_plane.namespace("inference", json!({}));
+    let here = gated_pod(control_plane, &inference, &agent.node);
+    let there = gated_pod(control_plane, &inference, &other);
+    (agent, inference, here, there)
+}
+
 fn verified() -> Value {
     json!({"status": {"conditions": [{"type": "mlnode.dev/ModelVerified", "status": "True", "reason": "ModelVerified", "message": "model llama verified"}]}})
 }
@@ -434,12 +446,7 @@ fn verified() -> Value {
 #[test]
 fn the_agent_may_write_its_own_condition_on_its_own_nodes_pods_only() {
     let control_plane = needs!(control_plane::shared());
-    let agent = agent_on_node(control_plane, &[]);
-    let other = control_plane.unique("node");
-    control_plane.create(&control_plane::node(&other, json!({})));
-    let inference = control_plane.namespace("inference", json!({}));
-    let here = gated_pod(control_plane, &inference, &agent.node);
-    let there = gated_pod(control_plane, &inference, &other);
+    let (agent, _, here, there) = pods_here_and_there(control_plane);
 
     pod_status(control_plane, &agent.token, &here, verified()).unwrap();
     refused(
@@ -511,6 +518,59 @@ fn a_pods_other_conditions_and_status_are_not_the_agents_to_change() {
         ),
         "labels",
         "the pod's labels",
+    );
+}
+
+/// The device gate's own patch, as the agent builds it for a pod holding a faulty GPU: admitted on
+/// a pod of the agent's node, refused on another node's pod, by the shipped policy.
+#[test]
+fn the_device_gate_is_written_on_the_agents_nodes_pods_only() {
+    let control_plane = needs!(control_plane::shared());
+    let (agent, inference, here, there) = pods_here_and_there(control_plane);
+    let holder = |pod: &Value| mlnode_core::health::PodRef {
+        namespace: inference.clone(),
+        name: pod["metadata"]["name"].as_str().unwrap().to_string(),
+    };
+    let gpu = "GPU-00000001-1111-2222-3333-444444444441";
+    let report = |pod: &Value| mlnode_core::health::Report {
+        devices: 1,
+        problems: vec![mlnode_core::health::Problem::new(
+            "GPULost",
+            format!("GPU 1 ({gpu}, 00000000:17:00.0) fell off the bus"),
+        )
+        .on(gpu)],
+        holdings: [(
+            holder(pod),
+            vec![mlnode_core::health::Held {
+                device: gpu.into(),
+                name: format!("GPU 1 ({gpu}, 00000000:17:00.0)"),
+                listed: true,
+            }],
+        )]
+        .into(),
+        ..mlnode_core::health::Report::new(mlnode_core::health::DeviceKind::Gpu)
+    };
+    let body = |pod: &Value| {
+        let gate = mlnode_agent::workloads::device_gate::decide(&holder(pod), Some(&[report(pod)]))
+            .unwrap();
+        assert_eq!(gate.reason, "GPULost");
+        mlnode_agent::workloads::gate::condition_patch(&gate, None, "2026-12-01T10:00:00Z")
+    };
+    pod_status(control_plane, &agent.token, &here, body(&here)).unwrap();
+    let stored = control_plane.get(&[
+        "pod",
+        here["metadata"]["name"].as_str().unwrap(),
+        "-n",
+        &inference,
+    ]);
+    assert_eq!(
+        condition(&stored, "mlnode.dev/AcceleratorHealthy")["status"],
+        "False"
+    );
+    refused(
+        pod_status(control_plane, &agent.token, &there, body(&there)),
+        "pods bound to the node it runs on",
+        "another node's pod",
     );
 }
 

@@ -361,6 +361,7 @@ fn the_examples_are_accepted() {
     }
     for file in [
         "vllm-with-model-gate.yaml",
+        "vllm-single-gpu-replicas.yaml",
         "vllm-with-verified-cache.yaml",
         "vllm-with-verified-download.yaml",
     ] {

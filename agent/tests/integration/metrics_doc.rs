@@ -168,6 +168,7 @@ fn exposition() -> String {
     let workloads =
         mlnode_agent::workloads::controller::WorkloadMetrics::register(&registry).unwrap();
     workloads.set_gate("inference", "vllm-0", "m", true);
+    workloads.set_device_gate("inference", "vllm-0", true);
     workloads.set_writable("m", "inference", "vllm-0", 1);
     register_startup(&registry);
     register_kernel_log(&registry);

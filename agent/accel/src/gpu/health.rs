@@ -11,7 +11,10 @@ use super::xid::{catalog, XidPolicy, XidThresholds};
 use super::FabricReading;
 use crate::kernel_log::facts::{LogFacts, Logged};
 use crate::kernel_log::parse::PciAddress;
-use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
+use mlnode_core::assignments::{Assignments, SharedAssignments};
+use mlnode_core::health::{
+    DeviceKind, FromNode, HealthSource, Held, Holdings, PodRef, Problem, Report,
+};
 use mlnode_core::shared::Shared;
 
 /// `nvmlDeviceGpuRecoveryAction_t` (nvml.h 13.3: NONE 0 to RECOVER_IMEX_DOMAIN 5; NVML's change log
@@ -48,13 +51,16 @@ pub const RECOVERY_ACTIONS: [(u32, &str, &str, &str); 8] = [
     ),
 ];
 
-/// The GPU collector as a [`HealthSource`]: its state, judged by the XID policy, and what the
-/// kernel log says of its GPUs when that source runs.
+/// The GPU collector as a [`HealthSource`]: its state, judged by the XID policy, what the kernel
+/// log says of its GPUs when that source runs, and which pod holds which GPU.
 pub struct GpuHealth {
     pub state: Shared<GpuState>,
     pub policy: XidPolicy,
     pub thresholds: XidThresholds,
     pub kernel_log: Option<Shared<LogFacts>>,
+    /// The kubelet's assignments, and the resources (and DRA drivers) whose devices are GPUs.
+    pub assignments: SharedAssignments,
+    pub resources: Vec<String>,
 }
 
 impl HealthSource for GpuHealth {
@@ -63,8 +69,11 @@ impl HealthSource for GpuHealth {
     }
 
     fn report(&mut self, from_node: &FromNode, now: Instant) -> Report {
+        // Taken before the state's lock: no two `Shared` locks are held at once.
+        let assignments = self.assignments.get();
         let state = self.state.borrow();
         let mut report = assess(&state, &self.policy, from_node, now);
+        report.holdings = holdings(&state, &assignments, &self.resources);
         report
             .problems
             .extend(repeated(&state, &self.thresholds, now));
@@ -114,12 +123,11 @@ pub fn add_logged(
                     && from_node.outlives_clearing(l.last)
             })
             .collect();
-        report.problems.extend(logged_problems(
-            &name,
-            &xids,
-            logged.fell_off_bus(&address),
-            from_node,
-        ));
+        report.problems.extend(
+            logged_problems(&name, &xids, logged.fell_off_bus(&address), from_node)
+                .into_iter()
+                .map(|p| p.on(&id.uuid)),
+        );
         if !xids.is_empty() {
             report
                 .held
@@ -198,9 +206,10 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
             format!("nvml stopped answering: {reason}"),
         ));
     }
-    // The driver's verdict stands while its GPU is let go of: the reason is the action's.
+    // The driver's verdict stands while its GPU is let go of: the reason is the action's, and
+    // the pods on the GPUs being reset share it.
     if let Some(released) = &state.released {
-        problems.push(Problem::new(
+        let problem = Problem::new(
             released.reason,
             format!(
                 "{} of {}: the agent closed every NVML handle so the reset can proceed, and takes NVML back {}{}",
@@ -212,7 +221,13 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
                     humantime::format_duration(timeout)
                 ))
             ),
-        ));
+        );
+        problems.push(
+            released
+                .uuids
+                .iter()
+                .fold(problem, |problem, uuid| problem.on(uuid)),
+        );
     }
     // A fixed message: one with the growing age would rewrite the condition every round.
     if state.stalled_for(now).is_some() {
@@ -230,7 +245,7 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
         let uuid = entry.identity.as_ref().map(|id| id.uuid.as_str());
         listed.extend(uuid);
         let (gpu_problems, held) = assess_gpu(*index, entry, policy, state, from_node, now);
-        problems.extend(gpu_problems);
+        problems.extend(gpu_problems.into_iter().map(|p| pinned(p, entry)));
         if let (Some(uuid), false) = (uuid, held.is_empty()) {
             assessment.held.insert(uuid.to_string(), held);
         }
@@ -257,7 +272,8 @@ pub fn assess(state: &GpuState, policy: &XidPolicy, from_node: &FromNode, now: I
                 ),
             )
             // No times are remembered: the highest number, the newest in NVIDIA's catalog.
-            .with_xid(xids.last().copied()),
+            .with_xid(xids.last().copied())
+            .on(uuid),
         );
         assessment
             .held
@@ -318,6 +334,64 @@ fn count_mismatch(state: &GpuState, labelled: Option<u32>) -> Option<Problem> {
         ));
     }
     (!said.is_empty()).then(|| Problem::new("GPUCountMismatch", said.join("; ")))
+}
+
+/// Which GPU each pod holds, from the kubelet's assignments under `resources` (extended resources
+/// and DRA drivers): a GPU by its UUID, a MIG device (`MIG-…`) by the GPU it is carved from, a
+/// time-sliced or MPS replica by the GPU it shares. A pod holding an id NVML does not list holds
+/// it unlisted. A pod holding one GPU several ways (two replicas) has it once.
+pub fn holdings(state: &GpuState, assignments: &Assignments, resources: &[String]) -> Holdings {
+    let mut holdings = Holdings::new();
+    for (id, holder) in assignments.every_holder(resources) {
+        let pod = PodRef {
+            namespace: holder.namespace.clone(),
+            name: holder.pod.clone(),
+        };
+        let held = resolve(state, id);
+        let devices = holdings.entry(pod).or_default();
+        if !devices.contains(&held) {
+            devices.push(held);
+        }
+    }
+    holdings
+}
+
+/// The GPU a device id the kubelet hands out is (or is carved from).
+fn resolve(state: &GpuState, id: &str) -> Held {
+    for (index, entry) in &state.gpus {
+        let Some(identity) = &entry.identity else {
+            continue;
+        };
+        if identity.uuid == id {
+            return Held {
+                device: id.to_string(),
+                name: gpu_name(*index, entry),
+                listed: true,
+            };
+        }
+        let mig = entry.reading.as_ref().map(|r| r.mig.as_slice());
+        if mig.unwrap_or_default().iter().any(|m| m.uuid == id) {
+            return Held {
+                device: identity.uuid.clone(),
+                name: format!("MIG device {id} of {}", gpu_name(*index, entry)),
+                listed: true,
+            };
+        }
+    }
+    Held {
+        device: id.to_string(),
+        name: format!("{id}, which NVML does not list"),
+        listed: false,
+    }
+}
+
+/// The problem pinned to the GPU's UUID; a GPU lost before its first read has none to pin it
+/// to, and its verdict is the node's.
+fn pinned(problem: Problem, entry: &GpuEntry) -> Problem {
+    match &entry.identity {
+        Some(id) => problem.on(&id.uuid),
+        None => problem,
+    }
 }
 
 /// `GPU 3 (GPU-…, 00000000:4E:00.0)`, as every verdict names a GPU.
@@ -490,7 +564,7 @@ pub fn repeated(state: &GpuState, thresholds: &XidThresholds, now: Instant) -> V
                 continue;
             }
             let mnemonic = catalog(*xid).map_or("not in NVIDIA's catalog", |e| e.mnemonic);
-            problems.push(
+            problems.push(pinned(
                 Problem::new(
                     "XIDRepeated",
                     format!(
@@ -501,7 +575,8 @@ pub fn repeated(state: &GpuState, thresholds: &XidThresholds, now: Instant) -> V
                     ),
                 )
                 .with_repeated_xid(*xid),
-            );
+                entry,
+            ));
         }
     }
     problems

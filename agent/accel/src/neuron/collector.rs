@@ -130,25 +130,7 @@ impl NeuronCollector {
     /// The node's core layout: the family the driver reports, the configured LNC where the family
     /// has one, and whether this is a die-flipped UltraServer node.
     fn layout(&self, snapshot: &sysfs::Snapshot) -> Layout {
-        let family = snapshot
-            .devices
-            .iter()
-            .find_map(|d| d.instance_type.as_deref())
-            .map(Family::from_driver)
-            .unwrap_or(Family::Other(String::new()));
-        let lnc = match (family.has_lnc(), self.settings.logical_nc_config) {
-            (false, _) => 1,
-            (true, LogicalNcConfig::Auto) => family.default_lnc(),
-            (true, LogicalNcConfig::Fixed(n)) => n,
-        };
-        let die_flipped = family == Family::Trn2
-            && sysfs::ultraserver_node_id(&self.settings.class_root)
-                .is_some_and(|id| id == 1 || id == 3);
-        Layout {
-            family,
-            lnc,
-            die_flipped,
-        }
+        layout(snapshot, &self.settings)
     }
 
     fn device_labels(
@@ -197,6 +179,29 @@ impl NeuronCollector {
             }
         }
         labels
+    }
+}
+
+/// How this node's cores are grouped: the family the driver names, the LNC the runtime uses
+/// (`neuron.logical_nc_config`), and on Trn2 whether this UltraServer node's dies are swapped.
+pub(crate) fn layout(snapshot: &sysfs::Snapshot, settings: &NeuronSettings) -> Layout {
+    let family = snapshot
+        .devices
+        .iter()
+        .find_map(|d| d.instance_type.as_deref())
+        .map(Family::from_driver)
+        .unwrap_or(Family::Other(String::new()));
+    let lnc = match (family.has_lnc(), settings.logical_nc_config) {
+        (false, _) => 1,
+        (true, LogicalNcConfig::Auto) => family.default_lnc(),
+        (true, LogicalNcConfig::Fixed(n)) => n,
+    };
+    let die_flipped = family == Family::Trn2
+        && sysfs::ultraserver_node_id(&settings.class_root).is_some_and(|id| id == 1 || id == 3);
+    Layout {
+        family,
+        lnc,
+        die_flipped,
     }
 }
 

@@ -4,12 +4,15 @@
 //! them (a few files per device, not the whole tree) and keeps the ECC baselines.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Instant;
 
+use super::settings::NeuronSettings;
 use crate::counters::Rises;
 use crate::kernel_log::facts::LogFacts;
-use mlnode_core::health::{DeviceKind, FromNode, HealthSource, Problem, Report};
+use mlnode_core::assignments::{Assignments, SharedAssignments};
+use mlnode_core::health::{
+    DeviceKind, FromNode, HealthSource, Held, Holdings, PodRef, Problem, Report,
+};
 use mlnode_core::shared::Shared;
 
 /// The firmware's counts that mean data was lost. Repairable included: a pending HBM repair needs
@@ -20,27 +23,53 @@ const UNCORRECTED: [&str; 3] = [
     "sram_ecc_uncorrected",
 ];
 
-/// The Neuron driver's sysfs tree and the PCI devices directory, read at each report.
+/// The Neuron driver's sysfs tree and the PCI devices directory, read at each report, and which
+/// pod holds which device or core.
 pub struct NeuronHealth {
-    pub root: PathBuf,
-    pub pci_devices: PathBuf,
+    settings: NeuronSettings,
     ecc: Rises<u32>,
     /// What the kernel log says, when that source runs: the runtime's `NEURON_HW_ERR` lines.
     kernel_log: Option<Shared<LogFacts>>,
+    assignments: SharedAssignments,
+    /// The extended resources whose ids are device indexes, and those whose ids are logical cores.
+    resources: (Vec<String>, Vec<String>),
 }
 
 impl NeuronHealth {
     pub fn new(
-        root: PathBuf,
-        pci_devices: PathBuf,
+        settings: NeuronSettings,
         kernel_log: Option<Shared<LogFacts>>,
+        assignments: SharedAssignments,
+        resources: (Vec<String>, Vec<String>),
     ) -> NeuronHealth {
         NeuronHealth {
-            root,
-            pci_devices,
+            settings,
             ecc: Rises::default(),
             kernel_log,
+            assignments,
+            resources,
         }
+    }
+
+    /// The device each logical core (the runtime's and the device plugin's numbering) is on, read
+    /// from the driver's core directories only when a pod holds cores.
+    fn core_devices(&self, assignments: &Assignments) -> BTreeMap<u32, u32> {
+        if assignments.of(&self.resources.1).next().is_none() {
+            return BTreeMap::new();
+        }
+        let snapshot = super::sysfs::read(&self.settings.sysfs_root);
+        let layout = super::collector::layout(&snapshot, &self.settings);
+        snapshot
+            .devices
+            .iter()
+            .flat_map(|device| {
+                let physical: Vec<u32> = device.cores.iter().map(|c| c.index).collect();
+                layout
+                    .logical_cores(device.index, &physical)
+                    .into_iter()
+                    .map(move |core| (core.global, device.index))
+            })
+            .collect()
     }
 }
 
@@ -50,8 +79,8 @@ impl HealthSource for NeuronHealth {
     }
 
     fn report(&mut self, from_node: &FromNode, _now: Instant) -> Report {
-        let hardware = super::sysfs::read_ecc(&self.root);
-        let on_bus = crate::pci::scan(&self.pci_devices, crate::pci::is_neuron_device)
+        let hardware = super::sysfs::read_ecc(&self.settings.sysfs_root);
+        let on_bus = crate::pci::scan(&self.settings.pci_devices, crate::pci::is_neuron_device)
             .ok()
             .map(|bus| bus.devices.len());
         let mut report = assess(
@@ -65,7 +94,72 @@ impl HealthSource for NeuronHealth {
                 .problems
                 .extend(logged_errors(&log.borrow(), from_node));
         }
+        let assignments = self.assignments.get();
+        let listed: Vec<u32> = hardware.keys().copied().collect();
+        report.holdings = holdings(
+            &listed,
+            &self.core_devices(&assignments),
+            &assignments,
+            &self.resources,
+        );
         report
+    }
+}
+
+/// Which Neuron device each pod holds: a device by its index under the device resources, a core
+/// by the device it is on (`core_devices`: logical core → device) under the core resources. A pod
+/// holding a device the driver does not list, or a core on none, holds it unlisted.
+pub fn holdings(
+    listed: &[u32],
+    core_devices: &BTreeMap<u32, u32>,
+    assignments: &Assignments,
+    (device_resources, core_resources): &(Vec<String>, Vec<String>),
+) -> Holdings {
+    let mut holdings = Holdings::new();
+    let mut hold = |holder: &mlnode_core::assignments::Assignment, held: Held| {
+        let pod = PodRef {
+            namespace: holder.namespace.clone(),
+            name: holder.pod.clone(),
+        };
+        let devices = holdings.entry(pod).or_default();
+        if !devices.contains(&held) {
+            devices.push(held);
+        }
+    };
+    let device = |index: u32| Held {
+        device: index.to_string(),
+        name: format!("Neuron device {index}"),
+        listed: listed.contains(&index),
+    };
+    for (id, holder) in assignments.every_holder(device_resources) {
+        let held = match id.parse::<u32>() {
+            Ok(index) => device(index),
+            Err(_) => unresolved(id),
+        };
+        hold(holder, held);
+    }
+    for (id, holder) in assignments.every_holder(core_resources) {
+        let on = id
+            .parse::<u32>()
+            .ok()
+            .and_then(|core| core_devices.get(&core));
+        let held = match on {
+            Some(&index) => Held {
+                name: format!("NeuronCore {id} of Neuron device {index}"),
+                ..device(index)
+            },
+            None => unresolved(&format!("NeuronCore {id}")),
+        };
+        hold(holder, held);
+    }
+    holdings
+}
+
+fn unresolved(id: &str) -> Held {
+    Held {
+        device: id.to_string(),
+        name: format!("{id}, which the Neuron driver does not list"),
+        listed: false,
     }
 }
 
@@ -89,13 +183,17 @@ fn logged_faults<'a>(
         .iter()
         .filter(|(_, l)| from_node.outlives_clearing(l.last))
         .map(|((device, class), l)| {
-            let device = device.map_or("a Neuron device (the line names none)".to_string(), |d| {
+            let named = device.map_or("a Neuron device (the line names none)".to_string(), |d| {
                 format!("Neuron device {d}")
             });
-            Problem::new(
+            let problem = Problem::new(
                 "NeuronHardwareError",
-                format!("{device}: the Neuron runtime logged NEURON_HW_ERR={class} {} time(s) on this boot (kernel log)", l.count),
-            )
+                format!("{named}: the Neuron runtime logged NEURON_HW_ERR={class} {} time(s) on this boot (kernel log)", l.count),
+            );
+            match device {
+                Some(index) => problem.on(&index.to_string()),
+                None => problem,
+            }
         })
 }
 
@@ -121,10 +219,13 @@ pub fn assess(
         let now: u64 = UNCORRECTED.iter().filter_map(|e| counts.get(*e)).sum();
         let since_start = ecc.observe(device, now);
         if since_start > 0 {
-            report.problems.push(Problem::new(
-                "NeuronUncorrectedECC",
-                format!("Neuron device {device}: {since_start} uncorrected ECC error(s)"),
-            ));
+            report.problems.push(
+                Problem::new(
+                    "NeuronUncorrectedECC",
+                    format!("Neuron device {device}: {since_start} uncorrected ECC error(s)"),
+                )
+                .on(&device.to_string()),
+            );
         }
     }
     report
@@ -258,5 +359,50 @@ mod tests {
         assert!(check(Some(15), Some(15)).problems.is_empty());
         assert!(check(Some(15), None).problems.is_empty());
         assert!(check(None, Some(16)).problems.is_empty());
+    }
+
+    /// Neuron device-plugin ids (aws-neuron-sdk's device plugin: `aws.amazon.com/neuron` and
+    /// `neurondevice` by device index, `neuroncore` by the runtime's logical core) resolved to
+    /// the device whose verdict they share; an index the driver does not list is held unlisted.
+    #[test]
+    fn a_core_is_held_as_its_device_and_a_device_by_its_index() {
+        let holder = |pod: &str| mlnode_core::assignments::Assignment {
+            pod: pod.into(),
+            namespace: "inference".into(),
+            container: "neuron".into(),
+        };
+        let mut assignments = Assignments::default();
+        assignments.assign("aws.amazon.com/neuron", "1", || holder("whole-1"));
+        assignments.assign("aws.amazon.com/neuron", "7", || holder("gone-7"));
+        assignments.assign("aws.amazon.com/neuroncore", "5", || holder("core-5"));
+        assignments.assign("aws.amazon.com/neuroncore", "99", || holder("core-99"));
+        let resources = (
+            vec!["aws.amazon.com/neuron".to_string()],
+            vec!["aws.amazon.com/neuroncore".to_string()],
+        );
+        // Two devices of four logical cores each (Trn2 at LNC 2).
+        let cores: BTreeMap<u32, u32> = (0..8).map(|core| (core, core / 4)).collect();
+        let held = holdings(&[0, 1], &cores, &assignments, &resources);
+        let of = |pod: &str| {
+            let h = &held[&PodRef {
+                namespace: "inference".into(),
+                name: pod.into(),
+            }][0];
+            (h.device.clone(), h.name.clone(), h.listed)
+        };
+        assert_eq!(of("whole-1"), ("1".into(), "Neuron device 1".into(), true));
+        assert_eq!(
+            of("core-5"),
+            ("1".into(), "NeuronCore 5 of Neuron device 1".into(), true)
+        );
+        assert!(!of("gone-7").2);
+        assert_eq!(
+            of("core-99").1,
+            "NeuronCore 99, which the Neuron driver does not list"
+        );
+        let mut ecc = Rises::default();
+        assess(&devices(&[(1, 0)]), None, None, &mut ecc);
+        let report = assess(&devices(&[(1, 2)]), None, None, &mut ecc);
+        assert_eq!(report.problems[0].devices, ["1"], "pinned to the device");
     }
 }

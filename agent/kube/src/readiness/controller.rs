@@ -24,7 +24,7 @@ use super::node::{
 use super::plan::Planner;
 use super::settings::ReadinessSettings;
 use crate::events;
-use mlnode_core::health::{DeviceKind, FromNode, HealthSource};
+use mlnode_core::health::{DeviceKind, FromNode, HealthSource, LatestReports};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::state::{
     any_readiness_differs, readiness_of, ModelState, NodeRecords, NodeTaint, Readiness,
@@ -103,6 +103,8 @@ pub struct Sources {
     /// Where it hands the monitors what a previous agent of this boot verified (at its first read
     /// of the node).
     pub node_records: NodeRecords,
+    /// Where it leaves the accelerator reports of each round, for the pods' own gates.
+    pub latest_reports: LatestReports,
 }
 
 pub struct Controller {
@@ -303,6 +305,14 @@ impl Controller {
             .collect();
         let held: mlnode_core::health::HeldFaults =
             reports.iter().flat_map(|r| r.held.clone()).collect();
+        // The pods' gates wake only when a report changed (a fault, a recovery, a pod placed).
+        self.sources.latest_reports.set_if_changed(Some(
+            reports
+                .iter()
+                .filter(|r| r.kind != DeviceKind::Fabric)
+                .cloned()
+                .collect(),
+        ));
         let missing = &self.sources.missing_collectors;
         let records = self
             .sources
@@ -421,7 +431,7 @@ impl Controller {
             self.saw_node(memory, &node);
             memory.planner.wrote_conditions(Instant::now());
             for gate in changed {
-                tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.status.as_str(), reason = %gate.reason, message = %gate.message, "node condition changed");
+                tracing::info!(node = %self.node_name, condition = gate.condition_type, status = gate.status.as_str(), reason = %gate.reason, detail = %gate.message, "node condition changed");
                 if !transitions(gate, current.get(gate.condition_type)) {
                     continue;
                 }

@@ -1,9 +1,10 @@
 //! The pod-gate loop: the node's one pod watch (its reflector store, `node_pods`), and each round, for every
-//! pod with the `mlnode.dev/ModelVerified` readiness gate, its condition written to `pods/status`
-//! when [`gate::due`] says so (the pod does not show it: a verdict changed, or a new pod), never
-//! as a heartbeat; a pod whose write was refused is tried again after a jittered backoff of its
-//! own; for every pod mounting a model cache writable, a Warning event once and a series while it
-//! runs. Woken by a pod change, a model's new verdict, or the interval.
+//! pod with the `mlnode.dev/ModelVerified` or `mlnode.dev/AcceleratorHealthy` readiness gate, its
+//! condition written to `pods/status` when [`gate::due`] says so (the pod does not show it: a
+//! verdict changed, or a new pod), never as a heartbeat; a pod whose write was refused (a 429
+//! included) is tried again after a jittered backoff of its own, with the verdict as it is then;
+//! for every pod mounting a model cache writable, a Warning event once and a series while it
+//! runs. Woken by a pod change, a model's new verdict, new accelerator reports, or the interval.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -16,22 +17,25 @@ use kube::runtime::reflector::Store;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
+use super::device_gate::{self, ACCELERATOR_HEALTHY};
 use super::exposure::{writable_mounts, WritableMount};
-use super::gate::{self, PodGate, Written};
+use super::gate::{self, PodGate, Written, MODEL_VERIFIED};
 use crate::api::Backoff;
 use crate::events::{self, About};
 use crate::models::{HostPaths, ModelMount};
 use crate::node_pods::NodePods;
 use crate::readiness::node::FIELD_MANAGER;
+use mlnode_core::health::{LatestReports, PodRef};
 use mlnode_core::metrics::{AgentMetrics, Subsystem};
 use mlnode_core::state::{any_readiness_differs, readiness_of, ModelState, Readiness};
 use mlnode_core::trouble::Trouble;
 
-/// `mlnode_pod_model_gate`, `mlnode_pod_gate_updates_total` and
+/// `mlnode_pod_model_gate`, `mlnode_pod_accelerator_gate`, `mlnode_pod_gate_updates_total` and
 /// `mlnode_model_cache_writable_mounts`.
 #[derive(Clone)]
 pub struct WorkloadMetrics {
     gate: IntGaugeVec,
+    device_gate: IntGaugeVec,
     updates: IntCounterVec,
     writable: IntGaugeVec,
 }
@@ -46,10 +50,17 @@ impl WorkloadMetrics {
                 ),
                 &["namespace", "pod", "model_name"],
             )?,
+            device_gate: IntGaugeVec::new(
+                Opts::new(
+                    "mlnode_pod_accelerator_gate",
+                    "1 while a pod's mlnode.dev/AcceleratorHealthy readiness gate is True (every accelerator it holds healthy), 0 while False or Unknown; one series per pod on this node with the gate.",
+                ),
+                &["namespace", "pod"],
+            )?,
             updates: IntCounterVec::new(
                 Opts::new(
                     "mlnode_pod_gate_updates_total",
-                    "Writes of pods' mlnode.dev/ModelVerified condition: written, or error (the API server refused or was unreachable).",
+                    "Writes of pods' mlnode.dev/ModelVerified and mlnode.dev/AcceleratorHealthy conditions: written, or error (the API server refused or was unreachable).",
                 ),
                 &["result"],
             )?,
@@ -62,6 +73,7 @@ impl WorkloadMetrics {
             )?,
         };
         registry.register(Box::new(metrics.gate.clone()))?;
+        registry.register(Box::new(metrics.device_gate.clone()))?;
         registry.register(Box::new(metrics.updates.clone()))?;
         registry.register(Box::new(metrics.writable.clone()))?;
         for result in ["written", "error"] {
@@ -73,6 +85,12 @@ impl WorkloadMetrics {
     pub fn set_gate(&self, namespace: &str, pod: &str, model: &str, ok: bool) {
         self.gate
             .with_label_values(&[namespace, pod, model])
+            .set(i64::from(ok));
+    }
+
+    pub fn set_device_gate(&self, namespace: &str, pod: &str, ok: bool) {
+        self.device_gate
+            .with_label_values(&[namespace, pod])
             .set(i64::from(ok));
     }
 
@@ -96,13 +114,15 @@ pub struct PodController {
     pub interval: Duration,
     pub metrics: WorkloadMetrics,
     pub up: AgentMetrics,
+    /// The accelerator collectors' reports, as the readiness controller last took them.
+    pub reports: LatestReports,
 }
 
 /// What the loop remembers between rounds.
 #[derive(Default)]
 struct Memory {
-    /// The last gate written to each pod (by uid).
-    written: HashMap<String, Written>,
+    /// The last gate written to each pod (by uid and condition type).
+    written: HashMap<(String, &'static str), Written>,
     /// The series each pod (by uid) has now: its namespace and name, and the gate's and the
     /// writable mounts' models.
     series: HashMap<String, Series>,
@@ -125,8 +145,10 @@ struct Failing {
 struct Series {
     namespace: String,
     pod: String,
-    /// The gate's model and whether it passes.
+    /// The model gate's model and whether it passes.
     gate: Option<(String, bool)>,
+    /// Whether the device gate passes.
+    device_gate: Option<bool>,
     writable: BTreeMap<String, i64>,
 }
 
@@ -137,6 +159,7 @@ impl PodController {
         // The verdicts the last round wrote the gates from: one given during a round wakes the
         // next at once.
         let mut decided_on = readiness_of(&self.models);
+        let mut reports = self.reports.get();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -148,6 +171,7 @@ impl PodController {
                 }
                 changed = pods.changes.changed() => if changed.is_err() { return },
                 _ = any_readiness_differs(&self.models, &decided_on) => {}
+                _ = self.reports.wait_for(|latest| *latest != reports) => {}
                 _ = tokio::time::sleep(self.interval) => {}
             }
             // A failed watch says so itself and resumes quietly (a resumed watch with nothing to
@@ -158,11 +182,12 @@ impl PodController {
             // (the pods not listed yet) must not wake this loop again and again; the list's
             // arrival starts the round that writes it.
             decided_on = readiness_of(&self.models);
+            reports = self.reports.get();
             if pods.store.wait_until_ready().now_or_never().is_some() {
                 // A write waiting out the API server's push-back must not hold up the shutdown.
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = self.round(&pods.store, &mut memory) => {}
+                    _ = self.round(&pods.store, reports.as_deref(), &mut memory) => {}
                 }
             }
             if !memory.watching {
@@ -184,7 +209,12 @@ impl PodController {
         }
     }
 
-    async fn round(&mut self, store: &Store<Pod>, memory: &mut Memory) {
+    async fn round(
+        &mut self,
+        store: &Store<Pod>,
+        reports: Option<&[mlnode_core::health::Report]>,
+        memory: &mut Memory,
+    ) {
         self.derive_host_paths(store);
         let verdicts: BTreeMap<String, Readiness> = self
             .models
@@ -208,16 +238,30 @@ impl PodController {
                 pod: name.clone(),
                 ..Series::default()
             };
-            if gate::has_gate(pod) {
+            let last = memory.series.get(&uid);
+            if gate::has_gate(pod, MODEL_VERIFIED) {
                 match gate::decide(pod, &verdicts) {
                     Some(decided) => {
-                        series.gate = Some((decided.model.clone(), decided.ok()));
+                        series.gate = Some((decided.subject.clone(), decided.ok()));
                         synced &= self.write_gate(pod, &uid, &decided, memory).await;
                     }
                     // Its model's verdict is not concluded yet: the pod keeps what it shows.
-                    None => {
-                        series.gate = memory.series.get(&uid).and_then(|s| s.gate.clone());
+                    None => series.gate = last.and_then(|s| s.gate.clone()),
+                }
+            }
+            let last = memory.series.get(&uid);
+            if gate::has_gate(pod, ACCELERATOR_HEALTHY) {
+                let holder = PodRef {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                };
+                match device_gate::decide(&holder, reports) {
+                    Some(decided) => {
+                        series.device_gate = Some(decided.ok());
+                        synced &= self.write_gate(pod, &uid, &decided, memory).await;
                     }
+                    // No reports taken yet: the pod keeps what it shows.
+                    None => series.device_gate = last.and_then(|s| s.device_gate),
                 }
             }
             let writable = writable_mounts(pod, &self.mounts);
@@ -241,7 +285,7 @@ impl PodController {
             if let Some(old) = memory.series.remove(&uid) {
                 self.export(Some(&old), &Series::default());
             }
-            memory.written.remove(&uid);
+            memory.written.retain(|(u, _), _| *u != uid);
             memory.failing.remove(&uid);
             memory.warned.retain(|(u, _)| *u != uid);
         }
@@ -256,9 +300,10 @@ impl PodController {
         decided: &PodGate,
         memory: &mut Memory,
     ) -> bool {
-        let current = gate::current(pod);
+        let current = gate::current(pod, decided.condition_type);
         let now = Instant::now();
-        let last = memory.written.get(uid);
+        let key = (uid.to_string(), decided.condition_type);
+        let last = memory.written.get(&key);
         let settle = memory.watching.then_some(self.interval);
         if !gate::due(decided, current, last, now, settle) {
             return true;
@@ -284,14 +329,14 @@ impl PodController {
             Ok(_) => {
                 self.metrics.updates.with_label_values(&["written"]).inc();
                 memory.written.insert(
-                    uid.to_string(),
+                    key,
                     Written {
                         gate: decided.clone(),
                         at: now,
                     },
                 );
                 if changed {
-                    tracing::info!(namespace = %namespace, pod = %name, model_name = %decided.model, status = decided.status.as_str(), reason = decided.reason, message = %decided.message, "pod readiness gate changed");
+                    tracing::info!(namespace = %namespace, pod = %name, condition = decided.condition_type, subject = %decided.subject, status = decided.status.as_str(), reason = %decided.reason, detail = %decided.message, "pod readiness gate changed");
                 }
                 if memory.failing.remove(uid).is_some() {
                     tracing::info!(namespace = %namespace, pod = %name, "the pod's condition can be written again");
@@ -317,7 +362,7 @@ impl PodController {
                         kube::Error::Api(status) if status.code == 403 => " (RBAC: patch pods/status; the admission policy: pods on this node only)",
                         _ => "",
                     };
-                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, retry_in = ?wait, "cannot write the pod's mlnode.dev/ModelVerified condition{hint}; retried with backoff");
+                    tracing::warn!(namespace = %namespace, pod = %name, error = %message, retry_in = ?wait, "cannot write the pod's {} condition{hint}; retried with backoff", decided.condition_type);
                 }
                 false
             }
@@ -368,6 +413,17 @@ impl PodController {
         }
         if let Some((model, ok)) = &new.gate {
             self.metrics.set_gate(&new.namespace, &new.pod, model, *ok);
+        }
+        match new.device_gate {
+            Some(ok) => self.metrics.set_device_gate(&new.namespace, &new.pod, ok),
+            None => {
+                if let Some(old) = old.filter(|o| o.device_gate.is_some()) {
+                    let _ = self
+                        .metrics
+                        .device_gate
+                        .remove_label_values(&[&old.namespace, &old.pod]);
+                }
+            }
         }
         for (model, count) in &new.writable {
             self.metrics

@@ -1,7 +1,8 @@
-//! A pod's `mlnode.dev/ModelVerified` readiness gate, as plain data decided from the pod's own
-//! annotations and the agent's verdicts, and when it is written. Trust never comes from the pod:
-//! its annotations only name which of the node's configured models (their manifests and signers
-//! are the agent's config) it relies on.
+//! A pod's readiness gates as plain data, and when one is written: the condition a pod lists in
+//! its `readinessGates`, decided by [`decide`] for `mlnode.dev/ModelVerified` (here) or by
+//! [`super::device_gate`] for `mlnode.dev/AcceleratorHealthy`. For the model gate, trust never
+//! comes from the pod: its annotations only name which of the node's configured models (their
+//! manifests and signers are the agent's config) it relies on.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -19,21 +20,23 @@ pub const MODEL_VERIFIED: &str = "mlnode.dev/ModelVerified";
 /// no other.
 pub const CONDITION_PREFIX: &str = "mlnode.dev/";
 
-/// Whether the pod waits for [`MODEL_VERIFIED`]: it opts in through its own spec.
-pub fn has_gate(pod: &Pod) -> bool {
+/// Whether the pod waits for `condition_type`: it opts in through its own spec.
+pub fn has_gate(pod: &Pod, condition_type: &str) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.readiness_gates.as_ref())
-        .is_some_and(|gates| gates.iter().any(|g| g.condition_type == MODEL_VERIFIED))
+        .is_some_and(|gates| gates.iter().any(|g| g.condition_type == condition_type))
 }
 
 /// The condition's content, without times.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodGate {
-    /// The model the pod names; empty when it names none.
-    pub model: String,
+    pub condition_type: &'static str,
+    /// What the gate is about, for the log: the model the pod names (empty when it names none),
+    /// or the devices it holds.
+    pub subject: String,
     pub status: Status,
-    pub reason: &'static str,
+    pub reason: String,
     pub message: String,
 }
 
@@ -54,11 +57,12 @@ pub fn decide(pod: &Pod, verdicts: &BTreeMap<String, Readiness>) -> Option<PodGa
         .as_ref()
         .and_then(|a| a.get(REVISION_ANNOTATION))
         .filter(|r| !r.is_empty());
-    let gate = |ok, reason, message: String| {
+    let gate = |ok, reason: &str, message: String| {
         Some(PodGate {
-            model: model.clone(),
+            condition_type: MODEL_VERIFIED,
+            subject: model.clone(),
             status: Status::of(ok),
-            reason,
+            reason: reason.to_string(),
             message: truncate(message),
         })
     };
@@ -127,21 +131,21 @@ fn revision_matches(required: &str, verified: Option<&str>) -> bool {
     verified == required || abbreviated
 }
 
-/// The pod's [`MODEL_VERIFIED`] condition as the API server has it now.
-pub fn current(pod: &Pod) -> Option<&PodCondition> {
+/// The pod's `condition_type` condition as the API server has it now.
+pub fn current<'a>(pod: &'a Pod, condition_type: &str) -> Option<&'a PodCondition> {
     pod.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
-        .find(|c| c.type_ == MODEL_VERIFIED)
+        .find(|c| c.type_ == condition_type)
 }
 
 /// Whether `gate` says something other than `current`.
 pub fn differs(gate: &PodGate, current: Option<&PodCondition>) -> bool {
     current.is_none_or(|c| {
         c.status != gate.status.as_str()
-            || c.reason.as_deref() != Some(gate.reason)
+            || c.reason.as_deref() != Some(gate.reason.as_str())
             || c.message.as_deref() != Some(gate.message.as_str())
     })
 }
@@ -184,7 +188,7 @@ pub fn condition_patch(gate: &PodGate, current: Option<&PodCondition>, now: &str
         .and_then(|t| serde_json::to_value(t).ok())
         .unwrap_or_else(|| json!(now));
     json!({"status": {"conditions": [{
-        "type": MODEL_VERIFIED,
+        "type": gate.condition_type,
         "status": status,
         "reason": gate.reason,
         "message": gate.message,
@@ -241,22 +245,29 @@ mod tests {
 
     #[test]
     fn only_a_pod_listing_the_gate_waits_for_it() {
-        assert!(has_gate(&pod(json!({}), true)));
-        assert!(!has_gate(&pod(json!({"mlnode.dev/model": "llama"}), false)));
+        assert!(has_gate(&pod(json!({}), true), MODEL_VERIFIED));
+        assert!(!has_gate(
+            &pod(json!({"mlnode.dev/model": "llama"}), false),
+            MODEL_VERIFIED
+        ));
+        assert!(!has_gate(
+            &pod(json!({}), true),
+            "mlnode.dev/AcceleratorHealthy"
+        ));
     }
 
     #[test]
     fn each_reason_from_the_pods_model_and_its_verdict() {
         let decided = |annotations, readiness| {
             let gate = decide(&pod(annotations, true), &verdicts(readiness));
-            (gate.status, gate.reason, gate.message)
+            (gate.status, gate.reason.clone(), gate.message)
         };
         let llama = json!({"mlnode.dev/model": "llama"});
         assert_eq!(
             decided(llama.clone(), verified()),
             (
                 Status::True,
-                "ModelVerified",
+                "ModelVerified".to_string(),
                 format!("model llama verified (revision {COMMIT})")
             )
         );
@@ -271,12 +282,12 @@ mod tests {
             decided(llama.clone(), failed),
             (
                 Status::False,
-                "ModelNotVerified",
+                "ModelNotVerified".to_string(),
                 "model llama: model-00001-of-00004.safetensors digest_mismatch".into()
             )
         );
         let (status, reason, message) = decided(json!({"mlnode.dev/model": "qwen"}), verified());
-        assert_eq!((status, reason), (Status::False, "ModelNotOnNode"));
+        assert_eq!((status, reason.as_str()), (Status::False, "ModelNotOnNode"));
         assert!(message.contains("configured: llama, mistral"), "{message}");
         assert_eq!(decided(json!({}), verified()).1, "ModelNotNamed");
         assert_eq!(

@@ -282,6 +282,18 @@ impl Runtime {
         )
     }
 
+    /// The fake NVML's scenario the `nvidia` runtime handler's containers see (its two GPUs), to
+    /// change a GPU's state: `change` edits it, and it is replaced whole.
+    pub fn gpu_scenario(&self, change: impl FnOnce(&mut serde_json::Value)) {
+        let path = self.dir.join("nvidia/scenario.json");
+        let mut scenario: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        change(&mut scenario);
+        let replacement = path.with_extension("json.new");
+        std::fs::write(&replacement, scenario.to_string()).unwrap();
+        std::fs::rename(&replacement, &path).unwrap();
+    }
+
     /// A program run inside the node's namespaces, with the node's programs on its PATH.
     pub fn inside(&self, command: &[&str]) -> Output {
         self.nsenter(command)
@@ -551,7 +563,9 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
     }
     // The NVIDIA container toolkit's work as a runtime handler of its own (`nvidia`, as the GPU
     // Operator installs it): the driver's NVML library (here the fake's) where the image's loader
-    // finds it, and the fake driver's state beside it, bound into every container it runs.
+    // finds it, and the fake driver's state beside it, bound into every container it runs. The
+    // state's folder is bound, not its file, so that a test replacing the file (a rename: a fake
+    // NVML never reads half of it) is seen inside ([`Runtime::gpu_scenario`]).
     let default_spec = Command::new(programs.join("ctr"))
         .args(["oci", "spec"])
         .output()
@@ -578,7 +592,7 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
             crate::devices::fake_nvml::fake_nvml(),
             "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
         ),
-        (scenario.as_path(), "/run/fake-nvml/scenario.json"),
+        (gpus.as_path(), "/run/fake-nvml"),
     ] {
         nvidia_spec["mounts"]
             .as_array_mut()

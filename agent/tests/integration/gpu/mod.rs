@@ -6,6 +6,7 @@ mod health;
 mod metrics;
 mod mig;
 mod nvml_failures;
+mod pod_gate;
 mod pods;
 mod release;
 mod repair;

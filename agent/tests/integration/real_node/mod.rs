@@ -5,8 +5,9 @@
 //!   next, each holding the node exclusively: the install under the startup taint
 //!   (`startup_taint`); the startup phases of one pod after another (`cache_hit`,
 //!   `init_containers`, `crash_restart`, `failed_pull`, `lazy`); the agent as its manifest says
-//!   (`manifest`); the model's readiness gate (`readiness_gate`); a rollout (`rollout`); a kubelet
-//!   restart (`kubelet_restart`);
+//!   (`manifest`); the model's readiness gate (`readiness_gate`); each pod's accelerator gate,
+//!   with the tests' device plugin (`device_gate`); a rollout (`rollout`); a kubelet restart
+//!   (`kubelet_restart`);
 //! - the chart installed by Helm, on the node without the overlay (`helm_chart`);
 //! - a start that downloads and verifies its model before its server runs, beside whatever is
 //!   installed (`verified_download`).
@@ -15,6 +16,7 @@
 
 mod cache_hit;
 mod crash_restart;
+mod device_gate;
 mod failed_pull;
 mod helm_chart;
 mod init_containers;

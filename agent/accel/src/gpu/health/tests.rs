@@ -683,3 +683,145 @@ fn failures_and_a_silent_nvml_are_problems_too() {
     .problems;
     assert!(stalled[1].message.contains("within 3 s"), "{stalled:?}");
 }
+
+/// A second GPU, at 0000:19:00, with a MIG device carved from it.
+fn two_gpus_one_with_mig(t0: Instant) -> GpuState {
+    let mut state = state(t0);
+    state.apply(
+        1,
+        DeviceRead::Read {
+            identity: GpuIdentity {
+                index: 1,
+                uuid: "GPU-bbbb".into(),
+                pci_bus_id: "00000000:19:00.0".into(),
+                ..Default::default()
+            },
+            reading: Box::new(GpuReading {
+                recovery_action: Some(0),
+                mig: vec![crate::gpu::MigInstance {
+                    uuid: "MIG-cccc".into(),
+                    ..Default::default()
+                }],
+                ..GpuReading::default()
+            }),
+        },
+        1.0,
+        t0,
+    );
+    state
+}
+
+fn holder(pod: &str) -> mlnode_core::assignments::Assignment {
+    mlnode_core::assignments::Assignment {
+        pod: pod.into(),
+        namespace: "inference".into(),
+        container: "vllm".into(),
+    }
+}
+
+/// The pods of the kubelet's assignments (pod-resources ids as the NVIDIA device plugin hands
+/// them: a GPU's UUID, a MIG device's, `<uuid>::<n>` replicas, a DRA claim's UUID under its
+/// driver) resolved to the GPU whose verdict they share; an id NVML does not list is held unlisted.
+#[test]
+fn each_pod_holds_the_gpu_its_device_is_or_is_carved_from() {
+    let state = two_gpus_one_with_mig(Instant::now());
+    let resources = vec![
+        "nvidia.com/gpu".to_string(),
+        "nvidia.com/mig-*".to_string(),
+        "gpu.nvidia.com".to_string(),
+    ];
+    let mut assignments = Assignments::default();
+    assignments.assign("nvidia.com/gpu", "GPU-aaaa", || holder("shared-0"));
+    assignments.assign_replica("GPU-aaaa", "0", holder("shared-0"));
+    assignments.assign_replica("GPU-aaaa", "1", holder("shared-1"));
+    assignments.assign("nvidia.com/mig-*", "MIG-cccc", || holder("small-0"));
+    assignments.assign("gpu.nvidia.com", "GPU-dddd", || holder("claimed-0"));
+    assignments.assign("aws.amazon.com/neuron", "0", || holder("neuron-0"));
+    let held = holdings(&state, &assignments, &resources);
+    let of = |pod: &str| -> Vec<(String, String, bool)> {
+        held[&PodRef {
+            namespace: "inference".into(),
+            name: pod.into(),
+        }]
+            .iter()
+            .map(|h| (h.device.clone(), h.name.clone(), h.listed))
+            .collect()
+    };
+    let gpu0 = (
+        "GPU-aaaa".to_string(),
+        "GPU 0 (GPU-aaaa, 00000000:18:00.0)".to_string(),
+        true,
+    );
+    assert_eq!(of("shared-0"), std::slice::from_ref(&gpu0), "one GPU, once");
+    assert_eq!(of("shared-1"), [gpu0], "a replica holder holds the GPU");
+    assert_eq!(
+        of("small-0"),
+        [(
+            "GPU-bbbb".to_string(),
+            "MIG device MIG-cccc of GPU 1 (GPU-bbbb, 00000000:19:00.0)".to_string(),
+            true
+        )]
+    );
+    assert_eq!(
+        of("claimed-0"),
+        [(
+            "GPU-dddd".to_string(),
+            "GPU-dddd, which NVML does not list".to_string(),
+            false
+        )]
+    );
+    assert_eq!(held.len(), 4, "not the Neuron device's holder: {held:?}");
+}
+
+/// Every verdict on one GPU is pinned to its UUID, the MIG device's too; a count mismatch is the
+/// node's.
+#[test]
+fn a_gpus_verdicts_are_pinned_to_it_and_the_nodes_to_none() {
+    let t0 = Instant::now();
+    let mut state = two_gpus_one_with_mig(t0);
+    state.record_xid(1, 79, None, t0);
+    state.apply(1, DeviceRead::Failed(GpuFailure::Lost), 1.0, t0);
+    state.pci = Some(crate::pci::BusScan {
+        devices: vec![
+            "0000:18:00.0".into(),
+            "0000:19:00.0".into(),
+            "0000:1a:00.0".into(),
+        ],
+        ..Default::default()
+    });
+    let report = assess(&state, &XidPolicy::default(), &FromNode::default(), t0);
+    let pinned: Vec<(&str, Option<&str>)> = report
+        .problems
+        .iter()
+        .map(|p| (p.reason.as_str(), p.devices.first().map(String::as_str)))
+        .collect();
+    assert_eq!(
+        pinned,
+        [
+            ("GPUCountMismatch", None),
+            ("GPULost", Some("GPU-bbbb")),
+            ("FatalXID", Some("GPU-bbbb")),
+        ]
+    );
+}
+
+/// While the agent lets go of NVML for the driver's reset, the verdict stands pinned to the GPUs
+/// being reset: the pods on them are out until NVML is taken back.
+#[test]
+fn a_release_for_a_reset_is_pinned_to_the_gpus_it_resets() {
+    let t0 = Instant::now();
+    let mut state = two_gpus_one_with_mig(t0);
+    state.released = Some(crate::gpu::state::Released {
+        targets: "GPU-bbbb (0000:19:00.0)".into(),
+        uuids: vec!["GPU-bbbb".into()],
+        reason: "GPUResetRequired",
+        why: "the driver asks for a GPU reset".into(),
+        until: "once the GPU is reset",
+        timeout: None,
+    });
+    let report = assess(&state, &XidPolicy::default(), &FromNode::default(), t0);
+    let released = &report.problems[0];
+    assert_eq!(released.reason, "GPUResetRequired");
+    assert_eq!(released.devices, ["GPU-bbbb"]);
+    assert!(!released.concerns("GPU-aaaa"));
+}
