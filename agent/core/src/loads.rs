@@ -35,29 +35,71 @@ pub fn is_weight_file(path: &Path) -> bool {
             .is_some_and(|e| WEIGHT_EXTENSIONS.contains(&e))
 }
 
-/// Model name → Unix times of weight-file opens, oldest first.
+/// A file by device and inode, as an open or a write of it is reported whichever link was used.
+pub type FileId = (u64, u64);
+
+/// Model name → its weight files' opens by other processes, and writes.
 #[derive(Clone, Default)]
-pub struct LoadActivity(Shared<HashMap<String, VecDeque<f64>>>);
+pub struct LoadActivity(Shared<HashMap<String, ModelLoads>>);
+
+/// One model's opens (Unix time, file), oldest first, and when each file was last written.
+#[derive(Default)]
+struct ModelLoads {
+    opens: VecDeque<(f64, FileId)>,
+    written: HashMap<FileId, f64>,
+}
+
+impl ModelLoads {
+    /// A write of `file`: the latest open of it since its previous write was the writer's (a
+    /// download, a repair: one opens a file and writes it at once), not a load; a read before it
+    /// stays one. Written again and again (each write call), nothing more is taken back until the
+    /// file is opened again.
+    fn wrote(&mut self, file: FileId, at: f64) {
+        let since = self.written.get(&file).copied();
+        let writer = self
+            .opens
+            .iter()
+            .rposition(|(t, f)| *f == file && since.is_none_or(|s| *t > s));
+        if let Some(writer) = writer {
+            self.opens.remove(writer);
+        }
+        self.written.insert(file, at);
+        // Files written before the oldest open remembered say nothing any more.
+        if self.written.len() > REMEMBERED {
+            let oldest = self.opens.front().map_or(at, |(t, _)| *t);
+            self.written.retain(|_, t| *t >= oldest);
+        }
+    }
+}
 
 impl LoadActivity {
-    pub fn record(&self, model: &str, at: f64) {
+    /// Another process opened `file`, a weight file of `model`, at `at`.
+    pub fn record(&self, model: &str, at: f64, file: FileId) {
         self.0.update(|map| {
-            let opens = map.entry(model.to_string()).or_default();
+            let opens = &mut map.entry(model.to_string()).or_default().opens;
             if opens.len() == REMEMBERED {
                 opens.pop_front();
             }
-            opens.push_back(at);
+            opens.push_back((at, file));
         });
     }
 
-    /// The last open in `[from, until]`.
+    /// Another process wrote `file`, a weight file of `model`, at `at`: the opens that wrote it
+    /// are no loads.
+    pub fn record_write(&self, model: &str, file: FileId, at: f64) {
+        self.0
+            .update(|map| map.entry(model.to_string()).or_default().wrote(file, at));
+    }
+
+    /// The last open in `[from, until]` that was a read.
     pub fn last_open(&self, model: &str, from: f64, until: f64) -> Option<f64> {
         let map = self.0.borrow();
         map.get(model)?
+            .opens
             .iter()
             .rev()
-            .find(|t| **t >= from && **t <= until)
-            .copied()
+            .map(|(t, _)| *t)
+            .find(|t| *t >= from && *t <= until)
     }
 }
 
@@ -83,11 +125,43 @@ mod tests {
     #[test]
     fn last_open_in_a_window() {
         let loads = LoadActivity::default();
-        for t in [10.0, 20.0, 30.0] {
-            loads.record("llama", t);
+        for (t, inode) in [(10.0, 1), (20.0, 2), (30.0, 1)] {
+            loads.record("llama", t, (1, inode));
         }
         assert_eq!(loads.last_open("llama", 15.0, 25.0), Some(20.0));
         assert_eq!(loads.last_open("llama", 31.0, 40.0), None);
         assert_eq!(loads.last_open("mistral", 0.0, 40.0), None);
+    }
+
+    /// A download opens a shard and writes it (many writes), a server then reads it: the
+    /// download's open is no load, the server's is; a second download of the shard (truncated,
+    /// written again) takes back its own open only.
+    #[test]
+    fn the_opens_that_wrote_a_file_are_no_loads() {
+        let loads = LoadActivity::default();
+        let (shard, other) = ((1, 7), (1, 8));
+        loads.record("llama", 10.0, other);
+        loads.record("llama", 11.0, shard);
+        for at in [11.1, 11.2, 15.0] {
+            loads.record_write("llama", shard, at);
+        }
+        assert_eq!(
+            loads.last_open("llama", 0.0, 16.0),
+            Some(10.0),
+            "the writer's open is gone"
+        );
+        loads.record("llama", 16.0, shard);
+        assert_eq!(
+            loads.last_open("llama", 0.0, 17.0),
+            Some(16.0),
+            "the server's read"
+        );
+        loads.record("llama", 20.0, shard);
+        loads.record_write("llama", shard, 20.5);
+        assert_eq!(
+            loads.last_open("llama", 0.0, 21.0),
+            Some(16.0),
+            "the second download's open taken back, the read before it kept"
+        );
     }
 }

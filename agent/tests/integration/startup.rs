@@ -243,9 +243,12 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
     agent.wait_for("cache verified", Duration::from_secs(20), |m| {
         sample(m, "mlnode_model_cache_verified", &[("model_name", "llama")]) == Some(1.0)
     });
-    // The "server" loads the weights: a real process opens each shard. Opens within a second of
-    // the agent's own reads are taken for their echo, so the load is repeated until the agent
-    // counts both opens of one attempt (mlnode_model_cache_weight_opens_total).
+    // The agent tells its own opens from others' exactly (its verifier announces each, docs/
+    // startup.md), so a server loading right after a verification counts, and the agent's own
+    // reads never do; a write's open is no load. In order: a download rewrites a shard (its open
+    // counts as an open, its write says it was no load), the agent verifies it again, the server
+    // reads both shards within 100 ms of that verification's end, then a repair rewrites the
+    // other shard and is verified in turn: 1 + 2 + 1 opens, the load ending at the server's.
     let weight_opens = || {
         sample(
             &agent.metrics(),
@@ -254,34 +257,72 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
         )
         .unwrap_or(0.0)
     };
-    let started_loading = std::time::Instant::now();
-    let (opening, opened) = loop {
-        let before = weight_opens();
-        let opening = testbed::cluster::pods::unix_now();
-        for shard in [
-            "model-00001-of-00002.safetensors",
-            "model-00002-of-00002.safetensors",
-        ] {
-            let status = std::process::Command::new("cat")
-                .arg(model.path(shard))
-                .stdout(std::process::Stdio::null())
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }
-        let opened = testbed::cluster::pods::unix_now();
-        let attempt = std::time::Instant::now();
-        while weight_opens() < before + 2.0 && attempt.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if weight_opens() >= before + 2.0 {
-            break (opening, opened);
-        }
-        assert!(
-            started_loading.elapsed() < Duration::from_secs(10),
-            "the agent never counted the weight opens"
-        );
+    // Full and incremental ones.
+    let verifications = || {
+        testbed::agent::samples(
+            &agent.metrics(),
+            "mlnode_model_cache_verify_duration_seconds_count",
+            &[("model_name", "llama")],
+        )
+        .iter()
+        .sum::<f64>()
     };
+    let shards = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    // Written whole from the model's own bytes: reading the file first would be an open of it
+    // right before the writer's, which inotify merges into one (identical events in a row).
+    let rewrite = |shard: &str| {
+        std::fs::write(model.path(shard), &model.files[shard]).unwrap();
+    };
+    // Until a verification more than `done` has ended, looked at every few milliseconds.
+    let verified_after = |done: f64| {
+        testbed::wait_until(
+            "the agent's verification of the write",
+            Duration::from_secs(20),
+            || {
+                (verifications() > done)
+                    .then(std::time::Instant::now)
+                    .ok_or_else(String::new)
+            },
+        )
+    };
+    let before = weight_opens();
+    let done = verifications();
+    rewrite(shards[0]);
+    let ended = verified_after(done);
+    let opening = testbed::cluster::pods::unix_now();
+    for shard in shards {
+        let status = std::process::Command::new("cat")
+            .arg(model.path(shard))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let opened = testbed::cluster::pods::unix_now();
+    eprintln!(
+        "the server read the shards {:?} after the verification ended",
+        ended.elapsed()
+    );
+    let done = verifications();
+    rewrite(shards[1]);
+    verified_after(done);
+    agent.wait_for("the opens counted", Duration::from_secs(20), |m| {
+        sample(
+            m,
+            "mlnode_model_cache_weight_opens_total",
+            &[("model_name", "llama")],
+        )
+        .unwrap_or(0.0)
+            >= before + 4.0
+    });
+    assert_eq!(
+        weight_opens(),
+        before + 4.0,
+        "two writers' opens and the server's two; none of the agent's three verifications' reads"
+    );
     node.delete_pod("vllm-llama-1");
     let ready = PodTimes {
         ready: Some(testbed::cluster::pods::unix_now().ceil() + 1.0),

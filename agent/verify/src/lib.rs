@@ -18,6 +18,7 @@ pub mod generate;
 pub mod hasher;
 pub mod layout;
 pub mod manifest;
+pub mod own_opens;
 pub mod page_cache;
 pub mod paths;
 pub mod report;

@@ -170,6 +170,9 @@ impl Root {
             }
             let read_flags =
                 OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY | OFlag::O_NONBLOCK;
+            // The O_PATH look raised no IN_OPEN; the open below raises one, announced first.
+            let looked = (located.stat.st_dev, located.stat.st_ino);
+            crate::own_opens::expect(looked);
             let fd = match &located.parent {
                 None if self.use_openat2() => self.openat2(rel, read_flags),
                 None => openat(
@@ -187,10 +190,21 @@ impl Root {
             };
             let fd = match fd {
                 Ok(fd) => fd,
-                Err(Errno::ENOENT | Errno::ELOOP | Errno::EXDEV | Errno::EAGAIN) => continue,
-                Err(e) => return Err(OpenFailure::Io(e.desc().to_string())),
+                Err(e) => {
+                    crate::own_opens::cancel(looked);
+                    match e {
+                        Errno::ENOENT | Errno::ELOOP | Errno::EXDEV | Errno::EAGAIN => continue,
+                        e => return Err(OpenFailure::Io(e.desc().to_string())),
+                    }
+                }
             };
             let stat = fstat(&fd).map_err(|e| OpenFailure::Io(e.desc().to_string()))?;
+            if (stat.st_dev, stat.st_ino) != looked {
+                // Another file was renamed there meanwhile: the IN_OPEN was that file's, read as
+                // another process's open of it (one spurious open of a file being replaced, rather
+                // than an announcement left to swallow a real one).
+                crate::own_opens::cancel(looked);
+            }
             if Snapshot::of(&stat).same_file(&Snapshot::of(&located.stat)) {
                 return Ok(OpenedFile {
                     file: File::from(fd),

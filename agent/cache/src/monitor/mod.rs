@@ -38,7 +38,6 @@ const WATCH_RETRY: Duration = Duration::from_secs(30);
 /// A model that cannot be watched is rescanned this often (at most `full_rescan_interval`).
 pub const UNWATCHED_RESCAN: Duration = Duration::from_secs(15 * 60);
 /// inotify reports the agent's own opens a little after they happen (see [`Timing`]).
-const OWN_READ_ECHO: Duration = Duration::from_secs(1);
 /// How long a model's first verification waits to learn whether the node holds the startup taint
 /// (the readiness controller's first read of the node, normally well under a second): started
 /// before, it could not know that it may run at full speed.
@@ -194,7 +193,6 @@ impl Monitor {
             unwatched_rescan_interval: UNWATCHED_RESCAN,
             watch_retry: WATCH_RETRY,
             manifest_retry: TICK,
-            own_read_echo: OWN_READ_ECHO,
         }
     }
 
@@ -240,9 +238,12 @@ impl Monitor {
                             self.state.set_watched(watch.is_some());
                             inputs.push_back(Input::Watched(watch.is_some()));
                         }
-                        Action::RecordLoad => {
-                            self.shared.loads.record(&name, unix_now());
+                        Action::RecordLoad(file) => {
+                            self.shared.loads.record(&name, unix_now(), file);
                             self.shared.metrics.weight_opened(&name);
+                        }
+                        Action::RecordWrite(file) => {
+                            self.shared.loads.record_write(&name, file, unix_now())
                         }
                         Action::Verify(todo) => {
                             // Loading a manifest of a million entries takes seconds; SIGTERM must
@@ -335,13 +336,7 @@ impl Monitor {
             tracing::info!(model_name = %name, "the model's root was renamed or removed; watching it again");
             inputs.push(Input::RootReplaced);
         }
-        if matches!(
-            event.kind,
-            notify::EventKind::Access(notify::event::AccessKind::Open(_))
-        ) && event.paths.iter().any(|p| is_weight_file(p))
-        {
-            inputs.push(Input::WeightFileOpened);
-        }
+        inputs.extend(weight_file_inputs(&event));
         if event.need_rescan() {
             self.shared.metrics.watch_overflow(name);
             tracing::warn!(model_name = %name, "file-watch queue overflowed; verifying everything");
@@ -631,6 +626,36 @@ impl Monitor {
         let subscription = self.shared.watch.subscribe(paths, tx)?;
         Ok((subscription, identity))
     }
+}
+
+/// What an event says of the model's weight files: each open, the agent's own (announced by its
+/// verifier) or another process's, and each write by another process (a modification, or a close
+/// after writing). A file is named by device and inode, as the verifier announces it: the event's
+/// path is the file the open reached (a Hugging Face blob, whichever snapshot link was opened). A
+/// file gone before it could be looked at is no one's to tell, and is left out.
+fn weight_file_inputs(event: &notify::Event) -> Vec<Input> {
+    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use std::os::unix::fs::MetadataExt;
+    let opened = match event.kind {
+        notify::EventKind::Access(AccessKind::Open(_)) => true,
+        notify::EventKind::Access(AccessKind::Close(AccessMode::Write))
+        | notify::EventKind::Modify(ModifyKind::Data(_)) => false,
+        _ => return Vec::new(),
+    };
+    event
+        .paths
+        .iter()
+        .filter(|p| is_weight_file(p))
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .map(|file| match opened {
+            true => Input::WeightFileOpened {
+                own: mlnode_verify::own_opens::claim(file),
+                file,
+            },
+            false => Input::WeightFileWritten(file),
+        })
+        .collect()
 }
 
 /// An access change matters only for the files the last verification could not open or read (a

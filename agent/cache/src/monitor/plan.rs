@@ -1,13 +1,15 @@
 //! The monitor's decisions as a pure function of what happened and when: when to (re)watch, when
-//! collected work is due (debounce), when a full rescan is due, whether an open of a weight file
-//! is a server loading the model or the agent's own hashing, and whether a verification has stalled. The task in `mod.rs` only turns file
-//! events, timers and finished verifications into [`Input`]s and performs the [`Action`]s; every
-//! rule here is tested on made-up instants, no clock involved.
+//! collected work is due (debounce), when a full rescan is due, what an open or a write of a
+//! weight file records, and whether a verification has stalled. The task in `mod.rs` only turns
+//! file events, timers and finished verifications into [`Input`]s (an open told the agent's own or
+//! another's by the verifier's announcements) and performs the [`Action`]s; every rule here is
+//! tested on made-up instants, no clock involved.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::events::Work;
+use mlnode_core::loads::FileId;
 
 /// The loop's timing rules.
 #[derive(Clone, Copy, Debug)]
@@ -22,9 +24,6 @@ pub struct Timing {
     pub watch_retry: Duration,
     /// A manifest that could not be used is tried again this often.
     pub manifest_retry: Duration,
-    /// inotify reports the agent's own opens a little after they happen: opens seen this soon
-    /// after a verification ends are still its own.
-    pub own_read_echo: Duration,
 }
 
 /// What the next verification must look at.
@@ -64,8 +63,11 @@ pub enum Input {
     RootReplaced,
     /// Work routed from file events.
     Work(Work),
-    /// Someone opened one of the model's weight files.
-    WeightFileOpened,
+    /// A weight file of the model was opened: by the agent itself (`own`: an open its verifier
+    /// announced, `mlnode_verify::own_opens`), or by another process.
+    WeightFileOpened { own: bool, file: FileId },
+    /// Another process wrote a weight file of the model (a download, a repair).
+    WeightFileWritten(FileId),
     /// The verification asked for ended.
     Finished(Outcome),
     /// Every file was last hashed this long ago (by a previous agent of this boot, whose record a
@@ -93,8 +95,11 @@ pub enum Action {
     Watch,
     /// Start a verification, then say [`Input::Finished`].
     Verify(Todo),
-    /// A server is loading the model: record it for the startup phases and the priority.
-    RecordLoad,
+    /// Another process opened a weight file (a server loading the model, unless a write of the
+    /// file follows): record it for the startup phases and the priority.
+    RecordLoad(FileId),
+    /// Another process wrote a weight file: its open was the writer's.
+    RecordWrite(FileId),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -118,8 +123,6 @@ pub struct Planner {
     /// work is scheduled (start, rescan, retry) and due at once.
     last_event: Option<Instant>,
     verifying: bool,
-    /// Until then opens are the agent's own hashing (while verifying, and an echo after).
-    own_reads_until: Option<Instant>,
     watch: Watch,
     next_rescan: Instant,
     /// The last verification could not run: the next one starts from the manifest, whole.
@@ -141,7 +144,6 @@ impl Planner {
             },
             last_event: None,
             verifying: false,
-            own_reads_until: None,
             watch: Watch::Never,
             next_rescan: now + timing.full_rescan_interval,
             unverified: true,
@@ -174,15 +176,11 @@ impl Planner {
                 self.todo.add(work);
                 self.last_event = Some(now);
             }
-            Input::WeightFileOpened => {
-                let own = self.verifying || self.own_reads_until.is_some_and(|until| now < until);
-                if !own {
-                    actions.push(Action::RecordLoad);
-                }
-            }
+            Input::WeightFileOpened { own: false, file } => actions.push(Action::RecordLoad(file)),
+            Input::WeightFileOpened { own: true, .. } => {}
+            Input::WeightFileWritten(file) => actions.push(Action::RecordWrite(file)),
             Input::Finished(outcome) => {
                 self.verifying = false;
-                self.own_reads_until = Some(now + self.timing.own_read_echo);
                 self.unverified = outcome != Outcome::Report;
                 match outcome {
                     Outcome::NoManifest => {
@@ -308,7 +306,6 @@ mod tests {
         unwatched_rescan_interval: Duration::from_secs(900),
         watch_retry: Duration::from_secs(30),
         manifest_retry: Duration::from_secs(5),
-        own_read_echo: Duration::from_secs(1),
     };
 
     fn ms(n: u64) -> Duration {
@@ -468,26 +465,33 @@ mod tests {
         );
     }
 
+    /// The agent's own opens are no loads whenever they come (during a verification or after
+    /// it, however late inotify says so); another process's are, at once after a verification
+    /// ends too; a write is said as one.
     #[test]
-    fn only_opens_outside_the_agents_own_reads_are_loads() {
+    fn only_other_processes_opens_are_loads() {
         let t0 = Instant::now();
         let mut planner = Planner::new(TIMING, t0);
         planner.on(Input::Wake, t0);
+        let shard = (1, 7);
+        let open = |own| Input::WeightFileOpened { own, file: shard };
+        assert_eq!(planner.on(open(true), t0 + ms(50)), [], "hashing");
         assert_eq!(
-            planner.on(Input::WeightFileOpened, t0 + ms(50)),
-            [],
-            "hashing"
+            planner.on(open(false), t0 + ms(60)),
+            [Action::RecordLoad(shard)],
+            "a server reading while the agent verifies"
         );
         let done = t0 + ms(100);
         planner.on(Input::Finished(Outcome::Report), done);
+        assert_eq!(planner.on(open(true), done + ms(500)), [], "its late echo");
         assert_eq!(
-            planner.on(Input::WeightFileOpened, done + TIMING.own_read_echo - ms(1)),
-            [],
-            "the echo of its own reads"
+            planner.on(open(false), done + ms(10)),
+            [Action::RecordLoad(shard)],
+            "10 ms after the verification"
         );
         assert_eq!(
-            planner.on(Input::WeightFileOpened, done + TIMING.own_read_echo),
-            [Action::RecordLoad]
+            planner.on(Input::WeightFileWritten(shard), done + ms(20)),
+            [Action::RecordWrite(shard)]
         );
     }
 
