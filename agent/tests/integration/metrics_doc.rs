@@ -472,6 +472,12 @@ fn register_startup(registry: &prometheus::Registry) {
             )]
             .into(),
         }),
+        model_download: Some(mlnode_agent::startup::phases::ModelDownload {
+            seconds: 1.0,
+            bytes: 1,
+            files: 1,
+            bytes_per_second: Some(1.0),
+        }),
     };
     metrics.observe(&startup);
     metrics.set_last_phases(&startup);

@@ -357,6 +357,16 @@ fn the_agent_follows_pods_through_the_api_and_sees_the_model_load() {
         "model load {load}, expected {earliest:.1}..{latest:.1}"
     );
     assert!(last("readiness").is_some());
+    // The two rewrites, within the startup: a download of both shards, each once, at its size.
+    let written: usize = shards.iter().map(|s| model.files[*s].len()).sum();
+    assert_eq!(
+        sample(
+            &m,
+            "mlnode_pod_startup_model_download_bytes_sum",
+            &[("model_name", "llama"), ("namespace", inference)],
+        ),
+        Some(written as f64)
+    );
     assert_eq!(
         sample(
             &m,

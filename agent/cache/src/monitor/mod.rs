@@ -242,8 +242,10 @@ impl Monitor {
                             self.shared.loads.record(&name, unix_now(), file);
                             self.shared.metrics.weight_opened(&name);
                         }
-                        Action::RecordWrite(file) => {
-                            self.shared.loads.record_write(&name, file, unix_now())
+                        Action::RecordWrite { file, completed } => {
+                            self.shared
+                                .loads
+                                .record_write(&name, file, unix_now(), completed)
                         }
                         Action::Verify(todo) => {
                             // Loading a manifest of a million entries takes seconds; SIGTERM must
@@ -630,16 +632,21 @@ impl Monitor {
 
 /// What an event says of the model's weight files: each open, the agent's own (announced by its
 /// verifier) or another process's, and each write by another process (a modification, or a close
-/// after writing). A file is named by device and inode, as the verifier announces it: the event's
+/// after writing, with the file's size then). A file is named by device and inode, as the verifier announces it: the event's
 /// path is the file the open reached (a Hugging Face blob, whichever snapshot link was opened). A
 /// file gone before it could be looked at is no one's to tell, and is left out.
 fn weight_file_inputs(event: &notify::Event) -> Vec<Input> {
     use notify::event::{AccessKind, AccessMode, ModifyKind};
     use std::os::unix::fs::MetadataExt;
-    let opened = match event.kind {
-        notify::EventKind::Access(AccessKind::Open(_)) => true,
-        notify::EventKind::Access(AccessKind::Close(AccessMode::Write))
-        | notify::EventKind::Modify(ModifyKind::Data(_)) => false,
+    enum Seen {
+        Opened,
+        Written,
+        Completed,
+    }
+    let seen = match event.kind {
+        notify::EventKind::Access(AccessKind::Open(_)) => Seen::Opened,
+        notify::EventKind::Modify(ModifyKind::Data(_)) => Seen::Written,
+        notify::EventKind::Access(AccessKind::Close(AccessMode::Write)) => Seen::Completed,
         _ => return Vec::new(),
     };
     event
@@ -647,13 +654,22 @@ fn weight_file_inputs(event: &notify::Event) -> Vec<Input> {
         .iter()
         .filter(|p| is_weight_file(p))
         .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| (m.dev(), m.ino()))
-        .map(|file| match opened {
-            true => Input::WeightFileOpened {
-                own: mlnode_verify::own_opens::claim(file),
-                file,
-            },
-            false => Input::WeightFileWritten(file),
+        .map(|m| {
+            let file = (m.dev(), m.ino());
+            match seen {
+                Seen::Opened => Input::WeightFileOpened {
+                    own: mlnode_verify::own_opens::claim(file),
+                    file,
+                },
+                Seen::Written => Input::WeightFileWritten {
+                    file,
+                    completed: None,
+                },
+                Seen::Completed => Input::WeightFileWritten {
+                    file,
+                    completed: Some(m.len()),
+                },
+            }
         })
         .collect()
 }

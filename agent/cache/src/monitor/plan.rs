@@ -66,8 +66,12 @@ pub enum Input {
     /// A weight file of the model was opened: by the agent itself (`own`: an open its verifier
     /// announced, `mlnode_verify::own_opens`), or by another process.
     WeightFileOpened { own: bool, file: FileId },
-    /// Another process wrote a weight file of the model (a download, a repair).
-    WeightFileWritten(FileId),
+    /// Another process wrote a weight file of the model (a download, a repair); `completed`: it
+    /// closed it after writing, and this is its size.
+    WeightFileWritten {
+        file: FileId,
+        completed: Option<u64>,
+    },
     /// The verification asked for ended.
     Finished(Outcome),
     /// Every file was last hashed this long ago (by a previous agent of this boot, whose record a
@@ -98,8 +102,12 @@ pub enum Action {
     /// Another process opened a weight file (a server loading the model, unless a write of the
     /// file follows): record it for the startup phases and the priority.
     RecordLoad(FileId),
-    /// Another process wrote a weight file: its open was the writer's.
-    RecordWrite(FileId),
+    /// Another process wrote a weight file: its open was the writer's, and the write is part of a
+    /// download (completed: closed, at this size).
+    RecordWrite {
+        file: FileId,
+        completed: Option<u64>,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -178,7 +186,9 @@ impl Planner {
             }
             Input::WeightFileOpened { own: false, file } => actions.push(Action::RecordLoad(file)),
             Input::WeightFileOpened { own: true, .. } => {}
-            Input::WeightFileWritten(file) => actions.push(Action::RecordWrite(file)),
+            Input::WeightFileWritten { file, completed } => {
+                actions.push(Action::RecordWrite { file, completed })
+            }
             Input::Finished(outcome) => {
                 self.verifying = false;
                 self.unverified = outcome != Outcome::Report;
@@ -490,8 +500,17 @@ mod tests {
             "10 ms after the verification"
         );
         assert_eq!(
-            planner.on(Input::WeightFileWritten(shard), done + ms(20)),
-            [Action::RecordWrite(shard)]
+            planner.on(
+                Input::WeightFileWritten {
+                    file: shard,
+                    completed: Some(300)
+                },
+                done + ms(20)
+            ),
+            [Action::RecordWrite {
+                file: shard,
+                completed: Some(300)
+            }]
         );
     }
 

@@ -10,6 +10,10 @@
 //! * `model_load`: the main container's start to the last open of a weight file of the pod's model
 //!   (from file-access events on the cache);
 //! * `readiness`: the end of the model load to the `Ready` condition's transition.
+//!
+//! Beside them, not one of them (it overlaps the init containers or the server's own start):
+//! `model_download`, the model's weights written into its cache during the startup
+//! ([`ModelDownload`]).
 
 use std::collections::BTreeMap;
 
@@ -85,6 +89,34 @@ pub struct Startup {
     /// (`startup.soci`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lazy_load: Option<LazyLoad>,
+    /// The model's weights written into its cache during the startup (by an init container, or
+    /// the server), where they were: a stretch beside the phases, not one of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_download: Option<ModelDownload>,
+}
+
+/// The model's weights written into its cache during one startup: from the first write to the
+/// last weight file completed (closed after writing), by the agent's clock, each file once at its
+/// last completion.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModelDownload {
+    pub seconds: f64,
+    pub bytes: u64,
+    pub files: usize,
+    /// None for a stretch of 0 s (one small file written at once).
+    pub bytes_per_second: Option<f64>,
+}
+
+impl ModelDownload {
+    pub fn of(download: &mlnode_core::loads::Download) -> ModelDownload {
+        let seconds = (download.last_completed - download.first_write).max(0.0);
+        ModelDownload {
+            seconds,
+            bytes: download.bytes,
+            files: download.files,
+            bytes_per_second: (seconds > 0.0).then(|| download.bytes as f64 / seconds),
+        }
+    }
 }
 
 /// When the measured phases began and ended (Unix seconds), and the main container's start to
@@ -205,7 +237,8 @@ fn event_time(event: &Event) -> Option<f64> {
         .or_else(|| event.first_timestamp.as_ref().map(seconds_of))
 }
 
-fn condition_time(pod: &Pod, kind: &str) -> Option<f64> {
+/// When the condition `kind` last turned True; None while it is not True.
+pub fn condition_time(pod: &Pod, kind: &str) -> Option<f64> {
     pod.status
         .as_ref()?
         .conditions
@@ -374,6 +407,7 @@ pub fn compute(
         restarts: main_status.restart_count,
         intervals,
         lazy_load: None,
+        model_download: None,
     })
 }
 

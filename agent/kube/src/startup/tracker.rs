@@ -47,6 +47,8 @@ pub struct StartupMetrics {
     fetched_bytes: HistogramVec,
     fetch_seconds: HistogramVec,
     lazy_images: CounterVec,
+    download_seconds: HistogramVec,
+    download_bytes: HistogramVec,
 }
 
 impl StartupMetrics {
@@ -81,6 +83,14 @@ impl StartupMetrics {
                 HistogramOpts::new("mlnode_pod_startup_phase_fetch_seconds", "Time within one phase of a pod startup during which the SOCI snapshotter was fetching the pod's image, at the agent's sampling resolution (startup.soci.sample_interval).").buckets(POD_START_BUCKETS.to_vec()),
                 &["phase", "model_name", "namespace"],
             )?,
+            download_seconds: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_model_download_seconds", "The model's weights written into its cache during one pod startup (an init container's download, the server's own): the first write to the last weight file completed; not observed where none was written, or a file written was not completed.").buckets(POD_START_BUCKETS.to_vec()),
+                &["model_name", "namespace"],
+            )?,
+            download_bytes: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_model_download_bytes", "Bytes of the weight files written into the model's cache during one pod startup, each file once, at its last completion.").buckets(IMAGE_SIZE_BUCKETS.to_vec()),
+                &["model_name", "namespace"],
+            )?,
             lazy_images: CounterVec::new(
                 Opts::new("mlnode_pod_startup_lazy_images_total", "Pod startups whose main image the SOCI snapshotter loaded lazily (lazy=true) or not (false: no SOCI index, or a fallback to a whole pull)."),
                 &["namespace", "lazy"],
@@ -94,6 +104,8 @@ impl StartupMetrics {
         registry.register(Box::new(metrics.fetched_bytes.clone()))?;
         registry.register(Box::new(metrics.fetch_seconds.clone()))?;
         registry.register(Box::new(metrics.lazy_images.clone()))?;
+        registry.register(Box::new(metrics.download_seconds.clone()))?;
+        registry.register(Box::new(metrics.download_bytes.clone()))?;
         Ok(metrics)
     }
 
@@ -125,6 +137,15 @@ impl StartupMetrics {
                     .with_label_values(&[&startup.namespace])
                     .observe(size as f64);
             }
+        }
+        if let Some(download) = &startup.model_download {
+            let labels = [model, startup.namespace.as_str()];
+            self.download_seconds
+                .with_label_values(&labels)
+                .observe(download.seconds);
+            self.download_bytes
+                .with_label_values(&labels)
+                .observe(download.bytes as f64);
         }
         let Some(load) = &startup.lazy_load else {
             return;
@@ -268,7 +289,12 @@ impl Tracker {
             (Some(model), Some((from, until))) => self.loads.last_open(model, from, until),
             _ => None,
         };
+        let download = match (&model, download_window(pod)) {
+            (Some(model), Some((from, until))) => self.loads.download(model, from, until),
+            _ => None,
+        };
         let mut startup = phases::compute(pod, &listed, model, load_end, Some(seen))?;
+        startup.model_download = download.as_ref().map(phases::ModelDownload::of);
         if let Some(sampler) = &mut self.sampler {
             let stretches = startup.intervals.stretches();
             let pod_name = (startup.namespace.as_str(), startup.pod.as_str());
@@ -388,6 +414,14 @@ fn main_image_id(pod: &Pod) -> Option<&str> {
 }
 
 /// From the main container's start to Ready: where a model load can be.
+/// When the pod's model may have been downloaded for it: from its creation (its init containers
+/// run after) to Ready, a second wider each side for the API's whole seconds.
+fn download_window(pod: &Pod) -> Option<(f64, f64)> {
+    let created = pod.metadata.creation_timestamp.as_ref()?;
+    let ready = phases::condition_time(pod, "Ready")?;
+    Some((phases::seconds_of(created) - 1.0, ready + 1.0))
+}
+
 fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
     let status = pod.status.as_ref()?;
     let main = phases::main_container(pod)?;

@@ -49,6 +49,27 @@ impl Drop for DevicePlugin {
     }
 }
 
+/// The fake driver's scenario as it was when made, put back when dropped.
+struct DriverRestored<'a> {
+    cluster: &'a OneNodeCluster,
+    before: Value,
+}
+
+impl<'a> DriverRestored<'a> {
+    fn new(cluster: &'a OneNodeCluster) -> DriverRestored<'a> {
+        let mut before = Value::Null;
+        cluster.runtime.gpu_scenario(|s| before = s.clone());
+        DriverRestored { cluster, before }
+    }
+}
+
+impl Drop for DriverRestored<'_> {
+    fn drop(&mut self) {
+        let before = self.before.clone();
+        self.cluster.runtime.gpu_scenario(|s| *s = before);
+    }
+}
+
 /// A server holding one GPU, its readiness gated on it, behind the `gpu-servers` Service.
 fn gpu_server(name: &str, image: &str) -> Value {
     let mut pod = workload_pod(name, image, &model_on_node(), 0);
@@ -104,6 +125,9 @@ fn a_faulty_gpu_takes_only_its_pod_out_of_the_service() {
         })
         .collect();
     let _plugin = DevicePlugin::start(cluster, &gpus);
+    // The faults are written into the node's fake driver, which every later agent reads (a rolled
+    // one is delivered the XIDs afresh): put back as they were however the test ends.
+    let _driver = DriverRestored::new(cluster);
     testbed::wait_until(
         "the kubelet offering the two GPUs",
         Duration::from_secs(60),

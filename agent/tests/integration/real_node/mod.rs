@@ -5,7 +5,8 @@
 //!   next, each holding the node exclusively: the install under the startup taint
 //!   (`startup_taint`); the startup phases of one pod after another (`cache_hit`,
 //!   `init_containers`, `crash_restart`, `failed_pull`, `lazy`); the agent as its manifest says
-//!   (`manifest`); the model's readiness gate (`readiness_gate`); each pod's accelerator gate,
+//!   (`manifest`); weights downloaded by an init container, then loaded (`model_download`); the
+//!   model's readiness gate (`readiness_gate`); each pod's accelerator gate,
 //!   with the tests' device plugin (`device_gate`); a rollout (`rollout`); a kubelet restart
 //!   (`kubelet_restart`);
 //! - the chart installed by Helm, on the node without the overlay (`helm_chart`);
@@ -23,6 +24,7 @@ mod init_containers;
 mod kubelet_restart;
 mod lazy;
 mod manifest;
+mod model_download;
 mod readiness_gate;
 mod registration;
 mod rollout;
@@ -378,4 +380,49 @@ fn create_and_await_ready(cluster: &OneNodeCluster, namespace: &str, pod: &Value
         namespace,
         pod["metadata"]["name"].as_str().unwrap(),
     )
+}
+
+/// A model store in `namespace`: the tests' workload serving the node's folder
+/// `models/<namespace>` at `rate` bytes a second, each response cut after `cut_after` bytes where
+/// given (its Content-Length still the whole file's); its URL once it answers.
+fn model_store(
+    cluster: &OneNodeCluster,
+    namespace: &str,
+    image: &str,
+    rate: u64,
+    cut_after: Option<u64>,
+) -> String {
+    let mut serve = vec![
+        "--serve".to_string(),
+        "/store".into(),
+        "--listen".into(),
+        "0.0.0.0:8080".into(),
+        "--rate".into(),
+        rate.to_string(),
+    ];
+    serve.extend(cut_after.map(|n| format!("--cut-after={n}")));
+    cluster.admin.admin(
+        &["create", "-n", namespace, "-f", "-"],
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "store"},
+            "spec": {
+                "containers": [{
+                    "name": "store",
+                    "image": image,
+                    "args": serve,
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                    "volumeMounts": [{"name": "store", "mountPath": "/store", "readOnly": true}],
+                }],
+                "volumes": [{"name": "store", "hostPath": {"path": format!("/var/lib/models/{namespace}"), "type": "Directory"}}],
+            },
+        })
+        .to_string(),
+    );
+    let ip = await_pod_ready(cluster, namespace, "store")["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    format!("http://{ip}:8080")
 }

@@ -144,38 +144,7 @@ impl VerifiedStart {
             .push_image(&image, &[&workload], "/workload");
         let image = format!("{REGISTRY}/{image}");
 
-        let mut serve = vec![
-            "--serve".to_string(),
-            "/store".into(),
-            "--listen".into(),
-            "0.0.0.0:8080".into(),
-            "--rate".into(),
-            STORE_RATE.to_string(),
-        ];
-        serve.extend(cut_after.map(|n| format!("--cut-after={n}")));
-        cluster.admin.admin(
-            &["create", "-n", &namespace, "-f", "-"],
-            &json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "store"},
-                "spec": {
-                    "containers": [{
-                        "name": "store",
-                        "image": image,
-                        "args": serve,
-                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                        "volumeMounts": [{"name": "store", "mountPath": "/store", "readOnly": true}],
-                    }],
-                    "volumes": [{"name": "store", "hostPath": {"path": format!("/var/lib/models/{namespace}"), "type": "Directory"}}],
-                },
-            })
-            .to_string(),
-        );
-        let store_ip = await_pod_ready(cluster, &namespace, "store")["status"]["podIP"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let store_url = model_store(cluster, &namespace, &image, STORE_RATE, cut_after);
 
         cluster.admin.admin(
             &["create", "-n", &namespace, "-f", "-"],
@@ -201,7 +170,7 @@ impl VerifiedStart {
         download.as_object_mut().unwrap().remove("env");
         let mut fetch = vec![
             "--download".to_string(),
-            format!("http://{store_ip}:8080"),
+            store_url,
             "--files".into(),
             model.files.keys().cloned().collect::<Vec<_>>().join(","),
             "--to".into(),

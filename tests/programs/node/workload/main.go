@@ -43,12 +43,26 @@ func main() {
 	fetch := flag.String("files", "", "with --download, the files to fetch, comma-separated, relative to the base URL and to --to")
 	to := flag.String("to", "", "with --download, the folder the files are written into")
 	keepGoing := flag.Bool("keep-going", false, "with --download, exit 0 whatever failed, as a download step followed by `; echo done` does")
+	afterVerified := flag.String("after-verified", "", "before loading, wait until the agent's metrics at this URL say model --verified-model was verified after its files were last written (polled every 10 ms): a server that loads at once after the agent's verification of its download")
+	verifiedModel := flag.String("verified-model", "", "with --after-verified, the model's name in the agent's metrics")
 	crashOnce := flag.String("crash-once", "", "a file that, where it does not exist yet, is created and the program exits 1 once the model is read: a server that crashes on its first start (the file on a volume that outlives the container)")
 	flag.Parse()
 	if *serve != "" {
 		serveFiles(*serve, *listen, *rate, *cutAfter)
 		return
 	}
+	if *download == "" || *model != "" {
+		// The seccomp mode the runtime put it under (2: a filter), from the kernel's own account.
+		status, _ := os.ReadFile("/proc/self/status")
+		seccomp := ""
+		for _, line := range strings.Split(string(status), "\n") {
+			if value, found := strings.CutPrefix(line, "Seccomp:"); found {
+				seccomp = strings.TrimSpace(value)
+			}
+		}
+		say("started", map[string]any{"seccomp": seccomp})
+	}
+	// A download step; with --model too, a server that downloads part of its model itself first.
 	if *download != "" {
 		err := downloadFiles(*download, strings.Split(*fetch, ","), *to)
 		if err != nil {
@@ -57,17 +71,14 @@ func main() {
 				os.Exit(1)
 			}
 		}
-		return
-	}
-	// The seccomp mode the runtime put it under (2: a filter), from the kernel's own account.
-	status, _ := os.ReadFile("/proc/self/status")
-	seccomp := ""
-	for _, line := range strings.Split(string(status), "\n") {
-		if value, found := strings.CutPrefix(line, "Seccomp:"); found {
-			seccomp = strings.TrimSpace(value)
+		if *model == "" {
+			return
 		}
 	}
-	say("started", map[string]any{"seccomp": seccomp})
+	if *afterVerified != "" {
+		at := awaitVerified(*afterVerified, *verifiedModel, lastWritten(*model))
+		say("verified_seen", map[string]any{"verified_at": at})
+	}
 	var files, bytes int64
 	if *model != "" {
 		err := filepath.WalkDir(*model, func(path string, entry fs.DirEntry, err error) error {
@@ -166,6 +177,53 @@ func serveFiles(root, listen string, rate, cutAfter int64) {
 	if err := http.ListenAndServe(listen, nil); err != nil {
 		say("failed", map[string]any{"error": err.Error()})
 		os.Exit(1)
+	}
+}
+
+// lastWritten is the newest modification time of the files under folder.
+func lastWritten(folder string) time.Time {
+	var newest time.Time
+	_ = filepath.WalkDir(folder, func(path string, entry fs.DirEntry, err error) error {
+		if err != nil || !entry.Type().IsRegular() {
+			return err
+		}
+		if info, err := entry.Info(); err == nil && info.ModTime().After(newest) {
+			newest = info.ModTime()
+		}
+		return nil
+	})
+	return newest
+}
+
+// awaitVerified polls the agent's metrics until the model's last verification ended after since,
+// and returns when it ended (Unix seconds, the agent's clock).
+func awaitVerified(url, model string, since time.Time) float64 {
+	// The series carries the agent's other labels too (Hostname).
+	name, label := "mlnode_model_cache_last_verified_timestamp_seconds{", fmt.Sprintf("model_name=%q", model)
+	said, seen := time.Now(), ""
+	for {
+		response, err := http.Get(url)
+		if time.Since(said) > 5*time.Second {
+			said = time.Now()
+			say("awaiting_verification", map[string]any{"since": since, "error": fmt.Sprint(err), "seen": seen})
+		}
+		if err == nil {
+			body, _ := io.ReadAll(response.Body)
+			response.Body.Close()
+			for _, line := range strings.Split(string(body), "\n") {
+				end := strings.LastIndex(line, "} ")
+				if !strings.HasPrefix(line, name) || end < 0 || !strings.Contains(line[:end], label) {
+					continue
+				}
+				value := line[end+2:]
+				seen = value
+				var at float64
+				if _, err := fmt.Sscan(value, &at); err == nil && at > float64(since.UnixNano())/1e9 {
+					return at
+				}
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
