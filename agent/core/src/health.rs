@@ -205,6 +205,13 @@ pub trait HealthSource: Send + Sync {
 
     /// The report as of `now`, with what the node remembers.
     fn report(&mut self, from_node: &FromNode, now: Instant) -> Report;
+
+    /// Resolves when what the source reads from has changed since the call (a GPU's new reading,
+    /// an XID), so that a fault is judged at once rather than at the next interval; a source read
+    /// only when reported (sysfs) never resolves.
+    fn changed(&self) -> futures_util::future::BoxFuture<'static, ()> {
+        Box::pin(std::future::pending())
+    }
 }
 
 #[cfg(test)]

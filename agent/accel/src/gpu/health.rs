@@ -82,6 +82,12 @@ impl HealthSource for GpuHealth {
         }
         report
     }
+
+    /// Every sample of the GPUs, and every XID event.
+    fn changed(&self) -> futures_util::future::BoxFuture<'static, ()> {
+        let state = self.state.clone();
+        Box::pin(async move { state.changed().await })
+    }
 }
 
 /// What the kernel log adds to [`assess`]'s verdict: the XIDs it logged for a GPU that NVML's

@@ -238,12 +238,24 @@ impl Controller {
                     false => std::future::pending().await,
                 }
             };
+            // A device's fault is judged at once too: a source's new reading wakes the round
+            // (its reports change the conditions and the pods' gates only when they differ).
+            let health_changed = async {
+                let sources = &self.sources.health;
+                match in_sync && !sources.is_empty() {
+                    true => {
+                        futures_util::future::select_all(sources.iter().map(|s| s.changed())).await;
+                    }
+                    false => std::future::pending().await,
+                }
+            };
             // While the API server fails, the back-off decides, unless the server is seen
             // answering again (another loop's request): then at once.
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
                 _ = model_changed => {}
+                _ = health_changed => {}
                 Ok(()) = recoveries.changed(), if !in_sync => {}
             }
         }
