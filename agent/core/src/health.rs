@@ -113,7 +113,7 @@ pub struct PodRef {
 /// device or a time-sliced replica from the GPU it is part of, a Neuron core from its device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {
-    /// The device whose problems the pod shares ([`Problem::device`]).
+    /// The device whose problems the pod shares ([`Problem::devices`]).
     pub device: String,
     /// The device as the verdicts name it: `GPU 1 (GPU-…, 00000000:4E:00.0)`, `MIG device MIG-…
     /// of GPU 1 (…)`, `Neuron device 3`.
@@ -125,6 +125,19 @@ pub struct Held {
 
 /// What each pod holds of one collector's devices.
 pub type Holdings = BTreeMap<PodRef, Vec<Held>>;
+
+/// Records that `holder`'s pod holds `held`, once however many ways it holds it (two replicas of
+/// one GPU, two cores of one device).
+pub fn hold(holdings: &mut Holdings, holder: &crate::assignments::Assignment, held: Held) {
+    let pod = PodRef {
+        namespace: holder.namespace.clone(),
+        name: holder.pod.clone(),
+    };
+    let devices = holdings.entry(pod).or_default();
+    if !devices.contains(&held) {
+        devices.push(held);
+    }
+}
 
 impl Report {
     pub fn new(kind: DeviceKind) -> Report {

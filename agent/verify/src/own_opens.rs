@@ -17,29 +17,35 @@ pub type FileId = (u64, u64);
 /// `verify` command, a cache whose watch failed), and the ledger must not grow for it.
 const FORGOTTEN_AFTER: Duration = Duration::from_secs(60);
 
-/// Announced opens kept before the forgotten ones are swept.
+/// Announced opens kept before the forgotten ones are first swept.
 const SWEEP_ABOVE: usize = 4096;
 
 static LEDGER: Mutex<Ledger> = Mutex::new(Ledger {
     pending: None,
     count: 0,
+    sweep_at: SWEEP_ABOVE,
 });
 
 /// Announced opens not yet taken back, oldest first, per file.
 struct Ledger {
     pending: Option<HashMap<FileId, VecDeque<Instant>>>,
     count: usize,
+    /// The count at which the next sweep runs: twice what a sweep left, so that a verification
+    /// opening more files than that within a minute (nothing claims a `verify` command's
+    /// announcements) sweeps now and then, not at every open.
+    sweep_at: usize,
 }
 
 impl Ledger {
     fn expect(&mut self, file: FileId, now: Instant) {
         let pending = self.pending.get_or_insert_with(HashMap::new);
-        if self.count >= SWEEP_ABOVE {
+        if self.count >= self.sweep_at {
             pending.retain(|_, opens| {
                 opens.retain(|at| now.saturating_duration_since(*at) < FORGOTTEN_AFTER);
                 !opens.is_empty()
             });
             self.count = pending.values().map(VecDeque::len).sum();
+            self.sweep_at = SWEEP_ABOVE.max(2 * self.count);
         }
         pending.entry(file).or_default().push_back(now);
         self.count += 1;
@@ -107,6 +113,7 @@ mod tests {
         let mut ledger = Ledger {
             pending: None,
             count: 0,
+            sweep_at: SWEEP_ABOVE,
         };
         let t0 = Instant::now();
         for inode in 0..SWEEP_ABOVE as u64 {
@@ -114,6 +121,11 @@ mod tests {
         }
         ledger.expect((7, u64::MAX), t0 + FORGOTTEN_AFTER);
         assert_eq!(ledger.count, 1, "the old ones swept");
+        // Announcements all fresh: a sweep keeps them, and the next waits for twice as many.
+        for inode in 0..SWEEP_ABOVE as u64 {
+            ledger.expect((8, inode), t0 + FORGOTTEN_AFTER);
+        }
+        assert_eq!(ledger.sweep_at, 2 * SWEEP_ABOVE);
         assert!(!ledger.take_back((7, 0), false));
         assert!(ledger.take_back((7, u64::MAX), false));
     }

@@ -13,7 +13,7 @@ use crate::kernel_log::facts::{LogFacts, Logged};
 use crate::kernel_log::parse::PciAddress;
 use mlnode_core::assignments::{Assignments, SharedAssignments};
 use mlnode_core::health::{
-    DeviceKind, FromNode, HealthSource, Held, Holdings, PodRef, Problem, Report,
+    hold, DeviceKind, FromNode, HealthSource, Held, Holdings, Problem, Report,
 };
 use mlnode_core::shared::Shared;
 
@@ -349,15 +349,7 @@ fn count_mismatch(state: &GpuState, labelled: Option<u32>) -> Option<Problem> {
 pub fn holdings(state: &GpuState, assignments: &Assignments, resources: &[String]) -> Holdings {
     let mut holdings = Holdings::new();
     for (id, holder) in assignments.every_holder(resources) {
-        let pod = PodRef {
-            namespace: holder.namespace.clone(),
-            name: holder.pod.clone(),
-        };
-        let held = resolve(state, id);
-        let devices = holdings.entry(pod).or_default();
-        if !devices.contains(&held) {
-            devices.push(held);
-        }
+        hold(&mut holdings, holder, resolve(state, id));
     }
     holdings
 }

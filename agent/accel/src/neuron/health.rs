@@ -11,7 +11,7 @@ use crate::counters::Rises;
 use crate::kernel_log::facts::LogFacts;
 use mlnode_core::assignments::{Assignments, SharedAssignments};
 use mlnode_core::health::{
-    DeviceKind, FromNode, HealthSource, Held, Holdings, PodRef, Problem, Report,
+    hold, DeviceKind, FromNode, HealthSource, Held, Holdings, Problem, Report,
 };
 use mlnode_core::shared::Shared;
 
@@ -116,16 +116,6 @@ pub fn holdings(
     (device_resources, core_resources): &(Vec<String>, Vec<String>),
 ) -> Holdings {
     let mut holdings = Holdings::new();
-    let mut hold = |holder: &mlnode_core::assignments::Assignment, held: Held| {
-        let pod = PodRef {
-            namespace: holder.namespace.clone(),
-            name: holder.pod.clone(),
-        };
-        let devices = holdings.entry(pod).or_default();
-        if !devices.contains(&held) {
-            devices.push(held);
-        }
-    };
     let device = |index: u32| Held {
         device: index.to_string(),
         name: format!("Neuron device {index}"),
@@ -136,7 +126,7 @@ pub fn holdings(
             Ok(index) => device(index),
             Err(_) => unresolved(id),
         };
-        hold(holder, held);
+        hold(&mut holdings, holder, held);
     }
     for (id, holder) in assignments.every_holder(core_resources) {
         let on = id
@@ -150,7 +140,7 @@ pub fn holdings(
             },
             None => unresolved(&format!("NeuronCore {id}")),
         };
-        hold(holder, held);
+        hold(&mut holdings, holder, held);
     }
     holdings
 }
@@ -384,7 +374,7 @@ mod tests {
         let cores: BTreeMap<u32, u32> = (0..8).map(|core| (core, core / 4)).collect();
         let held = holdings(&[0, 1], &cores, &assignments, &resources);
         let of = |pod: &str| {
-            let h = &held[&PodRef {
+            let h = &held[&mlnode_core::health::PodRef {
                 namespace: "inference".into(),
                 name: pod.into(),
             }][0];

@@ -37,7 +37,6 @@ const TICK: Duration = Duration::from_secs(5);
 const WATCH_RETRY: Duration = Duration::from_secs(30);
 /// A model that cannot be watched is rescanned this often (at most `full_rescan_interval`).
 pub const UNWATCHED_RESCAN: Duration = Duration::from_secs(15 * 60);
-/// inotify reports the agent's own opens a little after they happen (see [`Timing`]).
 /// How long a model's first verification waits to learn whether the node holds the startup taint
 /// (the readiness controller's first read of the node, normally well under a second): started
 /// before, it could not know that it may run at full speed.
@@ -632,9 +631,10 @@ impl Monitor {
 
 /// What an event says of the model's weight files: each open, the agent's own (announced by its
 /// verifier) or another process's, and each write by another process (a modification, or a close
-/// after writing, with the file's size then). A file is named by device and inode, as the verifier announces it: the event's
-/// path is the file the open reached (a Hugging Face blob, whichever snapshot link was opened). A
-/// file gone before it could be looked at is no one's to tell, and is left out.
+/// after writing, with the file's size then). A file is named by device and inode, as the verifier
+/// announces it: the event's path is the file the open reached (a Hugging Face blob, whichever
+/// snapshot link was opened). A file gone before it could be looked at is no one's to tell, and is
+/// left out.
 fn weight_file_inputs(event: &notify::Event) -> Vec<Input> {
     use notify::event::{AccessKind, AccessMode, ModifyKind};
     use std::os::unix::fs::MetadataExt;

@@ -413,7 +413,6 @@ fn main_image_id(pod: &Pod) -> Option<&str> {
         .filter(|id| !id.is_empty())
 }
 
-/// From the main container's start to Ready: where a model load can be.
 /// When the pod's model may have been downloaded for it: from its creation (its init containers
 /// run after) to Ready, a second wider each side for the API's whole seconds.
 fn download_window(pod: &Pod) -> Option<(f64, f64)> {
@@ -422,6 +421,7 @@ fn download_window(pod: &Pod) -> Option<(f64, f64)> {
     Some((phases::seconds_of(created) - 1.0, ready + 1.0))
 }
 
+/// From the main container's start to Ready: where a model load can be.
 fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
     let status = pod.status.as_ref()?;
     let main = phases::main_container(pod)?;
@@ -436,17 +436,8 @@ fn startup_window(pod: &Pod) -> Option<(f64, f64)> {
         .as_ref()?
         .started_at
         .as_ref()?;
-    let ready = status
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready" && c.status == "True")?
-        .last_transition_time
-        .as_ref()?;
-    Some((
-        phases::seconds_of(started) - 1.0,
-        phases::seconds_of(ready) + 1.0,
-    ))
+    let ready = phases::condition_time(pod, "Ready")?;
+    Some((phases::seconds_of(started) - 1.0, ready + 1.0))
 }
 
 #[cfg(test)]

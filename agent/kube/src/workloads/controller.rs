@@ -238,7 +238,11 @@ impl PodController {
                 pod: name.clone(),
                 ..Series::default()
             };
-            let last = memory.series.get(&uid);
+            // What the pod's gates showed, kept where no verdict is concluded yet.
+            let (last_gate, last_device_gate) = memory
+                .series
+                .get(&uid)
+                .map_or((None, None), |s| (s.gate.clone(), s.device_gate));
             if gate::has_gate(pod, MODEL_VERIFIED) {
                 match gate::decide(pod, &verdicts) {
                     Some(decided) => {
@@ -246,10 +250,9 @@ impl PodController {
                         synced &= self.write_gate(pod, &uid, &decided, memory).await;
                     }
                     // Its model's verdict is not concluded yet: the pod keeps what it shows.
-                    None => series.gate = last.and_then(|s| s.gate.clone()),
+                    None => series.gate = last_gate,
                 }
             }
-            let last = memory.series.get(&uid);
             if gate::has_gate(pod, ACCELERATOR_HEALTHY) {
                 let holder = PodRef {
                     namespace: namespace.clone(),
@@ -261,7 +264,7 @@ impl PodController {
                         synced &= self.write_gate(pod, &uid, &decided, memory).await;
                     }
                     // No reports taken yet: the pod keeps what it shows.
-                    None => series.device_gate = last.and_then(|s| s.device_gate),
+                    None => series.device_gate = last_device_gate,
                 }
             }
             let writable = writable_mounts(pod, &self.mounts);

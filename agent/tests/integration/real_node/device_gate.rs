@@ -199,6 +199,20 @@ fn a_faulty_gpu_takes_only_its_pod_out_of_the_service() {
         );
         assert_eq!(endpoints(cluster, &namespace).get(on_gpu0), Some(&true));
     };
+    // Until the faulty GPU's pod's gate gives `reason`, the other pod unmoved meanwhile.
+    let gate_says = |reason: &str| {
+        testbed::wait_until(
+            &format!("the faulty GPU's pod's gate saying {reason}"),
+            Duration::from_secs(60),
+            || {
+                other_unmoved();
+                let gate = gate_of(on_gpu1);
+                (gate["reason"] == reason)
+                    .then(|| gate.clone())
+                    .ok_or_else(|| format!("{gate}"))
+            },
+        )
+    };
     let pod_ready = |pod: &str| {
         let pod = cluster.admin.get(&["pod", "-n", &namespace, pod]);
         testbed::cluster::control_plane::condition(&pod, "Ready")["status"].clone()
@@ -238,17 +252,7 @@ fn a_faulty_gpu_takes_only_its_pod_out_of_the_service() {
     let pod_false = pod_false.unwrap_or(out);
     // The XID reaches the agent as an event, the driver's action at its next read: a round may
     // see the one before the other (FatalXID, then NodeRebootRequired), each said as it comes.
-    let gate = testbed::wait_until(
-        "the gate saying the driver's action",
-        Duration::from_secs(60),
-        || {
-            other_unmoved();
-            let gate = gate_of(on_gpu1);
-            (gate["reason"] == "NodeRebootRequired")
-                .then(|| gate.clone())
-                .ok_or_else(|| format!("{gate}"))
-        },
-    );
+    let gate = gate_says("NodeRebootRequired");
     assert_eq!(gate["status"], "False");
     let message = gate["message"].as_str().unwrap();
     assert!(
@@ -286,17 +290,7 @@ fn a_faulty_gpu_takes_only_its_pod_out_of_the_service() {
     cluster
         .runtime
         .gpu_scenario(|s| s["devices"][1]["lost"] = json!(true));
-    testbed::wait_until(
-        "the gate naming the lost GPU",
-        Duration::from_secs(60),
-        || {
-            other_unmoved();
-            let gate = gate_of(on_gpu1);
-            (gate["reason"] == "GPULost")
-                .then_some(())
-                .ok_or_else(|| format!("{gate}"))
-        },
-    );
+    gate_says("GPULost");
 
     // The driver says NONE and GPU 1 answers again: the pod returns to the endpoints.
     cluster.runtime.gpu_scenario(|s| {

@@ -361,6 +361,37 @@ fn model_on_node() -> std::path::PathBuf {
 /// The node conditions the agent writes on this node (the gpu overlay's, no fabric).
 const AGENTS_CONDITIONS: [&str; 2] = ["ModelCacheVerified", "AcceleratorHealthy"];
 
+/// A phase of the agent's startup report, in seconds; fails naming it where it is absent.
+fn phase_of(startup: &Value, name: &str) -> f64 {
+    startup["phases"][name]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {name} phase: {startup}"))
+}
+
+/// The agent's `name` phase within a second of `truth`, what the server's own clock says.
+fn agrees_with_the_server(startup: &Value, name: &str, truth: f64) {
+    let agent = phase_of(startup, name);
+    eprintln!(
+        "{}/{} {name}: agent {agent:.3} s, ground truth {truth:.3} s",
+        startup["namespace"].as_str().unwrap_or_default(),
+        startup["pod"].as_str().unwrap_or_default()
+    );
+    assert!(
+        (agent - truth).abs() <= 1.0,
+        "{name}: the agent says {agent:.3} s, the server's own clock {truth:.3} s: {startup}"
+    );
+}
+
+/// The main container's `startedAt`, as the API keeps it (whole seconds), of `pod`.
+fn started_at(cluster: &OneNodeCluster, namespace: &str, pod: &str) -> f64 {
+    seconds(
+        cluster.admin.get(&["pod", "-n", namespace, pod])["status"]["containerStatuses"][0]
+            ["state"]["running"]["startedAt"]
+            .as_str()
+            .unwrap(),
+    )
+}
+
 /// An RFC 3339 time as Unix seconds.
 fn seconds(time: &str) -> f64 {
     humantime::parse_rfc3339(time)

@@ -141,31 +141,9 @@ fn weights_downloaded_by_an_init_container_are_a_download_not_a_load() {
         at("verified_seen") - verified_at < 0.1,
         "loads within 100 ms of the verification's end"
     );
-    let started_at = seconds(
-        cluster.admin.get(&["pod", "-n", &namespace, "fetching"])["status"]["containerStatuses"][0]
-            ["state"]["running"]["startedAt"]
-            .as_str()
-            .unwrap(),
-    );
-    let phase = |name: &str| {
-        startup["phases"][name]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no {name}: {startup}"))
-    };
-    for (name, truth) in [
-        ("model_load", at("model_loaded") - started_at),
-        ("readiness", at("ready") - at("model_loaded")),
-    ] {
-        eprintln!(
-            "model_download scenario {name}: agent {:.3} s, the server's own clock {truth:.3} s",
-            phase(name)
-        );
-        assert!(
-            (phase(name) - truth).abs() <= 1.0,
-            "{name}: the agent says {:.3} s, the server's own clock {truth:.3} s: {startup}",
-            phase(name)
-        );
-    }
+    let started_at = started_at(cluster, &namespace, "fetching");
+    agrees_with_the_server(&startup, "model_load", at("model_loaded") - started_at);
+    agrees_with_the_server(&startup, "readiness", at("ready") - at("model_loaded"));
     cluster.admin.admin(
         &[
             "delete", "pod", "-n", &namespace, "fetching", "store", "--wait",

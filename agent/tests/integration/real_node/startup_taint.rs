@@ -36,11 +36,7 @@ fn phases_agree_with_the_kubelet_and_the_server(
         json!({"lazy": false, "fetched": {}}),
         "an image without a SOCI index is pulled whole, not lazily: {startup}"
     );
-    let phase = |name: &str| {
-        startup["phases"][name]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no {name} phase: {startup}"))
-    };
+    let phase = |name: &str| phase_of(startup, name);
     let events = events_of(cluster, namespace, pod);
     let pulled = first_with(&events, "reason", "Pulled");
     let message = pulled["message"].as_str().unwrap();
@@ -79,17 +75,7 @@ fn phases_agree_with_the_kubelet_and_the_server(
             .or(pulled["eventTime"].as_str())
             .unwrap(),
     );
-    let agree = |name: &str, truth: f64| {
-        eprintln!(
-            "{namespace}/{pod} {name}: agent {:.3} s, ground truth {truth:.3} s",
-            phase(name)
-        );
-        assert!(
-            (phase(name) - truth).abs() <= 1.0,
-            "{name}: the agent says {:.3} s, the server's own clock {truth:.3} s: {startup}",
-            phase(name)
-        );
-    };
+    let agree = |name: &str, truth: f64| agrees_with_the_server(startup, name, truth);
     // The kubelet's own pod startup latency tracker, for the same pod: its end-to-end time runs
     // to the moment its pod watch saw every container running, not to Ready; its pull time is the
     // agent's image_pull.
@@ -127,12 +113,7 @@ fn phases_agree_with_the_kubelet_and_the_server(
     // own start by the part of a second dropped plus the exec. It is held to the server's clock
     // here, once, and each phase is compared at it: a second allowed either way for each phase
     // failed by milliseconds when the container started late in its second.
-    let started_at = seconds(
-        cluster.admin.get(&["pod", "-n", namespace, pod])["status"]["containerStatuses"][0]
-            ["state"]["running"]["startedAt"]
-            .as_str()
-            .unwrap(),
-    );
+    let started_at = started_at(cluster, namespace, pod);
     let rounding = at("started") - started_at;
     assert!(
         (0.0..1.25).contains(&rounding),

@@ -739,7 +739,7 @@ fn each_pod_holds_the_gpu_its_device_is_or_is_carved_from() {
     assignments.assign("aws.amazon.com/neuron", "0", || holder("neuron-0"));
     let held = holdings(&state, &assignments, &resources);
     let of = |pod: &str| -> Vec<(String, String, bool)> {
-        held[&PodRef {
+        held[&mlnode_core::health::PodRef {
             namespace: "inference".into(),
             name: pod.into(),
         }]
