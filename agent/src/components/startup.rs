@@ -6,9 +6,10 @@ use futures_util::FutureExt;
 use super::ApiClient;
 use crate::models::{HostPaths, ModelMount, OwnPod};
 use crate::node_pods::{NodePods, NodePodsSlot};
+use crate::startup::lazy::content_store::ContentStore;
 use crate::startup::lazy::sampler::Sampler;
 use crate::startup::settings::StartupSettings;
-use crate::startup::tracker::{StartupMetrics, Tracker};
+use crate::startup::tracker::{ImageReaders, StartupMetrics, Tracker};
 use mlnode_core::component::{About, Component, NotStarted, StartContext, Started};
 use mlnode_core::loads::LoadActivity;
 use mlnode_core::metrics::Subsystem;
@@ -38,6 +39,11 @@ impl Component for Startup {
         cx: &'a mut StartContext,
     ) -> BoxFuture<'a, Result<Started, NotStarted>> {
         async move {
+            let store = self
+                .settings
+                .content_store
+                .as_ref()
+                .map(|store| ContentStore::new(store.path()));
             let client = self
                 .api
                 .for_feature(self.settings.enabled, "startup")
@@ -53,15 +59,22 @@ impl Component for Startup {
                 &mut cx.tasks,
                 cx.shutdown.child_token(),
             );
-            let sampler = Sampler::new(&self.settings.soci, cx.up.clone());
-            let detail = match &self.settings.soci.metrics_socket {
-                Some(socket) => format!(
-                    "pods on node {}, the SOCI snapshotter's fetching from {}",
-                    cx.node_name,
+            let sampler = store
+                .as_ref()
+                .and_then(|store| Sampler::new(&self.settings.soci, store.clone(), cx.up.clone()));
+            let mut detail = format!("pods on node {}", cx.node_name);
+            if let Some(store) = &self.settings.content_store {
+                detail.push_str(&format!(
+                    ", image pulls split by containerd's content store at {}",
+                    store.path().display()
+                ));
+            }
+            if let Some(socket) = &self.settings.soci.metrics_socket {
+                detail.push_str(&format!(
+                    ", the SOCI snapshotter's fetching from {}",
                     socket.path().display()
-                ),
-                None => format!("pods on node {}", cx.node_name),
-            };
+                ));
+            }
             let tracker = Tracker::new(
                 client,
                 self.models,
@@ -69,7 +82,7 @@ impl Component for Startup {
                 self.loads,
                 metrics,
                 self.settings,
-                sampler,
+                ImageReaders { store, sampler },
             );
             cx.tasks.spawn(tracker.run(pods, cx.shutdown.child_token()));
             Ok(Started::up(detail))

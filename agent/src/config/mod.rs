@@ -199,6 +199,7 @@ pub fn load_with_sources(
     }
     model_labels_possible(&config, &sources)?;
     process_attribution_possible(&config, &sources)?;
+    soci_layers_nameable(&config, &sources)?;
     Ok((config, sources))
 }
 
@@ -250,6 +251,25 @@ fn process_attribution_possible(config: &Config, sources: &Sources) -> Result<()
     let reason = format!(
         "{} holds no processes (no self/cgroup); nvml.process_attribution reads each GPU process's cgroup there. Point it at a procfs, with hostPID: true (components/process-attribution)",
         root.display()
+    );
+    Err(ConfigError::Invalid {
+        origin: sources.origin_of(&key, &reason),
+        key,
+        reason,
+    })
+}
+
+/// The SOCI snapshotter's figures are per layer, and a pod's image's layers are named from
+/// containerd's content store: a socket without the store is refused at start.
+fn soci_layers_nameable(config: &Config, sources: &Sources) -> Result<(), ConfigError> {
+    let startup = &config.startup;
+    let (Some(socket), None) = (&startup.soci.metrics_socket, &startup.content_store) else {
+        return Ok(());
+    };
+    let key = "startup.content_store".to_string();
+    let reason = format!(
+        "unset, while startup.soci.metrics_socket ({}) is set: the snapshotter's figures are per layer, and a pod's image's layers are read from containerd's content store. Set it where the store is mounted read-only (components/soci does)",
+        socket.path().display()
     );
     Err(ConfigError::Invalid {
         origin: sources.origin_of(&key, &reason),
@@ -383,6 +403,24 @@ mod tests {
         let error = from_yaml(&revision, &on).unwrap_err().to_string();
         assert!(error.contains("models[0].revision"), "{error}");
         assert!(from_yaml(ONE_MODEL, &on).unwrap().readiness.model_labels);
+    }
+
+    #[test]
+    fn the_soci_socket_without_the_content_store_is_refused_naming_the_setting() {
+        let socket = "startup:\n  soci:\n    metrics_socket: /run/soci-metrics/metrics.sock\n";
+        let error = from_yaml(socket, &[]).unwrap_err().to_string();
+        assert!(
+            error.contains("startup.content_store") && error.contains("components/soci"),
+            "{error}"
+        );
+        let both = format!(
+            "{socket}  content_store: /var/lib/containerd/io.containerd.content.v1.content\n"
+        );
+        assert!(from_yaml(&both, &[])
+            .unwrap()
+            .startup
+            .content_store
+            .is_some());
     }
 
     #[test]

@@ -258,6 +258,7 @@ fn every_component_renders_valid_objects() {
         &["components/model-labels"],
         &["components/kernel-log"],
         &["components/soci"],
+        &["components/image-pull"],
         &["components/process-attribution"],
     ] {
         let Some(objects) = render("overlays/gpu", components) else {
@@ -277,6 +278,7 @@ fn every_component_renders_valid_objects() {
         "components/model-labels",
         "components/kernel-log",
         "components/soci",
+        "components/image-pull",
     ] {
         let (Some(with), Some(without)) = (
             render("overlays/neuron", &[component]),

@@ -148,6 +148,7 @@ fn the_chart_renders_what_kustomize_renders_default_and_component_by_component()
         ("modelLabels: {enabled: true}", &["components/model-labels"]),
         ("kernelLog: {enabled: true}", &["components/kernel-log"]),
         ("soci: {enabled: true}", &["components/soci"]),
+        ("imagePullSplit: {enabled: true}", &["components/image-pull"]),
         (
             "processAttribution: {enabled: true}",
             &["components/process-attribution"],

@@ -437,8 +437,8 @@ fn register_kernel_log(registry: &prometheus::Registry) {
     }
 }
 
-/// Startup metrics after one startup with every phase, a pull with a size and a cache hit, and a
-/// lazily loaded image.
+/// Startup metrics after one startup with every phase, a pull with a size and a cache hit, its
+/// split, and a lazily loaded image.
 fn register_startup(registry: &prometheus::Registry) {
     use mlnode_agent::startup::lazy::split::{Fetch, LazyLoad, Stretch};
     use mlnode_agent::startup::phases::{Phase, Pull, Startup};
@@ -449,6 +449,8 @@ fn register_startup(registry: &prometheus::Registry) {
         including_waiting_seconds: None,
         size_bytes: Some(1),
         cache_hit,
+        pulled_at: None,
+        field_path: None,
     };
     let startup = Startup {
         namespace: "ns".into(),
@@ -478,6 +480,12 @@ fn register_startup(registry: &prometheus::Registry) {
             files: 1,
             bytes_per_second: Some(1.0),
         }),
+        image_pull_split: Some(mlnode_agent::startup::image_pull::PodSplit::Split(
+            mlnode_agent::startup::image_pull::Split {
+                transfer_seconds: 0.8,
+                unpack_seconds: 0.2,
+            },
+        )),
     };
     metrics.observe(&startup);
     metrics.set_last_phases(&startup);

@@ -13,13 +13,15 @@
 //!
 //! Beside them, not one of them (it overlaps the init containers or the server's own start):
 //! `model_download`, the model's weights written into its cache during the startup
-//! ([`ModelDownload`]).
+//! ([`ModelDownload`]). And `image_pull` split into `image_transfer` and `image_unpack`, where
+//! containerd's content store is read ([`super::image_pull`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use serde::Serialize;
 
+use super::image_pull::PodSplit;
 use super::lazy::split::{LazyLoad, Stretch};
 
 /// Timestamps in the API are whole seconds: a step that looks a second negative is clock rounding
@@ -67,6 +69,13 @@ pub struct Pull {
     /// Newer kubelets report the image size.
     pub size_bytes: Option<u64>,
     pub cache_hit: bool,
+    /// When the `Pulled` event was recorded (whole seconds): the pull had just ended.
+    #[serde(skip)]
+    pub pulled_at: Option<f64>,
+    /// The container the image was pulled for, as the event names it
+    /// (`spec.containers{name}`, `spec.initContainers{name}`).
+    #[serde(skip)]
+    pub field_path: Option<String>,
 }
 
 /// One finished startup.
@@ -93,6 +102,10 @@ pub struct Startup {
     /// the server), where they were: a stretch beside the phases, not one of them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_download: Option<ModelDownload>,
+    /// The pulls split into transfer and unpack, or why not; only where containerd's content
+    /// store is read (`startup.content_store`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_pull_split: Option<PodSplit>,
 }
 
 /// The model's weights written into its cache during one startup: from the first write to the
@@ -197,6 +210,8 @@ pub fn parse_pulled(message: &str) -> Option<Pull> {
             including_waiting_seconds: None,
             size_bytes: None,
             cache_hit: true,
+            pulled_at: None,
+            field_path: None,
         });
     }
     // Successfully pulled image "x" in 1.234s (1.5s including waiting). Image size: 123 bytes.
@@ -219,6 +234,8 @@ pub fn parse_pulled(message: &str) -> Option<Pull> {
         including_waiting_seconds,
         size_bytes,
         cache_hit: false,
+        pulled_at: None,
+        field_path: None,
     })
 }
 
@@ -341,9 +358,11 @@ pub fn compute(
             .unwrap_or(std::cmp::Ordering::Equal)
     });
     for event in sorted {
-        let Some(pull) = event.message.as_deref().and_then(parse_pulled) else {
+        let Some(mut pull) = event.message.as_deref().and_then(parse_pulled) else {
             continue;
         };
+        pull.pulled_at = event_time(event);
+        pull.field_path = event.involved_object.field_path.clone();
         if event.involved_object.field_path.as_deref()
             == Some(&format!("spec.containers{{{main}}}"))
         {
@@ -408,6 +427,7 @@ pub fn compute(
         intervals,
         lazy_load: None,
         model_download: None,
+        image_pull_split: None,
     })
 }
 

@@ -23,12 +23,17 @@ pub struct StartupSettings {
     pub recent_pods: Within<RecentPods>,
     /// ...and none older than this.
     pub recent_max_age: Within<RecentMaxAge>,
+    /// containerd's content store (the folder holding `blobs/`), mounted read-only
+    /// (components/image-pull, components/soci): each image pull split into transfer and
+    /// unpack, and a lazily loaded image's layers named. Unset (the default), neither.
+    pub content_store: Option<HostFile>,
     /// Where a lazily loaded image's bytes were fetched, from the SOCI snapshotter: off unless
     /// `metrics_socket` is set.
     pub soci: SociSettings,
 }
 
-/// `startup.soci`: the SOCI snapshotter's metrics and containerd's content store, both read-only.
+/// `startup.soci`: the SOCI snapshotter's metrics, read-only; the image's layers are named from
+/// `startup.content_store`, which it needs.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SociSettings {
@@ -36,8 +41,6 @@ pub struct SociSettings {
     /// `metrics_address` in its config.toml), in a folder of its own mounted read-only; unset
     /// (the default), nothing is read.
     pub metrics_socket: Option<HostFile>,
-    /// containerd's content store, where a pod's image index and manifest are.
-    pub content_store: HostFile,
     /// How often the metrics are read while a pod on the node is starting (never otherwise).
     pub sample_interval: Within<SampleInterval>,
     /// Readings kept for the startups in progress; the oldest go first, and a startup they no
@@ -49,9 +52,6 @@ impl Default for SociSettings {
     fn default() -> Self {
         SociSettings {
             metrics_socket: None,
-            content_store: HostFile(PathBuf::from(
-                "/var/lib/containerd/io.containerd.content.v1.content",
-            )),
             sample_interval: Within::default_of(seconds(1)),
             max_samples: Within::default_of(1800),
         }
@@ -96,6 +96,7 @@ impl Default for StartupSettings {
             enabled: Toggle::Auto,
             recent_pods: Within::default_of(100),
             recent_max_age: Within::default_of(hours(6)),
+            content_store: None,
             soci: SociSettings::default(),
         }
     }

@@ -11,8 +11,10 @@ use kube::api::{Api, ListParams};
 use prometheus::{CounterVec, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
+use super::image_pull::{self, PodSplit};
+use super::lazy::content_store::ContentStore;
 use super::lazy::sampler::Sampler;
-use super::phases::{self, Phase, Startup};
+use super::phases::{self, Phase, Pull, Startup};
 use super::settings::StartupSettings;
 use crate::models::{model_of, HostPaths, ModelMount};
 use crate::node_pods::NodePods;
@@ -49,6 +51,8 @@ pub struct StartupMetrics {
     lazy_images: CounterVec,
     download_seconds: HistogramVec,
     download_bytes: HistogramVec,
+    transfer_seconds: HistogramVec,
+    unpack_seconds: HistogramVec,
 }
 
 impl StartupMetrics {
@@ -91,6 +95,14 @@ impl StartupMetrics {
                 HistogramOpts::new("mlnode_pod_startup_model_download_bytes", "Bytes of the weight files written into the model's cache during one pod startup, each file once, at its last completion.").buckets(IMAGE_SIZE_BUCKETS.to_vec()),
                 &["model_name", "namespace"],
             )?,
+            transfer_seconds: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_image_transfer_seconds", "The image pulls of one pod startup until the last of each image's layers was in containerd's content store, summed over its pulls; not observed where the store is not read (startup.content_store), for a startup of cache hits only, or where a pull could not be split (the reason is in its startup log line).").buckets(POD_START_BUCKETS.to_vec()),
+                &["model_name", "namespace"],
+            )?,
+            unpack_seconds: HistogramVec::new(
+                HistogramOpts::new("mlnode_pod_startup_image_unpack_seconds", "The rest of one pod startup's image pulls, after each image's last layer was in: unpacking its layers into snapshots; with image_transfer, the kubelet's pull figure.").buckets(POD_START_BUCKETS.to_vec()),
+                &["model_name", "namespace"],
+            )?,
             lazy_images: CounterVec::new(
                 Opts::new("mlnode_pod_startup_lazy_images_total", "Pod startups whose main image the SOCI snapshotter loaded lazily (lazy=true) or not (false: no SOCI index, or a fallback to a whole pull)."),
                 &["namespace", "lazy"],
@@ -106,6 +118,8 @@ impl StartupMetrics {
         registry.register(Box::new(metrics.lazy_images.clone()))?;
         registry.register(Box::new(metrics.download_seconds.clone()))?;
         registry.register(Box::new(metrics.download_bytes.clone()))?;
+        registry.register(Box::new(metrics.transfer_seconds.clone()))?;
+        registry.register(Box::new(metrics.unpack_seconds.clone()))?;
         Ok(metrics)
     }
 
@@ -147,6 +161,15 @@ impl StartupMetrics {
                 .with_label_values(&labels)
                 .observe(download.bytes as f64);
         }
+        if let Some(split) = startup.image_pull_split.as_ref().and_then(PodSplit::split) {
+            let labels = [model, startup.namespace.as_str()];
+            self.transfer_seconds
+                .with_label_values(&labels)
+                .observe(split.transfer_seconds);
+            self.unpack_seconds
+                .with_label_values(&labels)
+                .observe(split.unpack_seconds);
+        }
         let Some(load) = &startup.lazy_load else {
             return;
         };
@@ -170,6 +193,14 @@ impl StartupMetrics {
     }
 }
 
+/// What the tracker reads of the node's images, where configured: containerd's content store
+/// (each pull split into transfer and unpack) and the SOCI snapshotter (a lazily loaded image's
+/// fetching).
+pub struct ImageReaders {
+    pub store: Option<ContentStore>,
+    pub sampler: Option<Sampler>,
+}
+
 pub struct Tracker {
     client: kube::Client,
     models: Vec<ModelMount>,
@@ -179,8 +210,12 @@ pub struct Tracker {
     loads: LoadActivity,
     metrics: StartupMetrics,
     settings: StartupSettings,
+    /// containerd's content store, where `startup.content_store` names it: each pull split.
+    store: Option<ContentStore>,
     /// Reads the SOCI snapshotter while pods start, where `startup.soci` names it.
     sampler: Option<Sampler>,
+    /// The kinds of reason a pull was left unsplit that are logged already: each once.
+    unsplit_logged: HashSet<&'static str>,
 }
 
 impl Tracker {
@@ -191,7 +226,7 @@ impl Tracker {
         loads: LoadActivity,
         metrics: StartupMetrics,
         settings: StartupSettings,
-        sampler: Option<Sampler>,
+        ImageReaders { store, sampler }: ImageReaders,
     ) -> Tracker {
         Tracker {
             client,
@@ -200,7 +235,9 @@ impl Tracker {
             loads,
             metrics,
             settings,
+            store,
             sampler,
+            unsplit_logged: HashSet::new(),
         }
     }
 
@@ -300,7 +337,59 @@ impl Tracker {
             let pod_name = (startup.namespace.as_str(), startup.pod.as_str());
             startup.lazy_load = Some(sampler.lazy_load(pod_name, &stretches, main_image_id(pod)));
         }
+        if self.store.is_some() {
+            let lazy = startup.lazy_load.as_ref().and_then(|load| load.lazy) == Some(true);
+            startup.image_pull_split = Some(if lazy {
+                // Its layers are fetched as they are read, never unpacked: the pull is whole.
+                PodSplit::Absent {
+                    absent: "the image is loaded lazily: its layers are fetched as the workload reads them, and none is unpacked".into(),
+                }
+            } else {
+                self.split_pulls(pod, &startup.pulls)
+            });
+        }
         Some(startup)
+    }
+
+    /// Each pull of the startup that was no cache hit, split by when containerd committed its
+    /// image's blobs. A reason about the node (a store that cannot be read, or lacks what a pull
+    /// wrote) is logged once for each kind; one about a pull's own times only in its line.
+    fn split_pulls(&mut self, pod: &Pod, pulls: &[Pull]) -> PodSplit {
+        let Some(store) = &self.store else {
+            return PodSplit::of([]);
+        };
+        let mut splits = Vec::new();
+        for pull in pulls.iter().filter(|pull| !pull.cache_hit) {
+            let image = pull
+                .field_path
+                .as_deref()
+                .and_then(|path| image_id_of(pod, path))
+                .zip(pull.pulled_at);
+            let Some((image_id, pulled_at)) = image else {
+                splits.push(Err(format!(
+                    "the kubelet reports no image id for {:?}, which the image was pulled for",
+                    pull.field_path.as_deref().unwrap_or("")
+                )));
+                continue;
+            };
+            let commits = match store.commits(image_id) {
+                Ok(commits) => commits,
+                Err(e) => {
+                    let reason = e.to_string();
+                    if self.unsplit_logged.insert(e.kind()) {
+                        let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
+                        let name = pod.metadata.name.as_deref().unwrap_or("");
+                        tracing::warn!(%namespace, pod = %name, %reason, "an image pull is not split into transfer and unpack; its pull is given whole (logged once for each kind of reason)");
+                    }
+                    splits.push(Err(reason));
+                    continue;
+                }
+            };
+            splits.push(
+                image_pull::split(pull.seconds, pulled_at, &commits).map_err(|e| e.to_string()),
+            );
+        }
+        PodSplit::of(splits)
     }
 
     fn record(&self, startup: &Startup, recent: &mut VecDeque<(f64, String, String)>) {
@@ -400,17 +489,32 @@ fn starting_since(pod: &Pod) -> Option<f64> {
     Some(last_exit.map_or(created, |exit| exit.max(created)))
 }
 
-/// The image the main container runs, as the kubelet reports it (`imageID`).
-fn main_image_id(pod: &Pod) -> Option<&str> {
-    let main = phases::main_container(pod)?;
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
+/// The image a container the kubelet names by its field path (`spec.containers{name}`,
+/// `spec.initContainers{name}`) runs, as it reports it (`imageID`).
+fn image_id_of<'a>(pod: &'a Pod, field_path: &str) -> Option<&'a str> {
+    let status = pod.status.as_ref()?;
+    let (statuses, name) = if let Some(name) = field_path.strip_prefix("spec.initContainers{") {
+        (status.init_container_statuses.as_ref()?, name)
+    } else {
+        (
+            status.container_statuses.as_ref()?,
+            field_path.strip_prefix("spec.containers{")?,
+        )
+    };
+    let name = name.strip_suffix('}')?;
+    statuses
         .iter()
-        .find(|c| c.name == main)
+        .find(|c| c.name == name)
         .map(|c| c.image_id.as_str())
         .filter(|id| !id.is_empty())
+}
+
+/// The image the main container runs, as the kubelet reports it (`imageID`).
+fn main_image_id(pod: &Pod) -> Option<&str> {
+    image_id_of(
+        pod,
+        &format!("spec.containers{{{}}}", phases::main_container(pod)?),
+    )
 }
 
 /// When the pod's model may have been downloaded for it: from its creation (its init containers
@@ -549,5 +653,35 @@ mod tests {
                 "{phase}"
             );
         }
+    }
+
+    #[test]
+    fn a_pulls_image_is_the_one_its_container_runs_init_containers_included() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "vllm-0", "uid": "u1"},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm"}]},
+            "status": {
+                "initContainerStatuses": [{
+                    "name": "download", "image": "s5cmd", "imageID": "r/s5cmd@sha256:aa",
+                    "ready": false, "restartCount": 0,
+                }],
+                "containerStatuses": [{
+                    "name": "vllm", "image": "vllm", "imageID": "r/vllm@sha256:bb",
+                    "ready": true, "restartCount": 0,
+                }],
+            },
+        }))
+        .unwrap();
+        assert_eq!(
+            image_id_of(&pod, "spec.initContainers{download}"),
+            Some("r/s5cmd@sha256:aa")
+        );
+        assert_eq!(
+            image_id_of(&pod, "spec.containers{vllm}"),
+            Some("r/vllm@sha256:bb")
+        );
+        assert_eq!(main_image_id(&pod), Some("r/vllm@sha256:bb"));
+        assert_eq!(image_id_of(&pod, "spec.containers{other}"), None);
+        assert_eq!(image_id_of(&pod, "spec.ephemeralContainers{debug}"), None);
     }
 }

@@ -62,6 +62,8 @@ pub struct OneNodeCluster {
     /// The forwarders to the server (one on each side), kube-controller-manager and
     /// kube-scheduler.
     programs: Vec<Child>,
+    /// The links of their own [`OneNodeCluster::registry_at`] made.
+    links: Mutex<Vec<Child>>,
     kubelet: Mutex<Option<Child>>,
     /// Held exclusively by a test that changes the node for every pod (its taints, the agent
     /// installed on it), shared by tests that only run pods on it; it holds what a test left
@@ -205,6 +207,7 @@ impl OneNodeCluster {
             runtime,
             control_plane,
             programs,
+            links: Mutex::new(Vec::new()),
             kubelet: Mutex::new(None),
             node_wide: ResidentLock::default(),
             agent_image: OnceLock::new(),
@@ -222,6 +225,50 @@ impl OneNodeCluster {
             kubelet_started.as_secs_f64(),
         );
         cluster
+    }
+
+    /// The registry under another name (one of [`crate::node::runtime::OTHER_LINKS`], in turn),
+    /// where a link of its own held to `rate` bytes a second listens: an image pushed as
+    /// `<REGISTRY>/name:tag` is pulled as `<that name>/name:tag` at that rate, by containerd and
+    /// by the SOCI snapshotter. containerd reads its hosts folder at each pull, so the name works
+    /// at once.
+    pub fn registry_at(&self, rate: u64) -> String {
+        let mut links = self.links.lock().unwrap();
+        let n = links.len();
+        let name = *crate::node::runtime::OTHER_LINKS
+            .get(n)
+            .unwrap_or_else(|| panic!("the node has {n} links of their own already"));
+        let hosts = self.runtime.dir().join("registry-hosts").join(name);
+        std::fs::create_dir_all(&hosts).unwrap();
+        std::fs::write(
+            hosts.join("hosts.toml"),
+            format!("server = \"http://{name}\"\n"),
+        )
+        .unwrap();
+        let binary = control_plane::binary().unwrap();
+        let log = format!("registry-link-{n}.log");
+        links.push(self.runtime.spawn_inside(
+            &[
+                binary.to_str().unwrap(),
+                "--forward",
+                &format!("tcp:{name}=tcp:{}", crate::node::runtime::REGISTRY),
+                &format!("--rate={rate}"),
+            ],
+            &log,
+        ));
+        crate::wait_until(
+            &format!("the registry's link at {name}"),
+            Duration::from_secs(30),
+            || {
+                let output = self
+                    .runtime
+                    .inside(&["curl", "-sf", &format!("http://{name}/v2/")]);
+                output.status.success().then_some(()).ok_or_else(|| {
+                    crate::cluster::control_plane::log_tail(&self.runtime.dir().join(&log), 10)
+                })
+            },
+        );
+        name.to_string()
     }
 
     /// The kubelet started (again) on the same folder, credentials and configuration.

@@ -559,7 +559,7 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
         config.push_str(
             "disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.cri.v1.runtime\", \"io.containerd.cri.v1.images\"]\n",
         );
-        return config;
+        return config + DEBUG_LOG;
     }
     // The NVIDIA container toolkit's work as a runtime handler of its own (`nvidia`, as the GPU
     // Operator installs it): the driver's NVML library (here the fake's) where the image's loader
@@ -636,8 +636,12 @@ fn containerd_config(dir: &Path, programs: &Path, cri: bool) -> String {
         bin = programs.display().to_string(),
         conf = dir.join("cni").display().to_string(),
     ));
-    config
+    config + DEBUG_LOG
 }
+
+/// At debug level containerd's log records each layer's apply ("diff applied"): an image pull's
+/// ground truth (crate::node::containerd_log). A table of its own: the configuration's last.
+const DEBUG_LOG: &str = "[debug]\n  level = \"debug\"\n";
 
 /// Where the node's SOCI snapshotter listens for containerd.
 const SOCI_SOCKET: &str = "/run/soci-snapshotter-grpc/soci-snapshotter-grpc.sock";
@@ -646,6 +650,13 @@ const SOCI_SOCKET: &str = "/run/soci-snapshotter-grpc/soci-snapshotter-grpc.sock
 /// its own, which the agent's soci component mounts read-only (never the snapshotter's own
 /// folder, where its gRPC socket for containerd is).
 pub const SOCI_METRICS: &str = "/run/soci-snapshotter-grpc-metrics/metrics.sock";
+
+/// Registry names of links of their own (crate::node::one_node_cluster::OneNodeCluster::registry_at):
+/// each a rate-held link to the registry that listens at that name, known to the SOCI
+/// snapshotter from the start (its resolver is configured once), so that its look for an image's
+/// SOCI index goes there as containerd's pulls do, rather than retrying a name it cannot reach
+/// for seconds before every pull.
+pub const OTHER_LINKS: [&str; 2] = ["127.0.0.1:5100", "127.0.0.1:5101"];
 
 /// containerd's root on the node, its default: the agent's soci component mounts its content
 /// store from there.
@@ -658,7 +669,13 @@ fn soci_config() -> String {
     format!(
         "metrics_network = \"unix\"\nmetrics_address = {SOCI_METRICS:?}\n\
          [pull_modes.soci_v2]\n  enable = true\n\
-         [[resolver.host.{REGISTRY:?}.mirrors]]\n  host = \"http://{REGISTRY_LINK}\"\n  insecure = true\n"
+         [[resolver.host.{REGISTRY:?}.mirrors]]\n  host = \"http://{REGISTRY_LINK}\"\n  insecure = true\n{others}",
+        others = OTHER_LINKS
+            .iter()
+            .map(|link| format!(
+                "[[resolver.host.{link:?}.mirrors]]\n  host = \"http://{link}\"\n  insecure = true\n"
+            ))
+            .collect::<String>()
     )
 }
 

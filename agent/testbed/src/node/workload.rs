@@ -126,6 +126,11 @@ pub fn pull_seconds(message: &str) -> f64 {
 
 /// A Go duration as the kubelet prints a pull's: `812ms`, `1.5s`, `2m3.5s`.
 pub fn go_duration(text: &str) -> Option<f64> {
+    for (unit, scale) in [("µs", 1e-6), ("us", 1e-6), ("ns", 1e-9)] {
+        if let Some(value) = text.strip_suffix(unit) {
+            return value.parse::<f64>().ok().map(|v| v * scale);
+        }
+    }
     if let Some(ms) = text.strip_suffix("ms") {
         return ms.parse::<f64>().ok().map(|ms| ms / 1000.0);
     }
@@ -259,44 +264,65 @@ pub struct Shard {
 /// The server's image with `shards` in a layer of their own under `/weights`, readable by the
 /// server's user, pushed as `workload:<tag>`. The weights' layer digest and size.
 pub fn image_with_shards(cluster: &OneNodeCluster, tag: &str, shards: &[Shard]) -> (String, u64) {
+    image_with_layers(cluster, tag, &[shards]).remove(0)
+}
+
+/// The server's image with a layer on top of its own for each of `layers`, each holding its
+/// shards under `/weights`, readable by the server's user, pushed as `workload:<tag>`. Each
+/// added layer's digest and size, in the manifest's order.
+pub fn image_with_layers(
+    cluster: &OneNodeCluster,
+    tag: &str,
+    layers: &[&[Shard]],
+) -> Vec<(String, u64)> {
     let runtime = &cluster.runtime;
     runtime.push_image(
         "workload:soci-base",
         &[&runtime.programs().join("workload")],
         "/workload",
     );
-    let weights = runtime.dir().join(format!("soci-weights-{tag}"));
-    for shard in shards {
-        let file = weights.join("weights").join(&shard.path);
-        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-        std::fs::write(file, crate::models::content(shard.seed, shard.bytes)).unwrap();
+    let mut append = vec![
+        "append".to_string(),
+        "-b".into(),
+        format!("{REGISTRY}/workload:soci-base"),
+    ];
+    let mut tars = Vec::new();
+    for (n, shards) in layers.iter().enumerate() {
+        let weights = runtime.dir().join(format!("soci-weights-{tag}-{n}"));
+        for shard in *shards {
+            let file = weights.join("weights").join(&shard.path);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(file, crate::models::content(shard.seed, shard.bytes)).unwrap();
+        }
+        open_to_all(&weights);
+        let tar = weights.with_extension("tar");
+        let output = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&weights)
+            .args(["-cf", tar.to_str().unwrap(), "."])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let _ = std::fs::remove_dir_all(&weights);
+        append.extend(["-f".to_string(), tar.display().to_string()]);
+        tars.push(tar);
     }
-    open_to_all(&weights);
-    let tar = weights.with_extension("tar");
-    let output = std::process::Command::new("tar")
-        .arg("-C")
-        .arg(&weights)
-        .args(["-cf", tar.to_str().unwrap(), "."])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
     let image = format!("{REGISTRY}/workload:{tag}");
-    let base = format!("{REGISTRY}/workload:soci-base");
-    runtime.crane(&[
-        "append",
-        "-b",
-        &base,
-        "-f",
-        tar.to_str().unwrap(),
-        "-t",
-        &image,
-    ]);
+    append.extend(["-t".to_string(), image.clone()]);
+    runtime.crane(&append.iter().map(String::as_str).collect::<Vec<_>>());
+    for tar in tars {
+        let _ = std::fs::remove_file(tar);
+    }
     let manifest: Value = serde_json::from_str(&runtime.crane(&["manifest", &image])).unwrap();
-    let layer = &manifest["layers"][1];
-    (
-        layer["digest"].as_str().unwrap().to_string(),
-        layer["size"].as_u64().unwrap(),
-    )
+    manifest["layers"].as_array().unwrap()[1..]
+        .iter()
+        .map(|layer| {
+            (
+                layer["digest"].as_str().unwrap().to_string(),
+                layer["size"].as_u64().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// [`image_with_weights`] given a SOCI index as `workload:<tag>`; its weights' layer digest and
@@ -321,4 +347,90 @@ pub fn weights_in_image_pod(name: &str, image: &str) -> Value {
     pod["spec"]["containers"][0]["volumeMounts"] = json!([]);
     pod["spec"]["volumes"] = json!([]);
     pod
+}
+
+/// A model store in `namespace`: the tests' workload serving the node's folder
+/// `models/<namespace>` at `rate` bytes a second, each response cut after `cut_after` bytes where
+/// given (its Content-Length still the whole file's); its URL once it answers.
+pub fn model_store(
+    cluster: &OneNodeCluster,
+    namespace: &str,
+    image: &str,
+    rate: u64,
+    cut_after: Option<u64>,
+) -> String {
+    let mut serve = vec![
+        "--serve".to_string(),
+        "/store".into(),
+        "--listen".into(),
+        "0.0.0.0:8080".into(),
+        "--rate".into(),
+        rate.to_string(),
+    ];
+    serve.extend(cut_after.map(|n| format!("--cut-after={n}")));
+    cluster.admin.admin(
+        &["create", "-n", namespace, "-f", "-"],
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "store"},
+            "spec": {
+                "containers": [{
+                    "name": "store",
+                    "image": image,
+                    "args": serve,
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                    "volumeMounts": [{"name": "store", "mountPath": "/store", "readOnly": true}],
+                }],
+                "volumes": [{"name": "store", "hostPath": {"path": format!("/var/lib/models/{namespace}"), "type": "Directory"}}],
+            },
+        })
+        .to_string(),
+    );
+    let ip = await_pod_ready(cluster, namespace, "store")["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    format!("http://{ip}:8080")
+}
+
+/// `pod` given an init container that downloads `files` (comma-separated) from the model store at
+/// `store` into its model volume (`/model`) before its server starts, as a download step does:
+/// the server's container, run as the download (`--download`), without its probe or port.
+pub fn with_download_step(mut pod: Value, store: &str, files: &str) -> Value {
+    let mut download = pod["spec"]["containers"][0].clone();
+    download["name"] = json!("download");
+    download["args"] = json!(["--download", store, "--files", files, "--to", "/model"]);
+    download.as_object_mut().unwrap().remove("readinessProbe");
+    download.as_object_mut().unwrap().remove("ports");
+    pod["spec"]["initContainers"] = json!([download]);
+    pod
+}
+
+/// The layers of `image` in the node's registry (digest and size, in the manifest's order) and
+/// the bytes of those the node's content store does not hold yet: what a pull of it fetches.
+pub fn layers_to_fetch(cluster: &OneNodeCluster, image: &str) -> (Vec<(String, u64)>, u64) {
+    let manifest: Value =
+        serde_json::from_str(&cluster.runtime.crane(&["manifest", image])).unwrap();
+    let layers: Vec<(String, u64)> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["digest"].as_str().unwrap().to_string(),
+                l["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let blobs = cluster
+        .runtime
+        .dir()
+        .join("containerd/root/io.containerd.content.v1.content/blobs/sha256");
+    let new = layers
+        .iter()
+        .filter(|(digest, _)| !blobs.join(&digest["sha256:".len()..]).exists())
+        .map(|(_, size)| size)
+        .sum();
+    (layers, new)
 }

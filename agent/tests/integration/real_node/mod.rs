@@ -4,7 +4,8 @@
 //! - the shipped GPU overlay on it, installed by the first scenario that asks and left for the
 //!   next, each holding the node exclusively: the install under the startup taint
 //!   (`startup_taint`); the startup phases of one pod after another (`cache_hit`,
-//!   `init_containers`, `crash_restart`, `failed_pull`, `lazy`); the agent as its manifest says
+//!   `init_containers`, `crash_restart`, `failed_pull`, `lazy`); an image pull split into its
+//!   transfer and its unpack (`image_split`); the agent as its manifest says
 //!   (`manifest`); weights downloaded by an init container, then loaded (`model_download`); the
 //!   model's readiness gate (`readiness_gate`); each pod's accelerator gate,
 //!   with the tests' device plugin (`device_gate`); a rollout (`rollout`); a kubelet restart
@@ -20,6 +21,7 @@ mod crash_restart;
 mod device_gate;
 mod failed_pull;
 mod helm_chart;
+mod image_split;
 mod init_containers;
 mod kubelet_restart;
 mod lazy;
@@ -43,8 +45,8 @@ use testbed::node::runtime::{NODE_IP, REGISTRY, REGISTRY_RATE};
 use testbed::node::workload::{
     agent_pods, agent_startup_lines, await_agent_pod, await_agent_startups, await_pod_ready,
     container_output, events_of, first_with, for_this_cluster, go_duration, image_with_weights,
-    lazy_image_with_weights, open_to_all, pull_seconds, ready_agent_pod, weights_in_image_pod,
-    workload_pod,
+    lazy_image_with_weights, model_store, open_to_all, pull_seconds, ready_agent_pod,
+    weights_in_image_pod, with_download_step, workload_pod,
 };
 
 /// The shipped GPU overlay as the scenarios run against it: installed by the first that asks,
@@ -413,47 +415,13 @@ fn create_and_await_ready(cluster: &OneNodeCluster, namespace: &str, pod: &Value
     )
 }
 
-/// A model store in `namespace`: the tests' workload serving the node's folder
-/// `models/<namespace>` at `rate` bytes a second, each response cut after `cut_after` bytes where
-/// given (its Content-Length still the whole file's); its URL once it answers.
-fn model_store(
-    cluster: &OneNodeCluster,
-    namespace: &str,
-    image: &str,
-    rate: u64,
-    cut_after: Option<u64>,
-) -> String {
-    let mut serve = vec![
-        "--serve".to_string(),
-        "/store".into(),
-        "--listen".into(),
-        "0.0.0.0:8080".into(),
-        "--rate".into(),
-        rate.to_string(),
-    ];
-    serve.extend(cut_after.map(|n| format!("--cut-after={n}")));
-    cluster.admin.admin(
-        &["create", "-n", namespace, "-f", "-"],
-        &json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "store"},
-            "spec": {
-                "containers": [{
-                    "name": "store",
-                    "image": image,
-                    "args": serve,
-                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                    "volumeMounts": [{"name": "store", "mountPath": "/store", "readOnly": true}],
-                }],
-                "volumes": [{"name": "store", "hostPath": {"path": format!("/var/lib/models/{namespace}"), "type": "Directory"}}],
-            },
-        })
-        .to_string(),
+/// The agent's metrics, scraped at its pod's address from the node, as Prometheus would.
+fn agent_metrics(cluster: &OneNodeCluster, agent: &Value) -> String {
+    let url = format!(
+        "http://{}:9400/metrics",
+        agent["status"]["podIP"].as_str().unwrap()
     );
-    let ip = await_pod_ready(cluster, namespace, "store")["status"]["podIP"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    format!("http://{ip}:8080")
+    let output = cluster.runtime.inside(&["curl", "-sf", &url]);
+    assert!(output.status.success(), "{url}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).to_string()
 }

@@ -103,14 +103,3 @@ fn the_daemonset_controller_rolls_the_agent_without_a_read() {
     assert_eq!(writes("nodes"), 0, "{requests:?}");
     assert!(writes("nodes/status") <= 1, "{requests:?}");
 }
-
-/// The agent's metrics, scraped at its pod's address from the node, as Prometheus would.
-fn agent_metrics(cluster: &OneNodeCluster, agent: &Value) -> String {
-    let url = format!(
-        "http://{}:9400/metrics",
-        agent["status"]["podIP"].as_str().unwrap()
-    );
-    let output = cluster.runtime.inside(&["curl", "-sf", &url]);
-    assert!(output.status.success(), "{url}: {output:?}");
-    String::from_utf8_lossy(&output.stdout).to_string()
-}

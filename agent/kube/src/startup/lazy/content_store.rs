@@ -1,7 +1,12 @@
-//! The layers of a pod's image, read from containerd's content store
+//! The layers of a pod's image, and when each came in, read from containerd's content store
 //! (`<root>/io.containerd.content.v1.content/blobs/sha256/<hex>`), which the agent mounts
 //! read-only. A lazily pulled image keeps its index, manifest and config there; only its layers'
 //! blobs are missing, fetched later by the snapshotter.
+//!
+//! A blob's modification time is when containerd committed it: its local content store renames
+//! the finished ingest into `blobs/` and then sets the file's times to the commit's
+//! (containerd v2.4 plugins/content/local/writer.go, `Commit`: `os.Chtimes(target, commitTime,
+//! commitTime)`), so a layer's time is the end of its fetch.
 //!
 //! The kubelet reports a container's image as `imageID`, which containerd's CRI sets to the
 //! repository digest (`registry/name@sha256:…`): the image index for a multi-platform or
@@ -40,6 +45,34 @@ pub enum ImageError {
     NotManifest { digest: Digest, reason: String },
     #[error("image index {digest} has no manifest for {platform}")]
     NoPlatform { digest: Digest, platform: String },
+    #[error(
+        "{missing} of the image's {layers} layers are not in containerd's content store (none is \
+         for an image a snapshotter loads lazily, nor where containerd discards unpacked layers: \
+         discard_unpacked_layers)"
+    )]
+    LayersMissing { missing: usize, layers: usize },
+}
+
+impl ImageError {
+    /// The kind of failure, to say each once.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ImageError::NoDigest { .. } => "no digest",
+            ImageError::Unreadable { .. } => "unreadable",
+            ImageError::TooLarge { .. } => "too large",
+            ImageError::NotManifest { .. } => "not a manifest",
+            ImageError::NoPlatform { .. } => "no platform",
+            ImageError::LayersMissing { .. } => "layers missing",
+        }
+    }
+}
+
+/// When containerd committed an image's blobs, as Unix seconds: the one the kubelet's `imageID`
+/// names (an index or a manifest, the first fetched in a pull) and each layer's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Commits {
+    pub image: f64,
+    pub layers: Vec<f64>,
 }
 
 /// containerd's content store, at the folder holding `blobs/`.
@@ -83,12 +116,56 @@ impl ContentStore {
     /// The layers of the image the kubelet reports as `image_id`, in the manifest's order, for
     /// this node's platform.
     pub fn layers_of(&self, image_id: &str) -> Result<Vec<Digest>, ImageError> {
-        let digest = image_id.rsplit('@').next().unwrap_or(image_id);
-        let digest = Digest::parse(digest).map_err(|reason| ImageError::NoDigest {
-            image: image_id.to_string(),
+        self.layers_under(top_digest(image_id)?, &node_platform(), MAX_DEPTH)
+    }
+
+    /// When the image the kubelet reports as `image_id`, and each of its layers for this node's
+    /// platform, came into the store.
+    pub fn commits(&self, image_id: &str) -> Result<Commits, ImageError> {
+        let image = self.committed(&top_digest(image_id)?)?;
+        let layers = self.layers_of(image_id)?;
+        let mut times = Vec::with_capacity(layers.len());
+        for layer in &layers {
+            match self.committed(layer) {
+                Ok(time) => times.push(time),
+                Err(ImageError::Unreadable { .. }) if !self.blob_path(layer).exists() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if times.len() < layers.len() {
+            return Err(ImageError::LayersMissing {
+                missing: layers.len() - times.len(),
+                layers: layers.len(),
+            });
+        }
+        Ok(Commits {
+            image,
+            layers: times,
+        })
+    }
+
+    /// A blob's modification time: when containerd committed it. Only a regular file is one.
+    fn committed(&self, digest: &Digest) -> Result<f64, ImageError> {
+        let path = self.blob_path(digest);
+        let unreadable = |reason: String| ImageError::Unreadable {
+            digest: digest.clone(),
+            path: path.display().to_string(),
             reason,
-        })?;
-        self.layers_under(digest, &node_platform(), MAX_DEPTH)
+        };
+        let metadata = std::fs::symlink_metadata(&path).map_err(|e| unreadable(e.to_string()))?;
+        if !metadata.is_file() {
+            return Err(unreadable("not a regular file".into()));
+        }
+        let modified = metadata
+            .modified()
+            .map_err(|e| unreadable(e.to_string()))?
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| unreadable("modified before 1970".into()))?;
+        Ok(modified.as_secs_f64())
+    }
+
+    fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.root.join("blobs/sha256").join(digest.hex())
     }
 
     fn layers_under(
@@ -129,7 +206,7 @@ impl ContentStore {
     }
 
     fn blob(&self, digest: &Digest) -> Result<Vec<u8>, ImageError> {
-        let path = self.root.join("blobs/sha256").join(digest.hex());
+        let path = self.blob_path(digest);
         let unreadable = |e: std::io::Error| ImageError::Unreadable {
             digest: digest.clone(),
             path: path.display().to_string(),
@@ -147,6 +224,15 @@ impl ContentStore {
             }
         })
     }
+}
+
+/// The digest the kubelet's `imageID` (`registry/name@sha256:…`, or the digest alone) names.
+fn top_digest(image_id: &str) -> Result<Digest, ImageError> {
+    let digest = image_id.rsplit('@').next().unwrap_or(image_id);
+    Digest::parse(digest).map_err(|reason| ImageError::NoDigest {
+        image: image_id.to_string(),
+        reason,
+    })
 }
 
 /// The index entry for `platform`: the image's, never the SOCI index artifact's; an entry without
@@ -306,5 +392,41 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("nested over"));
+    }
+
+    #[test]
+    fn a_layers_commit_is_its_blobs_modification_time_and_a_missing_layer_is_named() {
+        let (dir, store) = fixture_store();
+        // The node's base image as containerd left it: its manifest, not its layer.
+        let manifest = "sha256:10a7fcaa578901425a44d4c62920ffced4d5759b48f7249b29b2a9530ac6afa9";
+        assert_eq!(
+            store.commits(manifest).unwrap_err(),
+            ImageError::LayersMissing {
+                missing: 1,
+                layers: 1
+            }
+        );
+        // The layer committed, its times set as containerd's Commit sets them.
+        let layer = dir
+            .path()
+            .join("blobs/sha256/0bfaf3a58a23eef7d3757ecda291f537e899a394f86ad6cb685c9a7ce68070fb");
+        let file = std::fs::File::create(&layer).unwrap();
+        let committed =
+            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_796_472_012_345_678_901);
+        file.set_modified(committed).unwrap();
+        let commits = store.commits(manifest).unwrap();
+        assert!(
+            (commits.layers[0] - 1_796_472_012.345_678_9).abs() < 1e-6,
+            "{commits:?}"
+        );
+        assert!(commits.image > 0.0);
+        // A layer that is not a file: unreadable, named.
+        std::fs::remove_file(&layer).unwrap();
+        std::fs::create_dir(&layer).unwrap();
+        let error = store.commits(manifest).unwrap_err().to_string();
+        assert!(
+            error.contains("not a regular file") && error.contains("0bfaf3a5"),
+            "{error}"
+        );
     }
 }

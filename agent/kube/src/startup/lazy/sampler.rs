@@ -38,12 +38,13 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler where `settings` names the snapshotter's socket; None where it does not.
-    pub fn new(settings: &SociSettings, up: AgentMetrics) -> Option<Sampler> {
+    /// A sampler where `settings` names the snapshotter's socket; None where it does not. The
+    /// image's layers are named from `store`.
+    pub fn new(settings: &SociSettings, store: ContentStore, up: AgentMetrics) -> Option<Sampler> {
         let socket = settings.metrics_socket.as_ref()?.path().to_path_buf();
         Some(Sampler {
             socket,
-            store: ContentStore::new(settings.content_store.path()),
+            store,
             max_samples: *settings.max_samples,
             samples: VecDeque::new(),
             digests: HashSet::new(),
