@@ -40,6 +40,15 @@ impl PullRecord {
         self.applies.iter().map(|a| a.ended).reduce(f64::max)
     }
 
+    /// The start of the last layer's apply: no layer was applied before it was in, and containerd
+    /// applies one at a time, so every layer was in by then.
+    pub fn last_apply_began(&self) -> Option<f64> {
+        self.applies
+            .iter()
+            .max_by(|a, b| a.ended.total_cmp(&b.ended))
+            .map(|a| a.ended - a.seconds)
+    }
+
     /// When containerd began applying the layers it applied last, back to back: the start of the
     /// last run of applies each begun within [`BACK_TO_BACK`] of the previous one's end. A layer
     /// is applied once it is in and the layers under it are applied, so a layer fetched early is

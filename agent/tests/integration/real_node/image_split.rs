@@ -5,17 +5,20 @@ use super::*;
 use testbed::node::containerd_log::{pull_record, PullRecord};
 use testbed::node::workload::{image_with_layers, layers_to_fetch, Shard};
 
+/// The rate of the scenario's own link to the registry, bytes a second.
+const LINK_RATE: u64 = 8 << 20;
+
 /// Within the issue's bound: a second, or a tenth of the truth, whichever is wider.
 fn within(agent: f64, truth: f64) -> bool {
     (agent - truth).abs() <= f64::max(1.0, truth * 0.1)
 }
 
-/// A server image of four 12 MiB layers of incompressible weights, pulled whole through the
-/// node's rate-held link: the agent's `image_transfer` is no shorter than what the link implies
+/// A server image of four 12 MiB layers of incompressible weights, pulled whole through a link
+/// of its own held to 8 MiB/s: the agent's `image_transfer` is no shorter than what the link implies
 /// for the bytes the node did not hold and no longer than containerd's own log allows (its pull's
-/// start, by its "Pulled image" figure, to its applying the last layers back to back), and within
-/// a second of the link's figure; its `image_unpack` is within a second of the rest by containerd's
-/// log; the two add up to the kubelet's pull. Then an image with a SOCI index, loaded lazily: no unpack, so no
+/// start, by its "Pulled image" figure, to its last layer's apply), and within a second of the
+/// link's figure; its `image_unpack` is within a second of containerd's rest (from its applying
+/// the last layers back to back); the two add up to the kubelet's pull. Then an image with a SOCI index, loaded lazily: no unpack, so no
 /// split, and its `image_pull` the kubelet's figure as before.
 #[test]
 fn an_image_pull_is_split_as_the_link_and_containerds_record_say_and_a_lazy_one_is_not() {
@@ -33,10 +36,13 @@ fn an_image_pull_is_split_as_the_link_and_containerds_record_say_and_a_lazy_one_
         .collect();
     let layers: Vec<&[Shard]> = shards.iter().map(|s| s.as_slice()).collect();
     image_with_layers(cluster, "pull-split", &layers);
-    let image = format!("{REGISTRY}/workload:pull-split");
+    // Through a link of its own, slow enough that the link, not the 2-core machine's other work
+    // (the suite's other tests), sets the transfer's pace.
+    let image = format!("{}/workload:pull-split", cluster.registry_at(LINK_RATE));
     // What the link carries: the layers the node's content store does not hold yet (the
     // server's own layer may be there, from another scenario's image).
-    let (all_layers, fetched) = layers_to_fetch(cluster, &image);
+    let (all_layers, fetched) =
+        layers_to_fetch(cluster, &format!("{REGISTRY}/workload:pull-split"));
     assert!(fetched >= 4 * (12 << 20), "the weights are new to the node");
 
     cluster.admin.admin(
@@ -67,13 +73,13 @@ fn an_image_pull_is_split_as_the_link_and_containerds_record_say_and_a_lazy_one_
     let unpack = split["unpack_seconds"].as_f64().unwrap();
     // The link's figure for the bytes it carried; containerd's, its pull's start to its applying
     // the layers (back to back, once they are in) and that to its pull's end.
-    let link_transfer = fetched as f64 / REGISTRY_RATE as f64;
+    let link_transfer = fetched as f64 / LINK_RATE as f64;
     let applying_from = record.applying_from();
     let containerd_transfer = applying_from - record.began();
     let containerd_unpack = record.ended - applying_from;
     eprintln!(
         "image split: kubelet {kubelet:.3} s, containerd {:.3} s; transfer: agent {transfer:.3} s, \
-         link {link_transfer:.3} s ({fetched} bytes at {REGISTRY_RATE} B/s), containerd \
+         link {link_transfer:.3} s ({fetched} bytes at {LINK_RATE} B/s), containerd \
          {containerd_transfer:.3} s; unpack: agent {unpack:.3} s, containerd {containerd_unpack:.3} s \
          (applies {:?} s)",
         record.seconds,
@@ -87,16 +93,20 @@ fn an_image_pull_is_split_as_the_link_and_containerds_record_say_and_a_lazy_one_
         (transfer + unpack - kubelet).abs() < 1e-6,
         "the two add up to the kubelet's pull ({kubelet}): {startup}"
     );
-    assert_eq!(startup["phases"]["image_pull"], kubelet, "{startup}");
-    // The link's figure bounds the transfer from below (no byte comes faster), containerd's
-    // applying the last layers bounds it from above (no layer is applied before it is in); the
-    // agent's boundary is between them, give or take its placing of the pull (the registry's
+    assert!(
+        (phase_of(&startup, "image_pull") - kubelet).abs() < 1e-9,
+        "the kubelet's figure: {startup}"
+    );
+    // The link's figure bounds the transfer from below (no byte comes faster), the start of
+    // containerd's last apply from above (each layer is applied once it is in, one at a time);
+    // the agent's boundary is between them, give or take its placing of the pull (the registry's
     // answer to the manifest request, the CRI call's own milliseconds).
     const PLACING: f64 = 0.1;
+    let last_apply = record.last_apply_began().unwrap() - record.began();
     assert!(
-        link_transfer - PLACING <= transfer && transfer <= containerd_transfer + PLACING,
+        link_transfer - PLACING <= transfer && transfer <= last_apply + PLACING,
         "transfer: the agent's {transfer:.3} s is not between the link's {link_transfer:.3} s and \
-         containerd's {containerd_transfer:.3} s"
+         containerd's last apply's start {last_apply:.3} s"
     );
     for (what, agent, truth) in [
         ("transfer, by the link", transfer, link_transfer),
@@ -139,10 +149,11 @@ fn an_image_pull_is_split_as_the_link_and_containerds_record_say_and_a_lazy_one_
             .is_some_and(|why| why.contains("loaded lazily")),
         "{startup}"
     );
-    assert_eq!(
-        startup["phases"]["image_pull"],
-        pull_seconds(pulled["message"].as_str().unwrap()),
-        "{startup}"
+    assert!(
+        (phase_of(&startup, "image_pull") - pull_seconds(pulled["message"].as_str().unwrap()))
+            .abs()
+            < 1e-9,
+        "the kubelet's figure, as before: {startup}"
     );
     for pod in ["pull-split", "pull-split-lazy"] {
         cluster
