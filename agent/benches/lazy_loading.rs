@@ -13,6 +13,8 @@
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/on_node.rs"]
+mod on_node;
 
 use std::fmt::Write;
 
@@ -189,17 +191,11 @@ fn main() {
         )
         .unwrap();
     }
-    println!("{table}");
-    let out =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench_lazy_loading.md");
-    std::fs::write(&out, &table).unwrap();
-    eprintln!("written to {}", out.display());
-
-    let list = testbed::cluster::control_plane::list(installed);
-    cluster
-        .admin
-        .admin(&["delete", "--wait", "-f", "-"], &list.to_string());
-    cluster
-        .admin
-        .admin(&["delete", "namespace", &namespace, "--wait=false"], "");
+    on_node::finish(
+        cluster,
+        &table,
+        "bench_lazy_loading.md",
+        installed,
+        &namespace,
+    );
 }

@@ -20,6 +20,8 @@
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/on_node.rs"]
+mod on_node;
 
 use std::fmt::Write;
 
@@ -211,19 +213,13 @@ fn main() {
         store_rate >> 20
     )
     .unwrap();
-    println!("{table}");
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/bench_pull_and_download.md");
-    std::fs::write(&out, &table).unwrap();
-    eprintln!("written to {}", out.display());
-
-    let list = testbed::cluster::control_plane::list(installed);
-    cluster
-        .admin
-        .admin(&["delete", "--wait", "-f", "-"], &list.to_string());
-    cluster
-        .admin
-        .admin(&["delete", "namespace", &namespace, "--wait=false"], "");
+    on_node::finish(
+        cluster,
+        &table,
+        "bench_pull_and_download.md",
+        installed,
+        &namespace,
+    );
 }
 
 /// The README's model as its store holds it: two shards and its config, in the store's folder;

@@ -58,7 +58,8 @@ pub fn split(seconds: f64, pulled_at: f64, commits: &Commits) -> Result<Split, U
     if last_layer > latest_end || commits.image > latest_end {
         return Err(Unsplit::CommittedLater);
     }
-    // The pull returned after its last layer was in, and within the event's second.
+    // The pull returned after its last layer was in, and within the event's second (no later
+    // than `latest_end`, which neither the event nor the last layer passes).
     let earliest_end = pulled_at.max(last_layer);
     let fetched_by_this_pull = commits.image >= pulled_at - seconds - EVENT_DELAY;
     let end = if fetched_by_this_pull {
@@ -66,7 +67,7 @@ pub fn split(seconds: f64, pulled_at: f64, commits: &Commits) -> Result<Split, U
     } else {
         pulled_at + 0.5
     }
-    .clamp(earliest_end, latest_end.max(earliest_end));
+    .clamp(earliest_end, latest_end);
     let began = end - seconds;
     if last_layer <= began {
         return Err(Unsplit::NothingFetched);

@@ -363,9 +363,7 @@ pub fn compute(
         };
         pull.pulled_at = event_time(event);
         pull.field_path = event.involved_object.field_path.clone();
-        if event.involved_object.field_path.as_deref()
-            == Some(&format!("spec.containers{{{main}}}"))
-        {
+        if pull.field_path.as_deref() == Some(&format!("spec.containers{{{main}}}")) {
             main_pull_end = event_time(event);
         }
         pulls.push(pull);

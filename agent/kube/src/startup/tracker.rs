@@ -337,7 +337,7 @@ impl Tracker {
             let pod_name = (startup.namespace.as_str(), startup.pod.as_str());
             startup.lazy_load = Some(sampler.lazy_load(pod_name, &stretches, main_image_id(pod)));
         }
-        if self.store.is_some() {
+        if let Some(store) = &self.store {
             let lazy = startup.lazy_load.as_ref().and_then(|load| load.lazy) == Some(true);
             startup.image_pull_split = Some(if lazy {
                 // Its layers are fetched as they are read, never unpacked: the pull is whole.
@@ -345,51 +345,10 @@ impl Tracker {
                     absent: "the image is loaded lazily: its layers are fetched as the workload reads them, and none is unpacked".into(),
                 }
             } else {
-                self.split_pulls(pod, &startup.pulls)
+                split_pulls(store, &mut self.unsplit_logged, pod, &startup.pulls)
             });
         }
         Some(startup)
-    }
-
-    /// Each pull of the startup that was no cache hit, split by when containerd committed its
-    /// image's blobs. A reason about the node (a store that cannot be read, or lacks what a pull
-    /// wrote) is logged once for each kind; one about a pull's own times only in its line.
-    fn split_pulls(&mut self, pod: &Pod, pulls: &[Pull]) -> PodSplit {
-        let Some(store) = &self.store else {
-            return PodSplit::of([]);
-        };
-        let mut splits = Vec::new();
-        for pull in pulls.iter().filter(|pull| !pull.cache_hit) {
-            let image = pull
-                .field_path
-                .as_deref()
-                .and_then(|path| image_id_of(pod, path))
-                .zip(pull.pulled_at);
-            let Some((image_id, pulled_at)) = image else {
-                splits.push(Err(format!(
-                    "the kubelet reports no image id for {:?}, which the image was pulled for",
-                    pull.field_path.as_deref().unwrap_or("")
-                )));
-                continue;
-            };
-            let commits = match store.commits(image_id) {
-                Ok(commits) => commits,
-                Err(e) => {
-                    let reason = e.to_string();
-                    if self.unsplit_logged.insert(e.kind()) {
-                        let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
-                        let name = pod.metadata.name.as_deref().unwrap_or("");
-                        tracing::warn!(%namespace, pod = %name, %reason, "an image pull is not split into transfer and unpack; its pull is given whole (logged once for each kind of reason)");
-                    }
-                    splits.push(Err(reason));
-                    continue;
-                }
-            };
-            splits.push(
-                image_pull::split(pull.seconds, pulled_at, &commits).map_err(|e| e.to_string()),
-            );
-        }
-        PodSplit::of(splits)
     }
 
     fn record(&self, startup: &Startup, recent: &mut VecDeque<(f64, String, String)>) {
@@ -487,6 +446,49 @@ fn starting_since(pod: &Pod) -> Option<f64> {
         })
         .map(phases::seconds_of);
     Some(last_exit.map_or(created, |exit| exit.max(created)))
+}
+
+/// Each pull of the startup that was no cache hit, split by when containerd committed its
+/// image's blobs in `store`. A reason about the node (a store that cannot be read, or lacks
+/// what a pull wrote) is logged once for each kind (`logged`: the kinds said already); one
+/// about a pull's own times only in its line.
+fn split_pulls(
+    store: &ContentStore,
+    logged: &mut HashSet<&'static str>,
+    pod: &Pod,
+    pulls: &[Pull],
+) -> PodSplit {
+    let mut splits = Vec::new();
+    for pull in pulls.iter().filter(|pull| !pull.cache_hit) {
+        let image = pull
+            .field_path
+            .as_deref()
+            .and_then(|path| image_id_of(pod, path))
+            .zip(pull.pulled_at);
+        let Some((image_id, pulled_at)) = image else {
+            splits.push(Err(format!(
+                "the kubelet reports no image id for {:?}, which the image was pulled for",
+                pull.field_path.as_deref().unwrap_or("")
+            )));
+            continue;
+        };
+        let commits = match store.commits(image_id) {
+            Ok(commits) => commits,
+            Err(e) => {
+                let reason = e.to_string();
+                if logged.insert(e.kind()) {
+                    let namespace = pod.metadata.namespace.as_deref().unwrap_or("");
+                    let name = pod.metadata.name.as_deref().unwrap_or("");
+                    tracing::warn!(%namespace, pod = %name, %reason, "an image pull is not split into transfer and unpack; its pull is given whole (logged once for each kind of reason)");
+                }
+                splits.push(Err(reason));
+                continue;
+            }
+        };
+        splits
+            .push(image_pull::split(pull.seconds, pulled_at, &commits).map_err(|e| e.to_string()));
+    }
+    PodSplit::of(splits)
 }
 
 /// The image a container the kubelet names by its field path (`spec.containers{name}`,

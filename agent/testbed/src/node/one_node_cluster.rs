@@ -256,17 +256,10 @@ impl OneNodeCluster {
             ],
             &log,
         ));
-        crate::wait_until(
+        self.runtime.await_up(
             &format!("the registry's link at {name}"),
-            Duration::from_secs(30),
-            || {
-                let output = self
-                    .runtime
-                    .inside(&["curl", "-sf", &format!("http://{name}/v2/")]);
-                output.status.success().then_some(()).ok_or_else(|| {
-                    crate::cluster::control_plane::log_tail(&self.runtime.dir().join(&log), 10)
-                })
-            },
+            &log,
+            &["curl", "-sf", &format!("http://{name}/v2/")],
         );
         name.to_string()
     }

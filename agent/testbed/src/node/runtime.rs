@@ -264,7 +264,7 @@ impl Runtime {
     }
 
     /// Waits for `probe` to succeed inside the namespace; fails naming `what` with its log's tail.
-    fn await_up(&self, what: &str, log: &str, probe: &[&str]) {
+    pub(crate) fn await_up(&self, what: &str, log: &str, probe: &[&str]) {
         let log = self.dir.join(log);
         crate::wait::wait_until(
             &format!("{what} up in the node's namespace"),
